@@ -1,0 +1,37 @@
+"""Packaging for thattn: talking-heads attention and its relatives for tf-keras."""
+
+import setuptools
+
+# One pin per dependency; every other version follows from these.
+INSTALL_REQUIRES = [
+    "tensorflow==2.21.*",
+    "tf-keras==2.21.*",
+    "tensorflow-text==2.21.*",
+    "mesh-tensorflow==0.1.21",
+    "absl-py",
+    "numpy",
+]
+
+EXTRAS_REQUIRE = {
+    "test": ["pytest", "pytest-xdist"],
+    # tf-models-official==2.20.0 pins tensorflow~=2.20, which would pull a
+    # second TensorFlow. It is installed separately with --no-deps; see
+    # benchmarks/README.md. These are the packages it then still needs.
+    "bench": ["gin-config", "scipy"],
+}
+
+setuptools.setup(
+    name="thattn",
+    version="0.1.0",
+    description="Talking-heads attention and its relatives as tf-keras layers.",
+    packages=setuptools.find_packages(include=["thattn", "thattn.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={
+        "console_scripts": [
+            "thattn-train=thattn.tasks.train_main:run",
+            "thattn-complexity=thattn.complexity_main:run",
+        ],
+    },
+)

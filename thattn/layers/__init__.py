@@ -1,0 +1,13 @@
+"""Keras attention layers: multi-head, talking-heads and general bilinear."""
+
+from thattn.layers.attention_ops import causal_mask
+from thattn.layers.base import AttentionLayer
+from thattn.layers.fixed_head_size import fixed_head_size_attention
+from thattn.layers.general_bilinear import GeneralBilinearAttention
+from thattn.layers.initializers import ScaledInitializer
+from thattn.layers.multi_head import MultiHeadAttention
+from thattn.layers.projected import ProjectedAttention
+from thattn.layers.relative_position import relative_position_bucket
+from thattn.layers.relative_position import RelativePositionBias
+from thattn.layers.talking_heads import DYNAMIC_PROJECTIONS
+from thattn.layers.talking_heads import TalkingHeadsAttention

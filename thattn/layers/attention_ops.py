@@ -1,0 +1,98 @@
+"""Pure tensor functions shared by the attention layers.
+
+Layers own weights; the math that does not need weights lives here, so it can
+be tested and reused without a layer. Letters follow `thattn.dims`; score
+tensors are laid out `[b, heads, n, m]`.
+"""
+
+import tensorflow as tf
+
+# Added to the logits of positions that may not be attended. Softmax always
+# runs in float32 (see `masked_softmax`), so this never overflows a float16
+# or bfloat16 tensor, and a fully masked row becomes a uniform distribution
+# rather than NaN.
+MASKED_LOGIT = -1e9
+
+# J[b, h_k, n, m] = einsum(Q[b, n, h_k, d_k], K[b, m, h_k, d_k])
+DOT_PRODUCT = "bnik,bmik->binm"
+# O[b, n, h_v, d_v] = einsum(U[b, h_v, n, m], V[b, m, h_v, d_v])
+WEIGHTED_VALUES = "bjnm,bmjv->bnjv"
+# Dynamic talking-heads projections (Appendix A), added to the static one.
+# L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Xl[b, n, h_k, h])
+QUERY_DYNAMIC_LOGITS_MIX = "binm,bnih->bhnm"
+# L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Ml[b, m, h_k, h])
+MEMORY_DYNAMIC_LOGITS_MIX = "binm,bmih->bhnm"
+# U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Xw[b, n, h, h_v])
+QUERY_DYNAMIC_WEIGHTS_MIX = "bhnm,bnhj->bjnm"
+# U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Mw[b, m, h, h_v])
+MEMORY_DYNAMIC_WEIGHTS_MIX = "bhnm,bmhj->bjnm"
+
+
+def mix_heads(scores, projection):
+  """Projects a score tensor across its heads dimension.
+
+  Computes `out[b, g, n, m] = einsum(scores[b, f, n, m], projection[f, g])`,
+  which is the paper's `L = einsum(J, P_l)` (f=h_k, g=h) and
+  `U = einsum(W, P_w)` (f=h, g=h_v).
+
+  Written as one broadcast matmul of `projection^T[g, f]` against
+  `scores[b, f, n*m]` instead of an einsum: the einsum lowers to transposes
+  of the large `[b, f, n, m]` tensor, which dominate the step time on CPU
+  (see DESIGN.md, "Talking heads is slow when mixed with einsum").
+
+  Args:
+    scores: `[b, f, n, m]` tensor.
+    projection: `[f, g]` tensor, same dtype.
+
+  Returns:
+    `[b, g, n, m]` tensor.
+  """
+  shape = tf.shape(scores)
+  batch, length, memory = shape[0], shape[2], shape[3]
+  flat = tf.reshape(scores, [batch, shape[1], length * memory])
+  mixed = tf.linalg.matmul(projection, flat, transpose_a=True)
+  return tf.reshape(mixed, [batch, tf.shape(projection)[1], length, memory])
+
+
+def masked_softmax(logits, mask=None, bias=None):
+  """Softmax over memory positions, in float32, with a boolean mask.
+
+  Args:
+    logits: `L[b, h, n, m]` in any float dtype.
+    mask: optional boolean tensor broadcastable to `[b, 1, n, m]`; True means
+      "may attend".
+    bias: optional tensor broadcastable to `[b, h, n, m]`, added before the
+      mask (e.g. T5's relative position bias).
+
+  Returns:
+    `W[b, h, n, m]` in float32. Rows whose positions are all masked are
+    uniform, never NaN.
+  """
+  logits = tf.cast(logits, tf.float32)
+  if bias is not None:
+    logits += tf.cast(bias, tf.float32)
+  if mask is not None:
+    logits = tf.where(mask, logits, MASKED_LOGIT)
+  return tf.nn.softmax(logits, axis=-1)
+
+
+def causal_mask(query_length, memory_length, query_offset=0):
+  """Boolean `[n, m]` mask: query i may attend memory j when j <= i + offset.
+
+  `query_offset` is the position of the first query within the memory, as in
+  incremental decoding where query step t sits at memory position t.
+  """
+  query_positions = tf.range(query_length)[:, tf.newaxis] + query_offset
+  memory_positions = tf.range(memory_length)[tf.newaxis, :]
+  return memory_positions <= query_positions
+
+
+def combine_masks(*masks):
+  """Logical AND of the masks that are not None; None if all are None."""
+  present = [mask for mask in masks if mask is not None]
+  if not present:
+    return None
+  combined = present[0]
+  for mask in present[1:]:
+    combined = tf.logical_and(combined, mask)
+  return combined

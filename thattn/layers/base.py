@@ -1,0 +1,292 @@
+"""The plumbing every thattn attention layer shares.
+
+An attention variant only says three things (see `AttentionLayer`):
+- how the queries X[b, n, d_X] become per-query tensors (`project_query`),
+- how the memory M[b, m, d_M] becomes per-memory tensors (`project_memory`),
+- how those produce the output Y[b, n, d_Y] (`attend`).
+
+Everything else lives here once: argument checking, boolean and causal masks,
+Keras implicit masks, T5-style position bias, the incremental-decoding cache,
+lazy weight creation from the first call's shapes, and the logical axes of
+every weight.
+
+The decoding cache is simply the dictionary `project_memory` returns, with
+the memory axis (axis 1) padded to the maximum decode length. Because every
+variant keeps all of its memory-side state in that dictionary (keys, values,
+and for dynamic projections R_Ml and R_Mw), caching works the same for all
+of them.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from thattn.layers import attention_ops
+from thattn.layers import initializers
+
+
+def _check_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _check_rate(name, value):
+  if not 0.0 <= value < 1.0:
+    raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+
+
+def _write_positions(cache, update, start):
+  """Writes `update[b, t, ...]` into `cache[b, s, ...]` at [start, start+t).
+
+  Uses a one-hot contraction rather than a scatter: it is exact (each entry
+  is multiplied by 1 or 0 once), keeps static shapes for XLA and tf.function,
+  and decoding writes only a step or a few at a time.
+  """
+  cache_shape = tf.shape(cache)
+  flat_cache = tf.reshape(cache, [cache_shape[0], cache_shape[1], -1])
+  flat_update = tf.reshape(update, [cache_shape[0], tf.shape(update)[1], -1])
+  positions = start + tf.range(tf.shape(update)[1])
+  # one_hot[t, s] is 1 where step t lands on cache position s.
+  one_hot = tf.one_hot(positions, cache_shape[1], dtype=cache.dtype)
+  keep = 1 - tf.reduce_sum(one_hot, axis=0)
+  written = (flat_cache * keep[tf.newaxis, :, tf.newaxis] +
+             tf.einsum("btf,ts->bsf", flat_update, one_hot))
+  return tf.reshape(written, cache_shape)
+
+
+class AttentionLayer(tf_keras.layers.Layer):
+  """Base class: subclasses implement the three hooks below.
+
+  Hooks (public, so subclasses never touch a private method):
+    create_weights(query_width, key_width, value_width)
+    project_query(query) -> dict of `[b, n, ...]` tensors
+    project_memory(key, value) -> dict of `[b, m, ...]` tensors
+    attend(query_state, memory_state, mask, position_bias, training)
+        -> (Y[b, n, d_Y], scores[b, heads, n, m])
+
+  Call:
+    layer(query, value, key=None, attention_mask=None, use_causal_mask=False,
+          return_attention_scores=False, training=None, position_bias=None,
+          cache=None, decode_step=None)
+
+    query: X[b, n, d_X].  value: the memory M[b, m, d_M].  key: defaults to
+    value.  attention_mask: boolean, broadcastable to [b, n, m], True means
+    "may attend".  position_bias: added to the logits L[b, h, n, m] after the
+    pre-softmax projection (e.g. `RelativePositionBias`).
+
+    Incremental decoding:
+      - self-attention: `cache = layer.initial_cache(batch, max_length)`, then
+        `y, cache = layer(x_t, x_t, cache=cache, decode_step=t)`. The new
+        steps attend causally to every cached step up to themselves.
+      - cross-attention: `cache = layer.memory_cache(memory)`, then
+        `y, cache = layer(x_t, None, cache=cache)`; the memory is projected
+        only once.
+
+    Returns Y, or (Y, scores) with `return_attention_scores`, and the cache
+    last whenever one was passed in.
+  """
+
+  def __init__(self, output_dim=None, dropout_rate=0.0,
+               kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    if output_dim is not None:
+      _check_positive_int("output_dim", output_dim)
+    _check_rate("dropout_rate", dropout_rate)
+    self.output_dim = output_dim
+    self.dropout_rate = dropout_rate
+    self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
+    self._dropout = tf_keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+    self._built_shapes = None
+    self._weight_axes = []  # (variable, logical axes) pairs
+    # Keras implicit masks (e.g. from Embedding(mask_zero=True)) are read
+    # from the inputs in `call`, as tf_keras.layers.MultiHeadAttention does.
+    self.supports_masking = True
+
+  # ---- hooks -------------------------------------------------------------
+  def create_weights(self, query_width, key_width, value_width):
+    raise NotImplementedError
+
+  def project_query(self, query):
+    raise NotImplementedError
+
+  def project_memory(self, key, value):
+    raise NotImplementedError
+
+  def attend(self, query_state, memory_state, mask, position_bias, training):
+    raise NotImplementedError
+
+  # ---- weights and their logical axes ------------------------------------
+  def add_axes_weight(self, name, shape, axes, initializer):
+    """`add_weight`, recording the weight's logical axes (see thattn.dims)."""
+    if len(shape) != len(axes):
+      raise ValueError(f"Weight {name!r} has shape {shape} but logical axes "
+                       f"{axes}; they must have the same length.")
+    variable = self.add_weight(name=name, shape=shape,
+                               initializer=initializers.fresh(initializer),
+                               trainable=True)
+    self._weight_axes.append((variable, tuple(axes)))
+    return variable
+
+  def add_axes_sublayer(self, layer, input_shape, axes_by_weight):
+    """Builds a sublayer and records the logical axes of its weights.
+
+    `axes_by_weight` maps "kernel" / "bias" to axes tuples.
+    """
+    # Built outside its own __call__, the sublayer must open its name scope
+    # itself, so its variables are named ".../query/kernel" and so on.
+    with tf.name_scope(layer.name):
+      layer.build(input_shape)
+    for variable in layer.weights:
+      short = variable.name.split("/")[-1].split(":")[0]
+      self._weight_axes.append((variable, tuple(axes_by_weight[short])))
+    return layer
+
+  @property
+  def logical_axes(self):
+    """{variable name: logical axes tuple} for every weight of the layer."""
+    return {variable.name: axes for variable, axes in self._weight_axes}
+
+  # ---- building ----------------------------------------------------------
+  def build_from_shapes(self, query_shape, value_shape, key_shape=None):
+    """Creates the weights for the given input shapes; idempotent."""
+    if self._built_shapes is not None:
+      return
+    query_shape = tf.TensorShape(query_shape)
+    value_shape = tf.TensorShape(value_shape)
+    key_shape = value_shape if key_shape is None else tf.TensorShape(key_shape)
+    for name, shape in (("query", query_shape), ("value", value_shape),
+                        ("key", key_shape)):
+      if shape.rank != 3 or shape[-1] is None:
+        raise ValueError(
+            f"{self.name}: {name} must have shape [batch, length, width] with "
+            f"a known width, got {shape}.")
+    with tf.init_scope():
+      self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
+    self._built_shapes = {"query_shape": query_shape.as_list(),
+                          "value_shape": value_shape.as_list(),
+                          "key_shape": key_shape.as_list()}
+    self.built = True
+
+  def get_build_config(self):
+    return self._built_shapes
+
+  def build_from_config(self, config):
+    if config:
+      self.build_from_shapes(**config)
+
+  # ---- decoding caches ---------------------------------------------------
+  def initial_cache(self, batch_size, max_length, dtype=None):
+    """An all-zeros self-attention cache for `max_length` decoding steps."""
+    if self._built_shapes is None:
+      raise ValueError(f"{self.name}: call or build the layer before asking "
+                       "for a cache, so its weights and widths are known.")
+    width = self._built_shapes["value_shape"][-1]
+    dtype = dtype or self.compute_dtype
+    probe = tf.zeros([1, 1, width], dtype)
+    state = self.project_memory(probe, probe)
+    return {name: tf.zeros([batch_size, max_length] +
+                           tensor.shape.as_list()[2:], tensor.dtype)
+            for name, tensor in state.items()}
+
+  def memory_cache(self, value, key=None):
+    """The projected memory for cross-attention decoding, computed once."""
+    key = value if key is None else key
+    if self._built_shapes is None:
+      raise ValueError(f"{self.name}: call or build the layer before asking "
+                       "for a cache, so its query width is known.")
+    value = tf.cast(value, self.compute_dtype)
+    key = tf.cast(key, self.compute_dtype)
+    return self.project_memory(key, value)
+
+  # ---- call ----------------------------------------------------------------
+  def call(self, query, value=None, key=None, attention_mask=None,
+           use_causal_mask=False, return_attention_scores=False,
+           training=None, position_bias=None, cache=None, decode_step=None):
+    if value is None and cache is None:
+      raise ValueError(f"{self.name}: `value` (the memory) is required unless "
+                       "a cross-attention `cache` is given.")
+    if decode_step is not None and cache is None:
+      raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
+                       "cache; create one with `initial_cache`.")
+    key = value if key is None else key
+    if self._built_shapes is None:
+      if value is None:
+        raise ValueError(f"{self.name}: build the layer before calling it "
+                         "with only a cache.")
+      self.build_from_shapes(query.shape, value.shape, key.shape)
+
+    query_state = self.project_query(query)
+    query_offset = 0
+    if cache is None:
+      memory_state = self.project_memory(key, value)
+    elif decode_step is None:
+      memory_state = cache  # cross-attention: the memory was projected once
+    else:
+      new_state = self.project_memory(key, value)
+      memory_state = {name: _write_positions(cache[name], new_state[name],
+                                             decode_step)
+                      for name in cache}
+      query_offset = decode_step
+      use_causal_mask = True  # later cache slots are still empty
+    memory_length = tf.shape(next(iter(memory_state.values())))[1]
+
+    mask = self._combined_mask(query, value if cache is None else None,
+                               attention_mask, use_causal_mask,
+                               memory_length, query_offset)
+    output, scores = self.attend(query_state, memory_state, mask,
+                                 position_bias, training)
+    results = (output, scores) if return_attention_scores else (output,)
+    if cache is not None:
+      results += (memory_state,)
+    return results[0] if len(results) == 1 else results
+
+  def _combined_mask(self, query, value, attention_mask, use_causal_mask,
+                     memory_length, query_offset):
+    """One boolean mask broadcastable to [b, 1, n, m], or None."""
+    query_length = tf.shape(query)[1]
+    masks = []
+    if attention_mask is not None:
+      masks.append(self._checked_mask(attention_mask, query, memory_length))
+    implicit_query = getattr(query, "_keras_mask", None)
+    if implicit_query is not None:
+      masks.append(tf.cast(implicit_query, tf.bool)[:, :, tf.newaxis])
+    implicit_value = getattr(value, "_keras_mask", None)
+    if implicit_value is not None:
+      masks.append(tf.cast(implicit_value, tf.bool)[:, tf.newaxis, :])
+    if use_causal_mask:
+      masks.append(attention_ops.causal_mask(query_length, memory_length,
+                                             query_offset)[tf.newaxis])
+    mask = attention_ops.combine_masks(*masks)
+    return None if mask is None else mask[:, tf.newaxis]  # add heads axis
+
+  def _checked_mask(self, mask, query, memory_length):
+    """Validates a user mask's static shape against [b, n, m]."""
+    mask = tf.convert_to_tensor(mask)
+    expected = [query.shape[0], query.shape[1],
+                tf.get_static_value(memory_length)]
+    shape = mask.shape
+    fits = shape.rank == 3 and all(
+        got is None or want is None or got in (1, want)
+        for got, want in zip(shape.as_list(), expected))
+    if not fits:
+      raise ValueError(
+          f"{self.name}: attention_mask has shape {shape}, expected "
+          f"[batch, query_length, memory_length] = {expected} "
+          "(dimensions of size 1 broadcast).")
+    if mask.dtype != tf.bool:
+      raise ValueError(f"{self.name}: attention_mask must be boolean (True = "
+                       f"may attend), got dtype {mask.dtype.name}.")
+    return mask
+
+  def dropout_weights(self, weights, training):
+    """Attention dropout on the weights that multiply the values."""
+    return self._dropout(weights, training=training)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "output_dim": self.output_dim,
+        "dropout_rate": self.dropout_rate,
+        "kernel_initializer":
+            tf_keras.initializers.serialize(self.kernel_initializer),
+    })
+    return config

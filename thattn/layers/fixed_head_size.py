@@ -1,0 +1,48 @@
+"""Fixed head size (Bhojanapalli et al., 2020): d_k and d_v set apart from d_model / h.
+
+The usual heuristic d_k = d_model / h shrinks each head as heads are added;
+once d_k falls below the sequence length n, a head's logits matrix has rank
+at most d_k < n and cannot express every attention pattern (the paper's
+Theorem 1, the "low-rank bottleneck"). The paper proposes instead to fix the
+head size, for example to the sequence length, independent of h and d_model.
+
+In thattn every layer already takes `key_dim` and `value_dim` freely, so a
+fixed head size is just those arguments. `fixed_head_size_attention` is the
+documented shortcut for the paper's proposal, d_k = d_v = n.
+"""
+
+from thattn.layers import multi_head
+from thattn.layers import talking_heads
+
+_VARIANTS = {
+    "multi_head": multi_head.MultiHeadAttention,
+    "talking_heads": talking_heads.TalkingHeadsAttention,
+}
+
+
+def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
+                              variant="multi_head", **kwargs):
+  """An attention layer whose heads have a fixed size.
+
+  Args:
+    num_heads: h.
+    sequence_length: n. When given (and `head_size` is not), the head size is
+      set to n, as Bhojanapalli et al. propose: d_k = d_v = n.
+    head_size: an explicit d_k = d_v instead.
+    variant: "multi_head" or "talking_heads".
+    **kwargs: passed to the layer (e.g. output_dim, dynamic_projections).
+
+  Returns:
+    A `MultiHeadAttention` or `TalkingHeadsAttention` with
+    key_dim = value_dim = the head size.
+  """
+  if (sequence_length is None) == (head_size is None):
+    raise ValueError("Give exactly one of sequence_length and head_size, got "
+                     f"sequence_length={sequence_length!r}, "
+                     f"head_size={head_size!r}.")
+  if variant not in _VARIANTS:
+    raise ValueError(f"Unknown variant {variant!r}; expected one of "
+                     f"{sorted(_VARIANTS)}.")
+  size = sequence_length if head_size is None else head_size
+  return _VARIANTS[variant](num_heads=num_heads, key_dim=size, value_dim=size,
+                            **kwargs)

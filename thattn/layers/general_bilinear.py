@@ -1,0 +1,96 @@
+"""General bilinear multihead attention (GBMA), Section 6 of the paper.
+
+Computation (per example; letters as in `thattn.dims`):
+
+    L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
+    W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
+    Y[n, d_Y]  = einsum(dropout(W[h, n, m]), M[m, d_M], Q[d_M, d_Y, h])
+
+Multi-head attention is GBMA with P and Q each factored into two matrices,
+and talking-heads attention is GBMA with each factored into three:
+
+    P[d_X, d_M, h] = einsum(P_q[d_X, h_k, d_k], P_k[d_M, h_k, d_k], P_l[h_k, h])
+    Q[d_M, d_Y, h] = einsum(P_v[d_M, h_v, d_v], P_o[h_v, d_v, d_Y], P_w[h, h_v])
+
+The paper notes GBMA "may have no practical use" because of its cost; it is
+here as the reference point of its Table 1 (d_k = d_v = d_model).
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from thattn import dims
+from thattn.layers import base
+from thattn.layers import initializers
+
+# XP[b, n, h, d_M] = einsum(X[b, n, d_X], P[d_X, d_M, h])
+QUERY_BILINEAR = "bnd,deh->bnhe"
+# L[b, h, n, m] = einsum(XP[b, n, h, d_M], M[b, m, d_M])
+BILINEAR_LOGITS = "bnhe,bme->bhnm"
+# WM[b, n, h, d_M] = einsum(W[b, h, n, m], M[b, m, d_M])
+WEIGHTED_MEMORY = "bhnm,bme->bnhe"
+# Y[b, n, d_Y] = einsum(WM[b, n, h, d_M], Q[d_M, d_Y, h])
+BILINEAR_OUTPUT = "bnhe,eoh->bno"
+
+
+@tf_keras.utils.register_keras_serializable(package="thattn")
+class GeneralBilinearAttention(base.AttentionLayer):
+  """General bilinear multihead attention with h heads.
+
+  Args:
+    num_heads: h.
+    output_dim: d_Y; defaults to the query width.
+    dropout_rate: attention dropout on W.
+    kernel_initializer: for P and Q. Defaults to normals with stddev
+      1/sqrt(fan_in), fan_in being d_X * d_M for P and d_M * h for Q, which
+      gives unit-variance logits and outputs for unit-variance inputs.
+  """
+
+  def __init__(self, num_heads, output_dim=None, dropout_rate=0.0,
+               kernel_initializer=None, **kwargs):
+    super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
+                     kernel_initializer=kernel_initializer, **kwargs)
+    base._check_positive_int("num_heads", num_heads)  # pylint: disable=protected-access
+    self.num_heads = num_heads
+
+  def create_weights(self, query_width, key_width, value_width):
+    if key_width != value_width:
+      raise ValueError(
+          f"{self.name}: general bilinear attention reads one memory M, so "
+          f"key and value must have the same width, got key width "
+          f"{key_width} and value width {value_width}.")
+    h = self.num_heads
+    output_dim = self.output_dim or query_width
+    self._p = self.add_axes_weight(
+        "bilinear_p", [query_width, key_width, h],
+        (dims.D_MODEL, dims.D_K, dims.HEADS),
+        self.kernel_initializer or
+        initializers.fan_in_normal(query_width * key_width))
+    self._q = self.add_axes_weight(
+        "bilinear_q", [value_width, output_dim, h],
+        (dims.D_V, dims.D_MODEL, dims.HEADS),
+        self.kernel_initializer or initializers.fan_in_normal(value_width * h))
+
+  def project_query(self, query):
+    return {"query": tf.einsum(QUERY_BILINEAR, query, self._p)}
+
+  def project_memory(self, key, value):
+    return {"key": key, "value": value}
+
+  def attend(self, query_state, memory_state, mask, position_bias, training):
+    logits = tf.einsum(BILINEAR_LOGITS, query_state["query"],
+                       memory_state["key"])
+    weights = tf.cast(
+        base.attention_ops.masked_softmax(logits, mask, position_bias),
+        self.compute_dtype)
+    weighted_memory = tf.einsum(WEIGHTED_MEMORY,
+                                self.dropout_weights(weights, training),
+                                memory_state["value"])
+    return tf.einsum(BILINEAR_OUTPUT, weighted_memory, self._q), weights
+
+  def get_config(self):
+    config = super().get_config()
+    config["num_heads"] = self.num_heads
+    if self.kernel_initializer is None:
+      config["kernel_initializer"] = None
+    return config

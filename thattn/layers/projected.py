@@ -1,0 +1,146 @@
+"""Attention with learned query, key, value and output projections.
+
+`ProjectedAttention` holds what multi-head and talking-heads attention share:
+P_q, P_k, P_v, P_o and the dot product. It has three heads dimensions, as in
+the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
+(values). Two public hooks sit between the dot product and the values:
+
+    L[b, h, n, m]   = mix_logits(J[b, h_k, n, m], ...)      identity here
+    U[b, h_v, n, m] = mix_weights(W[b, h, n, m], ...)       identity here
+
+`MultiHeadAttention` keeps them as identities (so h_k = h = h_v) and
+`TalkingHeadsAttention` replaces them with the talking-heads projections.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from thattn import dims
+from thattn.layers import attention_ops
+from thattn.layers import base
+from thattn.layers import initializers
+
+# Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
+QUERY_PROJECTION = "bnd,dik->bnik"
+# K[b, m, h_k, d_k] = einsum(M[b, m, d_M], P_k[d_M, h_k, d_k])
+KEY_PROJECTION = "bme,eik->bmik"
+# V[b, m, h_v, d_v] = einsum(M[b, m, d_M], P_v[d_M, h_v, d_v])
+VALUE_PROJECTION = "bme,ejv->bmjv"
+# Y[b, n, d_Y] = einsum(O[b, n, h_v, d_v], P_o[h_v, d_v, d_Y])
+OUTPUT_PROJECTION = "bnjv,jvo->bno"
+
+
+class ProjectedAttention(base.AttentionLayer):
+  """Shared base of MultiHeadAttention and TalkingHeadsAttention.
+
+  Computation (per example; letters as in `thattn.dims`):
+    Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
+    K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
+    V[m, h_v, d_v] = einsum(M[m, d_M], P_v[d_M, h_v, d_v])
+    J[h_k, n, m]   = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
+    L[h, n, m]     = mix_logits(J)
+    W[h, n, m]     = softmax(L + bias, masked, reduced_dim=m)   # float32
+    U[h_v, n, m]   = dropout(mix_weights(W))
+    O[n, h_v, d_v] = einsum(U[h_v, n, m], V[m, h_v, d_v])
+    Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
+  """
+
+  def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
+               value_dim=None, output_dim=None, use_bias=False,
+               dropout_rate=0.0, kernel_initializer="glorot_uniform",
+               bias_initializer="zeros", **kwargs):
+    super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
+                     kernel_initializer=kernel_initializer, **kwargs)
+    value_dim = key_dim if value_dim is None else value_dim
+    for name, value in (("num_heads", num_heads),
+                        ("num_key_heads", num_key_heads),
+                        ("num_value_heads", num_value_heads),
+                        ("key_dim", key_dim), ("value_dim", value_dim)):
+      base._check_positive_int(name, value)  # pylint: disable=protected-access
+    self.num_heads = num_heads
+    self.num_key_heads = num_key_heads
+    self.num_value_heads = num_value_heads
+    self.key_dim = key_dim
+    self.value_dim = value_dim
+    self.use_bias = use_bias
+    self.bias_initializer = tf_keras.initializers.get(bias_initializer)
+
+  def _einsum_dense(self, name, equation, output_shape, bias_axes,
+                    initializer):
+    return tf_keras.layers.EinsumDense(
+        equation, output_shape=output_shape,
+        bias_axes=bias_axes if self.use_bias else None,
+        kernel_initializer=initializers.fresh(initializer),
+        bias_initializer=initializers.fresh(self.bias_initializer),
+        dtype=self.dtype_policy, name=name)
+
+  def create_weights(self, query_width, key_width, value_width):
+    h_k, h_v = self.num_key_heads, self.num_value_heads
+    d_k, d_v = self.key_dim, self.value_dim
+    output_dim = self.output_dim or query_width
+    query_init = initializers.ScaledInitializer(self.kernel_initializer,
+                                                d_k ** -0.5)
+    self._query_dense = self.add_axes_sublayer(
+        self._einsum_dense("query", QUERY_PROJECTION, (None, h_k, d_k), "ik",
+                           query_init),
+        [None, None, query_width],
+        {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
+         "bias": (dims.KEY_HEADS, dims.D_K)})
+    self._key_dense = self.add_axes_sublayer(
+        self._einsum_dense("key", KEY_PROJECTION, (None, h_k, d_k), "ik",
+                           self.kernel_initializer),
+        [None, None, key_width],
+        {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
+         "bias": (dims.KEY_HEADS, dims.D_K)})
+    self._value_dense = self.add_axes_sublayer(
+        self._einsum_dense("value", VALUE_PROJECTION, (None, h_v, d_v), "jv",
+                           self.kernel_initializer),
+        [None, None, value_width],
+        {"kernel": (dims.D_MODEL, dims.VALUE_HEADS, dims.D_V),
+         "bias": (dims.VALUE_HEADS, dims.D_V)})
+    self._output_dense = self.add_axes_sublayer(
+        self._einsum_dense("output", OUTPUT_PROJECTION, (None, output_dim),
+                           "o", self.kernel_initializer),
+        [None, None, h_v, d_v],
+        {"kernel": (dims.VALUE_HEADS, dims.D_V, dims.D_MODEL),
+         "bias": (dims.D_MODEL,)})
+
+  def project_query(self, query):
+    return {"query": self._query_dense(query)}
+
+  def project_memory(self, key, value):
+    return {"key": self._key_dense(key), "value": self._value_dense(value)}
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    """L[b, h, n, m] from J[b, h_k, n, m]; identity for multi-head."""
+    del query_state, memory_state
+    return dot_products
+
+  def mix_weights(self, weights, query_state, memory_state):
+    """U[b, h_v, n, m] from W[b, h, n, m]; identity for multi-head."""
+    del query_state, memory_state
+    return weights
+
+  def attend(self, query_state, memory_state, mask, position_bias, training):
+    dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query_state["query"],
+                             memory_state["key"])
+    logits = self.mix_logits(dot_products, query_state, memory_state)
+    weights = tf.cast(
+        attention_ops.masked_softmax(logits, mask, position_bias),
+        self.compute_dtype)
+    value_weights = self.mix_weights(weights, query_state, memory_state)
+    context = tf.einsum(attention_ops.WEIGHTED_VALUES,
+                        self.dropout_weights(value_weights, training),
+                        memory_state["value"])
+    return self._output_dense(context), value_weights
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "key_dim": self.key_dim,
+        "value_dim": self.value_dim,
+        "use_bias": self.use_bias,
+        "bias_initializer":
+            tf_keras.initializers.serialize(self.bias_initializer),
+    })
+    return config

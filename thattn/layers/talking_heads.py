@@ -1,0 +1,216 @@
+"""Talking-heads attention (Shazeer et al., 2020), with dynamic projections.
+
+Computation (per example; letters as in `thattn.dims`; Section 4 and
+Appendix A of the paper):
+
+    Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
+    K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
+    V[m, h_v, d_v] = einsum(M[m, d_M], P_v[d_M, h_v, d_v])
+    J[h_k, n, m]   = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
+    L[h, n, m]     = einsum(J[h_k, n, m], P_l[h_k, h])              # P_l
+                   + einsum(J[h_k, n, m], R_Xl[n, h_k, h])          # x2l
+                   + einsum(J[h_k, n, m], R_Ml[m, h_k, h])          # m2l
+    W[h, n, m]     = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
+    U[h_v, n, m]   = einsum(W[h, n, m], P_w[h, h_v])                # P_w
+                   + einsum(W[h, n, m], R_Xw[n, h, h_v])            # x2w
+                   + einsum(W[h, n, m], R_Mw[m, h, h_v])            # m2w
+    O[n, h_v, d_v] = einsum(dropout(U[h_v, n, m]), V[m, h_v, d_v])
+    Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
+
+    with the dynamic projections generated from the inputs:
+    R_Xl[n, h_k, h] = einsum(X[n, d_X], P_Xl[d_X, h_k, h])
+    R_Ml[m, h_k, h] = einsum(M[m, d_M], P_Ml[d_M, h_k, h])
+    R_Xw[n, h, h_v] = einsum(X[n, d_X], P_Xw[d_X, h, h_v])
+    R_Mw[m, h, h_v] = einsum(M[m, d_M], P_Mw[d_M, h, h_v])
+
+R_Ml and R_Mw are indexed by memory position m; the paper's pseudocode
+writes `n` there, a slip. With `project_logits=False` the static P_l is the
+identity (so h_k must equal h), and likewise P_w with `project_weights=False`.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from thattn import dims
+from thattn.layers import attention_ops
+from thattn.layers import initializers
+from thattn.layers import projected
+
+DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
+
+# The paper (Appendix A) trained well only with small initial dynamic
+# projections: normal with stddev 0.1 / sqrt(fan_in).
+DYNAMIC_INIT_SCALE = 0.1
+
+# R_Xl[b, n, h_k, h] = einsum(X[b, n, d_X], P_Xl[d_X, h_k, h]), and so on.
+_DYNAMIC_GENERATORS = {
+    "x2l": "bnd,dih->bnih",
+    "m2l": "bme,eih->bmih",
+    "x2w": "bnd,dhj->bnhj",
+    "m2w": "bme,ehj->bmhj",
+}
+
+
+def _normalize_dynamic_projections(dynamic_projections):
+  if isinstance(dynamic_projections, str):
+    raise ValueError(
+        "dynamic_projections must be a list of names from "
+        f"{DYNAMIC_PROJECTIONS}, got the string {dynamic_projections!r}; "
+        f"write [{dynamic_projections!r}].")
+  names = tuple(dynamic_projections)
+  unknown = sorted(set(names) - set(DYNAMIC_PROJECTIONS))
+  if unknown:
+    raise ValueError(f"Unknown dynamic projections {unknown}; expected a "
+                     f"subset of {DYNAMIC_PROJECTIONS}.")
+  return tuple(name for name in DYNAMIC_PROJECTIONS if name in names)
+
+
+@tf_keras.utils.register_keras_serializable(package="thattn")
+class TalkingHeadsAttention(projected.ProjectedAttention):
+  """Talking-heads attention: learned projections across the heads dimension.
+
+  Args:
+    num_heads: h, the heads of the logits and the softmax.
+    key_dim: d_k. Not tied to d_model / h: any size works, including the
+      sequence length (see `thattn.layers.fixed_head_size`).
+    value_dim: d_v; defaults to key_dim.
+    num_key_heads: h_k, heads of the queries and keys; defaults to h.
+    num_value_heads: h_v, heads of the values; defaults to h.
+    project_logits: learn P_l[h_k, h]. False needs h_k == h.
+    project_weights: learn P_w[h, h_v]. False needs h == h_v.
+      With both False the layer is multi-head attention.
+    dynamic_projections: any subset of ("x2l", "m2l", "x2w", "m2w"): the
+      input-dependent terms P_Xl, P_Ml, P_Xw, P_Mw of Appendix A. m2l is
+      generated from the key input and m2w from the value input (both M
+      when `key` is not given).
+    output_dim: d_Y; defaults to the query width.
+    use_bias: biases on P_q, P_k, P_v and P_o (the paper has none).
+    dropout_rate: dropout on U, the weights applied to the values.
+    kernel_initializer: for P_q (scaled by d_k**-0.5), P_k, P_v and P_o.
+    bias_initializer: for the biases.
+    talking_heads_initializer: for P_l and P_w; defaults to a normal with
+      stddev 1/sqrt(fan_in), as Mesh TensorFlow does.
+  """
+
+  def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
+               num_value_heads=None, project_logits=True,
+               project_weights=True, dynamic_projections=(), output_dim=None,
+               use_bias=False, dropout_rate=0.0,
+               kernel_initializer="glorot_uniform", bias_initializer="zeros",
+               talking_heads_initializer=None, **kwargs):
+    num_key_heads = num_heads if num_key_heads is None else num_key_heads
+    num_value_heads = num_heads if num_value_heads is None else num_value_heads
+    super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
+                     value_dim=value_dim, output_dim=output_dim,
+                     use_bias=use_bias, dropout_rate=dropout_rate,
+                     kernel_initializer=kernel_initializer,
+                     bias_initializer=bias_initializer, **kwargs)
+    if not project_logits and num_key_heads != num_heads:
+      raise ValueError(
+          f"project_logits=False needs num_key_heads == num_heads, got "
+          f"num_key_heads={num_key_heads}, num_heads={num_heads}.")
+    if not project_weights and num_value_heads != num_heads:
+      raise ValueError(
+          f"project_weights=False needs num_value_heads == num_heads, got "
+          f"num_value_heads={num_value_heads}, num_heads={num_heads}.")
+    self.project_logits = project_logits
+    self.project_weights = project_weights
+    self.dynamic_projections = _normalize_dynamic_projections(
+        dynamic_projections)
+    self.talking_heads_initializer = (
+        None if talking_heads_initializer is None else
+        tf_keras.initializers.get(talking_heads_initializer))
+
+  def _projection_initializer(self, fan_in):
+    if self.talking_heads_initializer is not None:
+      return initializers.fresh(self.talking_heads_initializer)
+    return initializers.fan_in_normal(fan_in)
+
+  def create_weights(self, query_width, key_width, value_width):
+    super().create_weights(query_width, key_width, value_width)
+    h_k, h, h_v = self.num_key_heads, self.num_heads, self.num_value_heads
+    self._pre_softmax_projection = None
+    self._post_softmax_projection = None
+    if self.project_logits:
+      self._pre_softmax_projection = self.add_axes_weight(
+          "pre_softmax_projection", [h_k, h], (dims.KEY_HEADS, dims.HEADS),
+          self._projection_initializer(h_k))
+    if self.project_weights:
+      self._post_softmax_projection = self.add_axes_weight(
+          "post_softmax_projection", [h, h_v], (dims.HEADS, dims.VALUE_HEADS),
+          self._projection_initializer(h))
+    widths = {"x2l": query_width, "m2l": key_width,
+              "x2w": query_width, "m2w": value_width}
+    # (heads in, heads out) of each dynamic projection, and its axes.
+    head_dims = {"x2l": (h_k, h), "m2l": (h_k, h),
+                 "x2w": (h, h_v), "m2w": (h, h_v)}
+    logits_axes = (dims.D_MODEL, dims.KEY_HEADS, dims.HEADS)
+    weights_axes = (dims.D_MODEL, dims.HEADS, dims.VALUE_HEADS)
+    self._dynamic_dense = {}
+    for name in self.dynamic_projections:
+      heads_in, heads_out = head_dims[name]
+      self._dynamic_dense[name] = self.add_axes_sublayer(
+          tf_keras.layers.EinsumDense(
+              _DYNAMIC_GENERATORS[name], output_shape=(None, heads_in,
+                                                       heads_out),
+              kernel_initializer=initializers.fan_in_normal(
+                  widths[name] * heads_in, DYNAMIC_INIT_SCALE),
+              dtype=self.dtype_policy, name=name),
+          [None, None, widths[name]],
+          {"kernel": logits_axes if name.endswith("l") else weights_axes})
+
+  def project_query(self, query):
+    state = super().project_query(query)
+    for name in ("x2l", "x2w"):
+      if name in self._dynamic_dense:
+        state[name] = self._dynamic_dense[name](query)
+    return state
+
+  def project_memory(self, key, value):
+    state = super().project_memory(key, value)
+    if "m2l" in self._dynamic_dense:
+      state["m2l"] = self._dynamic_dense["m2l"](key)
+    if "m2w" in self._dynamic_dense:
+      state["m2w"] = self._dynamic_dense["m2w"](value)
+    return state
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    logits = dot_products
+    if self._pre_softmax_projection is not None:
+      logits = attention_ops.mix_heads(dot_products,
+                                       self._pre_softmax_projection)
+    if "x2l" in query_state:
+      logits += tf.einsum(attention_ops.QUERY_DYNAMIC_LOGITS_MIX,
+                          dot_products, query_state["x2l"])
+    if "m2l" in memory_state:
+      logits += tf.einsum(attention_ops.MEMORY_DYNAMIC_LOGITS_MIX,
+                          dot_products, memory_state["m2l"])
+    return logits
+
+  def mix_weights(self, weights, query_state, memory_state):
+    value_weights = weights
+    if self._post_softmax_projection is not None:
+      value_weights = attention_ops.mix_heads(weights,
+                                              self._post_softmax_projection)
+    if "x2w" in query_state:
+      value_weights += tf.einsum(attention_ops.QUERY_DYNAMIC_WEIGHTS_MIX,
+                                 weights, query_state["x2w"])
+    if "m2w" in memory_state:
+      value_weights += tf.einsum(attention_ops.MEMORY_DYNAMIC_WEIGHTS_MIX,
+                                 weights, memory_state["m2w"])
+    return value_weights
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "num_heads": self.num_heads,
+        "num_key_heads": self.num_key_heads,
+        "num_value_heads": self.num_value_heads,
+        "project_logits": self.project_logits,
+        "project_weights": self.project_weights,
+        "dynamic_projections": list(self.dynamic_projections),
+        "talking_heads_initializer": (
+            None if self.talking_heads_initializer is None else
+            tf_keras.initializers.serialize(self.talking_heads_initializer)),
+    })
+    return config
