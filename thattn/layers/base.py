@@ -96,7 +96,9 @@ class AttentionLayer(tf_keras.layers.Layer):
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
     self._dropout = tf_keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
     self._built_shapes = None
-    self._weight_axes = []  # (variable, logical axes) pairs
+    # Keyed by variable name, not by variable: Keras would treat variables
+    # held in a list attribute as this layer's own weights when saving.
+    self._axes_by_variable_name = {}
     # Keras implicit masks (e.g. from Embedding(mask_zero=True)) are read
     # from the inputs in `call`, as tf_keras.layers.MultiHeadAttention does.
     self.supports_masking = True
@@ -123,7 +125,7 @@ class AttentionLayer(tf_keras.layers.Layer):
     variable = self.add_weight(name=name, shape=shape,
                                initializer=initializers.fresh(initializer),
                                trainable=True)
-    self._weight_axes.append((variable, tuple(axes)))
+    self._axes_by_variable_name[variable.name] = tuple(axes)
     return variable
 
   def add_axes_sublayer(self, layer, input_shape, axes_by_weight):
@@ -137,13 +139,13 @@ class AttentionLayer(tf_keras.layers.Layer):
       layer.build(input_shape)
     for variable in layer.weights:
       short = variable.name.split("/")[-1].split(":")[0]
-      self._weight_axes.append((variable, tuple(axes_by_weight[short])))
+      self._axes_by_variable_name[variable.name] = tuple(axes_by_weight[short])
     return layer
 
   @property
   def logical_axes(self):
     """{variable name: logical axes tuple} for every weight of the layer."""
-    return {variable.name: axes for variable, axes in self._weight_axes}
+    return dict(self._axes_by_variable_name)
 
   # ---- building ----------------------------------------------------------
   def build_from_shapes(self, query_shape, value_shape, key_shape=None):
@@ -193,9 +195,8 @@ class AttentionLayer(tf_keras.layers.Layer):
     if self._built_shapes is None:
       raise ValueError(f"{self.name}: call or build the layer before asking "
                        "for a cache, so its query width is known.")
-    value = tf.cast(value, self.compute_dtype)
-    key = tf.cast(key, self.compute_dtype)
-    return self.project_memory(key, value)
+    return self.project_memory(self._to_compute_dtype(key),
+                               self._to_compute_dtype(value))
 
   # ---- call ----------------------------------------------------------------
   def call(self, query, value=None, key=None, attention_mask=None,
@@ -207,7 +208,15 @@ class AttentionLayer(tf_keras.layers.Layer):
     if decode_step is not None and cache is None:
       raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
                        "cache; create one with `initial_cache`.")
-    key = value if key is None else key
+    # Keras implicit masks (e.g. Embedding(mask_zero=True)), read before
+    # any cast, which would drop them.
+    implicit_masks = (getattr(query, "_keras_mask", None),
+                      None if cache is not None else
+                      getattr(value, "_keras_mask", None))
+    # Keras autocasts only the first argument under a mixed-precision
+    # policy; the memory must follow it into the compute dtype.
+    value = self._to_compute_dtype(value)
+    key = value if key is None else self._to_compute_dtype(key)
     if self._built_shapes is None:
       if value is None:
         raise ValueError(f"{self.name}: build the layer before calling it "
@@ -229,9 +238,8 @@ class AttentionLayer(tf_keras.layers.Layer):
       use_causal_mask = True  # later cache slots are still empty
     memory_length = tf.shape(next(iter(memory_state.values())))[1]
 
-    mask = self._combined_mask(query, value if cache is None else None,
-                               attention_mask, use_causal_mask,
-                               memory_length, query_offset)
+    mask = self._combined_mask(query, implicit_masks, attention_mask,
+                               use_causal_mask, memory_length, query_offset)
     output, scores = self.attend(query_state, memory_state, mask,
                                  position_bias, training)
     results = (output, scores) if return_attention_scores else (output,)
@@ -239,17 +247,21 @@ class AttentionLayer(tf_keras.layers.Layer):
       results += (memory_state,)
     return results[0] if len(results) == 1 else results
 
-  def _combined_mask(self, query, value, attention_mask, use_causal_mask,
-                     memory_length, query_offset):
+  def _to_compute_dtype(self, tensor):
+    if tensor is None or not tensor.dtype.is_floating:
+      return tensor
+    return tf.cast(tensor, self.compute_dtype)
+
+  def _combined_mask(self, query, implicit_masks, attention_mask,
+                     use_causal_mask, memory_length, query_offset):
     """One boolean mask broadcastable to [b, 1, n, m], or None."""
     query_length = tf.shape(query)[1]
     masks = []
     if attention_mask is not None:
       masks.append(self._checked_mask(attention_mask, query, memory_length))
-    implicit_query = getattr(query, "_keras_mask", None)
+    implicit_query, implicit_value = implicit_masks
     if implicit_query is not None:
       masks.append(tf.cast(implicit_query, tf.bool)[:, :, tf.newaxis])
-    implicit_value = getattr(value, "_keras_mask", None)
     if implicit_value is not None:
       masks.append(tf.cast(implicit_value, tf.bool)[:, tf.newaxis, :])
     if use_causal_mask:
@@ -261,8 +273,10 @@ class AttentionLayer(tf_keras.layers.Layer):
   def _checked_mask(self, mask, query, memory_length):
     """Validates a user mask's static shape against [b, n, m]."""
     mask = tf.convert_to_tensor(mask)
+    static_memory_length = tf.get_static_value(memory_length)
     expected = [query.shape[0], query.shape[1],
-                tf.get_static_value(memory_length)]
+                None if static_memory_length is None else
+                int(static_memory_length)]
     shape = mask.shape
     fits = shape.rank == 3 and all(
         got is None or want is None or got in (1, want)

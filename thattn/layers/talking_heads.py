@@ -24,8 +24,9 @@ Appendix A of the paper):
     R_Mw[m, h, h_v] = einsum(M[m, d_M], P_Mw[d_M, h, h_v])
 
 R_Ml and R_Mw are indexed by memory position m; the paper's pseudocode
-writes `n` there, a slip. With `project_logits=False` the static P_l is the
-identity (so h_k must equal h), and likewise P_w with `project_weights=False`.
+writes `n` there, a slip. With `project_logits=False` there is no P_l (so h_k
+must equal h), and likewise no P_w with `project_weights=False`; a dynamic
+projection is added to its static one, so it needs that projection on.
 """
 
 import tensorflow as tf
@@ -113,10 +114,19 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       raise ValueError(
           f"project_weights=False needs num_value_heads == num_heads, got "
           f"num_value_heads={num_value_heads}, num_heads={num_heads}.")
-    self.project_logits = project_logits
-    self.project_weights = project_weights
     self.dynamic_projections = _normalize_dynamic_projections(
         dynamic_projections)
+    # Appendix A adds each dynamic projection to a static one.
+    for name in self.dynamic_projections:
+      static_on = project_logits if name.endswith("l") else project_weights
+      if not static_on:
+        flag = "project_logits" if name.endswith("l") else "project_weights"
+        raise ValueError(
+            f"dynamic projection {name!r} is added to the static "
+            f"{'P_l' if name.endswith('l') else 'P_w'}, so it needs "
+            f"{flag}=True, got {flag}=False.")
+    self.project_logits = project_logits
+    self.project_weights = project_weights
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         tf_keras.initializers.get(talking_heads_initializer))
