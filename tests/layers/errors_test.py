@@ -1,0 +1,75 @@
+"""Bad configuration or input raises ValueError naming the values."""
+
+import pytest
+import tensorflow as tf
+
+from thattn import layers
+
+
+@pytest.mark.parametrize("make_layer,message", [
+    (lambda: layers.TalkingHeadsAttention(0, 4),
+     r"num_heads must be a positive integer, got 0"),
+    (lambda: layers.MultiHeadAttention(-2, 4),
+     r"num_heads must be a positive integer, got -2"),
+    (lambda: layers.TalkingHeadsAttention(4, 0),
+     r"key_dim must be a positive integer, got 0"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, num_key_heads=2.5),
+     r"num_key_heads must be a positive integer, got 2.5"),
+    (lambda: layers.GeneralBilinearAttention(0),
+     r"num_heads must be a positive integer, got 0"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, num_key_heads=6,
+                                          project_logits=False),
+     r"project_logits=False needs num_key_heads == num_heads, got "
+     r"num_key_heads=6, num_heads=4"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, num_value_heads=2,
+                                          project_weights=False),
+     r"project_weights=False needs num_value_heads == num_heads, got "
+     r"num_value_heads=2, num_heads=4"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, dynamic_projections=["x2q"]),
+     r"Unknown dynamic projections \['x2q'\]; expected a subset of"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, dynamic_projections="x2l"),
+     r"got the string 'x2l'; write \['x2l'\]"),
+    (lambda: layers.TalkingHeadsAttention(4, 8, dynamic_projections=["m2w"],
+                                          project_weights=False),
+     r"'m2w' is added to the static P_w, so it needs project_weights=True"),
+    (lambda: layers.MultiHeadAttention(4, 8, dropout_rate=1.5),
+     r"dropout_rate must be in \[0, 1\), got 1.5"),
+    (lambda: layers.fixed_head_size_attention(4),
+     r"exactly one of sequence_length and head_size"),
+    (lambda: layers.fixed_head_size_attention(4, 16, variant="bilinear"),
+     r"Unknown variant 'bilinear'"),
+])
+def test_bad_configuration(make_layer, message):
+  with pytest.raises(ValueError, match=message):
+    make_layer()
+
+
+def test_mask_whose_shape_does_not_fit():
+  layer = layers.TalkingHeadsAttention(2, 4)
+  x, memory = tf.zeros([2, 5, 8]), tf.zeros([2, 7, 8])
+  with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5, 5\), "
+                     r"expected \[batch, query_length, memory_length\] = "
+                     r"\[2, 5, 7\]"):
+    layer(x, memory, attention_mask=tf.ones([2, 5, 5], tf.bool))
+  with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 7\)"):
+    layer(x, memory, attention_mask=tf.ones([2, 7], tf.bool))
+
+
+def test_additive_float_mask_is_refused_rather_than_misread():
+  layer = layers.MultiHeadAttention(2, 4)
+  x = tf.zeros([1, 3, 8])
+  with pytest.raises(ValueError, match="must be boolean.*got dtype float32"):
+    layer(x, x, attention_mask=tf.zeros([1, 3, 3]))
+
+
+def test_inputs_of_wrong_rank():
+  layer = layers.MultiHeadAttention(2, 4)
+  with pytest.raises(ValueError, match=r"value must have shape \[batch, "
+                     r"length, width\].*got \(3, 8\)"):
+    layer(tf.zeros([1, 3, 8]), tf.zeros([3, 8]))
+
+
+def test_general_bilinear_needs_one_memory_width():
+  layer = layers.GeneralBilinearAttention(2)
+  with pytest.raises(ValueError, match="key width 6 and value width 8"):
+    layer(tf.zeros([1, 3, 8]), tf.zeros([1, 4, 8]), key=tf.zeros([1, 4, 6]))

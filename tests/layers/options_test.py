@@ -1,0 +1,77 @@
+"""Fixed head size, attention dropout, logical axes and initialization."""
+
+import numpy as np
+import tensorflow as tf
+
+from thattn import dims
+from thattn import layers
+
+
+def test_fixed_head_size_uses_the_sequence_length():
+  layer = layers.fixed_head_size_attention(num_heads=8, sequence_length=32,
+                                           variant="talking_heads")
+  x = tf.random.normal([2, 32, 16])  # d_model 16, h 8: d_model/h would be 2
+  assert layer(x, x).shape == (2, 32, 16)
+  assert layer.key_dim == layer.value_dim == 32
+  query_kernel = [v for v in layer.weights if "query" in v.name][0]
+  assert query_kernel.shape == (16, 8, 32)
+
+
+def test_dropout_only_in_training_and_keeps_the_expectation():
+  layer = layers.TalkingHeadsAttention(2, 4, dropout_rate=0.5)
+  x = tf.random.normal([4, 6, 8])
+  inference = layer(x, x, training=False)
+  np.testing.assert_array_equal(inference, layer(x, x))
+  samples = np.stack([layer(x, x, training=True) for _ in range(400)])
+  assert not np.allclose(samples[0], inference)
+  # Inverted dropout keeps the mean; 400 samples put it within ~5 std errs.
+  np.testing.assert_allclose(samples.mean(axis=0), inference, atol=0.15)
+
+
+def test_every_weight_declares_known_logical_axes_of_its_rank():
+  layer = layers.TalkingHeadsAttention(
+      4, 3, num_key_heads=2, num_value_heads=6, use_bias=True,
+      dynamic_projections=layers.DYNAMIC_PROJECTIONS)
+  x = tf.zeros([1, 3, 8])
+  layer(x, x)
+  bilinear = layers.GeneralBilinearAttention(2)
+  bilinear(x, x)
+  bias = layers.RelativePositionBias(4)
+  bias(3, 3)
+  for layer_ in (layer, bilinear, bias):
+    axes = layer_.logical_axes
+    assert sorted(axes) == sorted(v.name for v in layer_.weights)
+    for variable in layer_.weights:
+      assert len(axes[variable.name]) == variable.shape.rank
+      assert set(axes[variable.name]) <= set(dims.LOGICAL_AXES)
+  assert axes_of(layer, "pre_softmax_projection") == ("key_heads", "heads")
+  assert axes_of(layer, "m2w") == ("d_model", "heads", "value_heads")
+  assert axes_of(layer, "output/kernel") == ("value_heads", "d_v", "d_model")
+
+
+def axes_of(layer, token):
+  (name,) = [n for n in layer.logical_axes if token in n]
+  return layer.logical_axes[name]
+
+
+def test_initial_weights_are_distinct_and_query_is_scaled():
+  layer = layers.MultiHeadAttention(4, 16)
+  x = tf.zeros([1, 2, 64])
+  layer(x, x)
+  kernels = {v.name.split("/")[-2]: v.numpy() for v in layer.weights}
+  assert not np.allclose(kernels["key"], kernels["value"])
+  # Glorot on [64, 4, 16]: std sqrt(2 / (fan_in + fan_out)); the query's is
+  # further scaled by d_k**-0.5 = 1/4 (the folded 1/sqrt(d_k)).
+  ratio = kernels["query"].std() / kernels["key"].std()
+  np.testing.assert_allclose(ratio, 0.25, rtol=0.1)
+
+
+def test_dynamic_projections_start_small_as_in_appendix_a():
+  layer = layers.TalkingHeadsAttention(
+      4, 8, num_key_heads=2, dynamic_projections=["x2l", "m2w"])
+  x = tf.zeros([1, 2, 256])
+  layer(x, x)
+  x2l = [v for v in layer.weights if "x2l" in v.name][0].numpy()
+  m2w = [v for v in layer.weights if "m2w" in v.name][0].numpy()
+  np.testing.assert_allclose(x2l.std(), 0.1 / np.sqrt(256 * 2), rtol=0.1)
+  np.testing.assert_allclose(m2w.std(), 0.1 / np.sqrt(256 * 4), rtol=0.1)
