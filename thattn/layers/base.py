@@ -60,8 +60,14 @@ class AttentionLayer(tf_keras.layers.Layer):
     create_weights(query_width, key_width, value_width)
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
-    attend(query_state, memory_state, mask, position_bias, training)
-        -> (Y[b, n, d_Y], scores[b, heads, n, m])
+    attend(query_state, memory_state, mask, position_bias, training,
+           causal_offset, return_scores)
+        -> (Y[b, n, d_Y], scores[b, heads, n, m] or None)
+
+  `mask` excludes the causal part, which comes as `causal_offset` (None, or
+  the memory position of the first query), so that an implementation may
+  generate it piecewise instead of as an [n, m] tensor; `full_mask` combines
+  the two.
 
   Call:
     layer(query, value, key=None, attention_mask=None, use_causal_mask=False,
@@ -113,8 +119,18 @@ class AttentionLayer(tf_keras.layers.Layer):
   def project_memory(self, key, value):
     raise NotImplementedError
 
-  def attend(self, query_state, memory_state, mask, position_bias, training):
+  def attend(self, query_state, memory_state, mask, position_bias, training,
+             causal_offset, return_scores):
     raise NotImplementedError
+
+  @staticmethod
+  def full_mask(mask, causal_offset, query_length, memory_length):
+    """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None."""
+    if causal_offset is None:
+      return mask
+    causal = attention_ops.causal_mask(query_length, memory_length,
+                                       causal_offset)[tf.newaxis, tf.newaxis]
+    return attention_ops.combine_masks(mask, causal)
 
   # ---- weights and their logical axes ------------------------------------
   def add_axes_weight(self, name, shape, axes, initializer):
@@ -239,9 +255,11 @@ class AttentionLayer(tf_keras.layers.Layer):
     memory_length = tf.shape(next(iter(memory_state.values())))[1]
 
     mask = self._combined_mask(query, implicit_masks, attention_mask,
-                               use_causal_mask, memory_length, query_offset)
+                               memory_length)
+    causal_offset = query_offset if use_causal_mask else None
     output, scores = self.attend(query_state, memory_state, mask,
-                                 position_bias, training)
+                                 position_bias, training, causal_offset,
+                                 return_attention_scores)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
       results += (memory_state,)
@@ -253,9 +271,8 @@ class AttentionLayer(tf_keras.layers.Layer):
     return tf.cast(tensor, self.compute_dtype)
 
   def _combined_mask(self, query, implicit_masks, attention_mask,
-                     use_causal_mask, memory_length, query_offset):
-    """One boolean mask broadcastable to [b, 1, n, m], or None."""
-    query_length = tf.shape(query)[1]
+                     memory_length):
+    """The non-causal masks as one boolean [b, 1, n, m]-broadcastable mask."""
     masks = []
     if attention_mask is not None:
       masks.append(self._checked_mask(attention_mask, query, memory_length))
@@ -264,9 +281,6 @@ class AttentionLayer(tf_keras.layers.Layer):
       masks.append(tf.cast(implicit_query, tf.bool)[:, :, tf.newaxis])
     if implicit_value is not None:
       masks.append(tf.cast(implicit_value, tf.bool)[:, tf.newaxis, :])
-    if use_causal_mask:
-      masks.append(attention_ops.causal_mask(query_length, memory_length,
-                                             query_offset)[tf.newaxis])
     mask = attention_ops.combine_masks(*masks)
     return None if mask is None else mask[:, tf.newaxis]  # add heads axis
 

@@ -77,9 +77,13 @@ class GeneralBilinearAttention(base.AttentionLayer):
   def project_memory(self, key, value):
     return {"key": key, "value": value}
 
-  def attend(self, query_state, memory_state, mask, position_bias, training):
+  def attend(self, query_state, memory_state, mask, position_bias, training,
+             causal_offset, return_scores):
+    del return_scores  # the weights are computed either way
     logits = tf.einsum(BILINEAR_LOGITS, query_state["query"],
                        memory_state["key"])
+    shape = tf.shape(logits)
+    mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
     weights = tf.cast(
         base.attention_ops.masked_softmax(logits, mask, position_bias),
         self.compute_dtype)

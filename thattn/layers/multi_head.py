@@ -33,17 +33,21 @@ class MultiHeadAttention(projected.ProjectedAttention):
     dropout_rate: attention dropout on W.
     kernel_initializer: for P_q (scaled by d_k**-0.5), P_k, P_v and P_o.
     bias_initializer: for the biases.
+    query_chunk_size: if set, compute the attention core in chunks of this
+      many queries with recomputation in the backward pass (see
+      `TalkingHeadsAttention`).
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, output_dim=None,
                use_bias=False, dropout_rate=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
-               **kwargs):
+               query_chunk_size=None, **kwargs):
     super().__init__(num_heads, num_heads, num_heads, key_dim,
                      value_dim=value_dim, output_dim=output_dim,
                      use_bias=use_bias, dropout_rate=dropout_rate,
                      kernel_initializer=kernel_initializer,
-                     bias_initializer=bias_initializer, **kwargs)
+                     bias_initializer=bias_initializer,
+                     query_chunk_size=query_chunk_size, **kwargs)
 
   def get_config(self):
     config = super().get_config()

@@ -9,7 +9,12 @@ the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
     U[b, h_v, n, m] = mix_weights(W[b, h, n, m], ...)       identity here
 
 `MultiHeadAttention` keeps them as identities (so h_k = h = h_v) and
-`TalkingHeadsAttention` replaces them with the talking-heads projections.
+`TalkingHeadsAttention` sets the static projections P_l and P_w (and adds
+its dynamic terms).
+
+Two implementations of the core give the same results: the plain one below,
+and `thattn.layers.chunked`, which works in query chunks and recomputes the
+scores in the backward pass (see `query_chunk_size`).
 """
 
 import tensorflow as tf
@@ -18,6 +23,7 @@ import tf_keras
 from thattn import dims
 from thattn.layers import attention_ops
 from thattn.layers import base
+from thattn.layers import chunked
 from thattn.layers import initializers
 
 # Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
@@ -48,7 +54,7 @@ class ProjectedAttention(base.AttentionLayer):
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, output_dim=None, use_bias=False,
                dropout_rate=0.0, kernel_initializer="glorot_uniform",
-               bias_initializer="zeros", **kwargs):
+               bias_initializer="zeros", query_chunk_size=None, **kwargs):
     super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
                      kernel_initializer=kernel_initializer, **kwargs)
     value_dim = key_dim if value_dim is None else value_dim
@@ -62,8 +68,14 @@ class ProjectedAttention(base.AttentionLayer):
     self.num_value_heads = num_value_heads
     self.key_dim = key_dim
     self.value_dim = value_dim
+    if query_chunk_size is not None:
+      base._check_positive_int("query_chunk_size", query_chunk_size)  # pylint: disable=protected-access
     self.use_bias = use_bias
     self.bias_initializer = tf_keras.initializers.get(bias_initializer)
+    self.query_chunk_size = query_chunk_size
+    # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
+    self._pre_softmax_projection = None
+    self._post_softmax_projection = None
 
   def _einsum_dense(self, name, equation, output_shape, bias_axes,
                     initializer):
@@ -112,18 +124,47 @@ class ProjectedAttention(base.AttentionLayer):
     return {"key": self._key_dense(key), "value": self._value_dense(value)}
 
   def mix_logits(self, dot_products, query_state, memory_state):
-    """L[b, h, n, m] from J[b, h_k, n, m]; identity for multi-head."""
+    """L[b, h, n, m] = einsum(J[b, h_k, n, m], P_l[h_k, h]), or J."""
     del query_state, memory_state
-    return dot_products
+    if self._pre_softmax_projection is None:
+      return dot_products
+    return attention_ops.mix_heads(dot_products, self._pre_softmax_projection)
 
   def mix_weights(self, weights, query_state, memory_state):
-    """U[b, h_v, n, m] from W[b, h, n, m]; identity for multi-head."""
+    """U[b, h_v, n, m] = einsum(W[b, h, n, m], P_w[h, h_v]), or W."""
     del query_state, memory_state
-    return weights
+    if self._post_softmax_projection is None:
+      return weights
+    return attention_ops.mix_heads(weights, self._post_softmax_projection)
 
-  def attend(self, query_state, memory_state, mask, position_bias, training):
+  @property
+  def supports_chunking(self):
+    """Whether the chunked core computes this layer (no dynamic terms)."""
+    return True
+
+  def _uses_chunked_core(self, training, return_scores):
+    if not self.query_chunk_size or return_scores or not self.supports_chunking:
+      return False
+    # The chunked core has no dropout; with dropout on, or when it is not
+    # known whether it is on, the plain path runs.
+    return self.dropout_rate == 0 or training is False or training is None
+
+  def attend(self, query_state, memory_state, mask, position_bias, training,
+             causal_offset, return_scores):
+    if self._uses_chunked_core(training, return_scores):
+      projections = [None if p is None else tf.identity(p) for p in
+                     (self._pre_softmax_projection,
+                      self._post_softmax_projection)]
+      context = chunked.attention_core(
+          query_state["query"], memory_state["key"], memory_state["value"],
+          pre_softmax=projections[0], post_softmax=projections[1],
+          mask=mask, causal_offset=causal_offset, bias=position_bias,
+          chunk_size=self.query_chunk_size)
+      return self._output_dense(context), None
     dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query_state["query"],
                              memory_state["key"])
+    shape = tf.shape(dot_products)
+    mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
     logits = self.mix_logits(dot_products, query_state, memory_state)
     weights = tf.cast(
         attention_ops.masked_softmax(logits, mask, position_bias),
@@ -140,6 +181,7 @@ class ProjectedAttention(base.AttentionLayer):
         "key_dim": self.key_dim,
         "value_dim": self.value_dim,
         "use_bias": self.use_bias,
+        "query_chunk_size": self.query_chunk_size,
         "bias_initializer":
             tf_keras.initializers.serialize(self.bias_initializer),
     })

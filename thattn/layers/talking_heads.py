@@ -91,6 +91,11 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     bias_initializer: for the biases.
     talking_heads_initializer: for P_l and P_w; defaults to a normal with
       stddev 1/sqrt(fan_in), as Mesh TensorFlow does.
+    query_chunk_size: if set, compute the attention core in chunks of this
+      many queries and recompute the scores in the backward pass
+      (`thattn.layers.chunked`): same results, memory about linear in the
+      sequence length. Used without dynamic projections, without
+      `return_attention_scores`, and when attention dropout is off.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
@@ -98,14 +103,16 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
                project_weights=True, dynamic_projections=(), output_dim=None,
                use_bias=False, dropout_rate=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
-               talking_heads_initializer=None, **kwargs):
+               talking_heads_initializer=None, query_chunk_size=None,
+               **kwargs):
     num_key_heads = num_heads if num_key_heads is None else num_key_heads
     num_value_heads = num_heads if num_value_heads is None else num_value_heads
     super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
                      value_dim=value_dim, output_dim=output_dim,
                      use_bias=use_bias, dropout_rate=dropout_rate,
                      kernel_initializer=kernel_initializer,
-                     bias_initializer=bias_initializer, **kwargs)
+                     bias_initializer=bias_initializer,
+                     query_chunk_size=query_chunk_size, **kwargs)
     if not project_logits and num_key_heads != num_heads:
       raise ValueError(
           f"project_logits=False needs num_key_heads == num_heads, got "
@@ -139,8 +146,6 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
     h_k, h, h_v = self.num_key_heads, self.num_heads, self.num_value_heads
-    self._pre_softmax_projection = None
-    self._post_softmax_projection = None
     if self.project_logits:
       self._pre_softmax_projection = self.add_axes_weight(
           "pre_softmax_projection", [h_k, h], (dims.KEY_HEADS, dims.HEADS),
@@ -184,11 +189,12 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       state["m2w"] = self._dynamic_dense["m2w"](value)
     return state
 
+  @property
+  def supports_chunking(self):
+    return not self.dynamic_projections
+
   def mix_logits(self, dot_products, query_state, memory_state):
-    logits = dot_products
-    if self._pre_softmax_projection is not None:
-      logits = attention_ops.mix_heads(dot_products,
-                                       self._pre_softmax_projection)
+    logits = super().mix_logits(dot_products, query_state, memory_state)
     if "x2l" in query_state:
       logits += tf.einsum(attention_ops.QUERY_DYNAMIC_LOGITS_MIX,
                           dot_products, query_state["x2l"])
@@ -198,10 +204,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     return logits
 
   def mix_weights(self, weights, query_state, memory_state):
-    value_weights = weights
-    if self._post_softmax_projection is not None:
-      value_weights = attention_ops.mix_heads(weights,
-                                              self._post_softmax_projection)
+    value_weights = super().mix_weights(weights, query_state, memory_state)
     if "x2w" in query_state:
       value_weights += tf.einsum(attention_ops.QUERY_DYNAMIC_WEIGHTS_MIX,
                                  weights, query_state["x2w"])
