@@ -1,0 +1,229 @@
+"""Speed and memory of attention layers, side by side with the anchors.
+
+Times a forward+backward pass of self-attention (the gradient with respect
+to the input and every weight) for each configuration, in one process,
+interleaving the configurations round by round so that drift on a noisy
+machine hits them all alike. Then measures the peak memory of one training
+step of each configuration in a fresh subprocess, so the numbers do not mix.
+
+    TF_USE_LEGACY_KERAS=1 python benchmarks/attention.py            # full
+    TF_USE_LEGACY_KERAS=1 python benchmarks/attention.py --quick    # smoke
+
+Anchors: tf_keras.layers.MultiHeadAttention (biases off) and Model Garden's
+TalkingHeadsAttention (tf-models-official, see benchmarks/README.md; skipped
+if it is not installed). Writes a markdown table and JSON.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+import tf_keras
+
+from thattn import layers
+
+FULL = dict(batch=8, length=512, width=768)
+QUICK = dict(batch=2, length=64, width=96)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  name: str
+  kind: str  # tf_keras_mha | thattn_mha | thattn_th | model_garden_th
+  num_heads: int
+  num_key_heads: int = 0
+  num_value_heads: int = 0
+  dynamic: bool = False
+  chunk_size: int = 0
+
+  def key_dim(self, width):
+    return width // self.num_heads
+
+
+def configs():
+  out = []
+  for h in (12, 24, 48):
+    out += [Config(f"tf_keras MHA h={h}", "tf_keras_mha", h),
+            Config(f"thattn MHA h={h}", "thattn_mha", h),
+            Config(f"thattn TH h={h}", "thattn_th", h),
+            Config(f"Model Garden TH h={h}", "model_garden_th", h)]
+  out += [Config("thattn TH 6/24/6 h=24", "thattn_th", 24, 6, 6),
+          Config("thattn TH dynamic h=12", "thattn_th", 12, dynamic=True)]
+  return out
+
+
+def make_layer(config, width):
+  key_dim = config.key_dim(width)
+  if config.kind == "tf_keras_mha":
+    return tf_keras.layers.MultiHeadAttention(config.num_heads, key_dim,
+                                              use_bias=False)
+  if config.kind == "thattn_mha":
+    return layers.MultiHeadAttention(config.num_heads, key_dim)
+  if config.kind == "thattn_th":
+    # For 6/24/6, keep the parameters of the square case: d_k scales up.
+    h_k = config.num_key_heads or config.num_heads
+    return layers.TalkingHeadsAttention(
+        config.num_heads, width // h_k, num_key_heads=h_k,
+        num_value_heads=config.num_value_heads or config.num_heads,
+        dynamic_projections=(layers.DYNAMIC_PROJECTIONS if config.dynamic
+                             else ()))
+  if config.kind == "model_garden_th":
+    from official.nlp.modeling.layers import TalkingHeadsAttention  # pylint: disable=g-import-not-at-top
+    return TalkingHeadsAttention(config.num_heads, key_dim, use_bias=False)
+  raise ValueError(f"Unknown kind {config.kind!r}.")
+
+
+def model_garden_available():
+  try:
+    import official.nlp.modeling.layers  # pylint: disable=g-import-not-at-top,unused-import
+    return True
+  except ImportError:
+    return False
+
+
+def make_step(layer, x, jit_compile=False):
+  """A compiled forward+backward step; returns the loss."""
+  layer(x, x)  # create the weights eagerly
+
+  @tf.function(jit_compile=jit_compile)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = tf.reduce_sum(tf.square(layer(x, x)))
+    grads = tape.gradient(loss, [x] + layer.trainable_variables)
+    # Reduce each gradient so nothing can be pruned, cheaply.
+    return loss + tf.add_n([tf.reduce_sum(g) for g in grads]) * 0.0
+
+  return step
+
+
+def time_all(selected, sizes, repeats, jit_compile):
+  x = tf.random.normal([sizes["batch"], sizes["length"], sizes["width"]])
+  steps = {}
+  for config in selected:
+    steps[config.name] = make_step(make_layer(config, sizes["width"]), x,
+                                   jit_compile)
+    for _ in range(2):  # trace, then warm up
+      steps[config.name](x).numpy()
+  times = {name: [] for name in steps}
+  for _ in range(repeats):
+    for name, step in steps.items():
+      start = time.perf_counter()
+      step(x).numpy()
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(values) for name, values in times.items()}
+
+
+def measure_memory_in_this_process(config, sizes):
+  """Peak allocator bytes of one training step beyond its inputs and weights.
+
+  TensorFlow's CPU allocator keeps its own statistics, which count exactly
+  the tensors a step allocates (unlike RSS, which also sees thread pools,
+  kernels and the C heap). The step runs once to warm up, then the peak is
+  reset and measured over a second run.
+  """
+  x = tf.random.normal([sizes["batch"], sizes["length"], sizes["width"]])
+  step = make_step(make_layer(config, sizes["width"]), x)
+  step(x).numpy()
+  tf.config.experimental.reset_memory_stats("CPU:0")
+  before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+  step(x).numpy()
+  return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+def measure_memory(config, sizes):
+  """Runs `measure_memory_in_this_process` in a fresh interpreter."""
+  payload = json.dumps({"config": dataclasses.asdict(config), "sizes": sizes})
+  result = subprocess.run(
+      [sys.executable, __file__, "--memory_child", payload],
+      capture_output=True, text=True, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  if result.returncode != 0:
+    raise RuntimeError(f"memory child for {config.name} failed:\n"
+                       f"{result.stderr[-2000:]}")
+  return int(result.stdout.strip().splitlines()[-1])
+
+
+def ratio_rows(results):
+  """Ratios that the issue asks for, where both sides were measured."""
+  t = {name: r["seconds"] for name, r in results.items()}
+  rows = []
+  for h in (12, 24, 48):
+    pairs = [(f"thattn TH / thattn MHA, h={h}", f"thattn TH h={h}",
+              f"thattn MHA h={h}"),
+             (f"Model Garden TH / thattn TH, h={h}",
+              f"Model Garden TH h={h}", f"thattn TH h={h}"),
+             (f"thattn MHA / tf_keras MHA, h={h}", f"thattn MHA h={h}",
+              f"tf_keras MHA h={h}")]
+    for label, top, bottom in pairs:
+      if top in t and bottom in t:
+        rows.append((label, t[top] / t[bottom]))
+  return rows
+
+
+def markdown(results, sizes, ratios):
+  lines = [f"Forward+backward self-attention, batch {sizes['batch']}, length "
+           f"{sizes['length']}, width {sizes['width']}, float32.", "",
+           "| configuration | median step (ms) | peak step memory (MiB) |",
+           "|---|---|---|"]
+  for name, r in results.items():
+    memory = r.get("peak_bytes")
+    memory_text = "" if memory is None else f"{memory / 2**20:.0f}"
+    lines.append(f"| {name} | {r['seconds'] * 1e3:.0f} | {memory_text} |")
+  lines += ["", "| ratio | value |", "|---|---|"]
+  lines += [f"| {label} | {value:.2f}x |" for label, value in ratios]
+  return "\n".join(lines) + "\n"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true",
+                      help="tiny sizes, for smoke runs")
+  parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--only", default="",
+                      help="comma-separated substrings of config names")
+  parser.add_argument("--no_memory", action="store_true")
+  parser.add_argument("--jit_compile", action="store_true",
+                      help="compile the steps with XLA")
+  parser.add_argument("--out", default="benchmarks/results/attention")
+  parser.add_argument("--memory_child", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+
+  if args.memory_child:
+    payload = json.loads(args.memory_child)
+    print(measure_memory_in_this_process(Config(**payload["config"]),
+                                         payload["sizes"]))
+    return
+
+  sizes = QUICK if args.quick else FULL
+  repeats = args.repeats or (3 if args.quick else 7)
+  selected = [c for c in configs()
+              if c.kind != "model_garden_th" or model_garden_available()]
+  if args.only:
+    wanted = args.only.split(",")
+    selected = [c for c in selected if any(w in c.name for w in wanted)]
+  seconds = time_all(selected, sizes, repeats, args.jit_compile)
+  results = {c.name: {"seconds": seconds[c.name]} for c in selected}
+  if not args.no_memory:
+    for config in selected:
+      results[config.name]["peak_bytes"] = measure_memory(config, sizes)
+  ratios = ratio_rows(results)
+  table = markdown(results, sizes, ratios)
+  print(table)
+  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+  with open(args.out + ".md", "w") as f:
+    f.write(table)
+  with open(args.out + ".json", "w") as f:
+    json.dump({"sizes": sizes, "repeats": repeats,
+               "jit_compile": args.jit_compile, "results": results,
+               "ratios": dict(ratios)}, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
