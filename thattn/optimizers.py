@@ -1,4 +1,6 @@
-"""Learning-rate schedules (and, later, Adafactor) for thattn's trainers."""
+"""Adafactor and the inverse-square-root schedule for thattn's trainers."""
+
+import numbers
 
 import tensorflow as tf
 import tf_keras
@@ -47,3 +49,246 @@ class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
     return {"warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "decay_fraction": self.decay_fraction, "scale": self.scale}
+
+
+def _factored_axes(shape, min_dim_size_to_factor):
+  """The (largest, second largest) axes to factor over, or None.
+
+  As Mesh TensorFlow chooses them: a stable sort of the axes by decreasing
+  size, so on ties the earlier axis counts as the larger. Factor only when the
+  second largest axis has at least `min_dim_size_to_factor` elements.
+  """
+  if len(shape) < 2:
+    return None
+  by_size = sorted(range(len(shape)), key=lambda axis: -shape[axis])
+  largest, second = by_size[:2]
+  if shape[second] < min_dim_size_to_factor:
+    return None
+  return largest, second
+
+
+def _rms(x):
+  return tf.sqrt(tf.reduce_mean(tf.square(x)))
+
+
+def _true_dtype(variable):
+  # Under a mixed precision policy a variable reports its cast dtype.
+  return tf.as_dtype(getattr(variable, "true_dtype", variable.dtype))
+
+
+def _compute_dtype(variable):
+  # Mesh TF does the arithmetic and keeps the slots in float32, whatever the
+  # variable's dtype. We do the same, except that float64 stays float64.
+  return tf.float64 if _true_dtype(variable) == tf.float64 else tf.float32
+
+
+@tf_keras.utils.register_keras_serializable(package="thattn")
+class Adafactor(tf_keras.optimizers.Optimizer):
+  """Adafactor (Shazeer & Stern, 2018), as Mesh TensorFlow implements it.
+
+  Factored second moments: for a variable of rank >= 2 whose two largest axes
+  (d0 the largest, d1 the second; ties go to the earlier axis) both have at
+  least `min_dim_size_to_factor` elements, the optimizer keeps two slots
+  instead of a full second-moment estimate. `vr` has the variable's shape
+  without d0 and `vc` the shape without d1, so an n x m kernel costs n + m
+  floats. Other variables keep a full slot `v`. With `beta1 > 0` every
+  variable also keeps a full momentum slot `m`. Slots and arithmetic are
+  float32 (float64 for float64 variables), as in mtf. (tf-keras's own
+  Adafactor keeps a full-size `v` for every variable and factors only the
+  last two axes, so it saves no memory.)
+
+  One step, in Mesh TensorFlow's order (t = iterations + 1, so t = 1 at the
+  first step; g the gradient; w the variable before the step; means and RMS
+  over all elements unless axes are named):
+
+      g2       = g**2 + epsilon1
+      beta2    = 1 - t**(-decay_rate)            # 0 at t = 1: v starts at g2
+      scale    = lr * max(epsilon2, RMS(w))      # just lr without
+                                                 # multiply_by_parameter_scale
+      factored:   vr = beta2 * vr + (1 - beta2) * mean_d0(g2)
+                  vc = beta2 * vc + (1 - beta2) * mean_d1(g2)
+                  u  = g * rsqrt(vr / mean_d1(vr)) * rsqrt(vc)
+      otherwise:  v  = beta2 * v + (1 - beta2) * g2
+                  u  = g * rsqrt(v)
+      u        = u / max(1, RMS(u) / clipping_threshold)
+      delta    = u * scale
+      if beta1:   m = beta1 * m + (1 - beta1) * delta;  delta = m
+      w        = w - delta
+
+  Like Mesh TensorFlow (and unlike Adam), the momentum averages the update
+  after the learning rate and parameter scale are applied, and the parameter
+  scale is the RMS of the variable before this step.
+
+  Departures from `mesh_tensorflow.optimize.AdafactorOptimizer`:
+  - `decay_rate` is the exponent c of mtf's `adafactor_decay_rate_pow`
+    (beta2 = 1 - t**-c), which is mtf's default schedule; mtf's own
+    `decay_rate` argument takes the resulting tensor.
+  - `learning_rate` is required: a float or a
+    `tf_keras.optimizers.schedules.LearningRateSchedule` (such as
+    `InverseSqrtSchedule`), evaluated at `iterations` as tf-keras does. mtf's
+    default with parameter scaling, min(0.01, rsqrt(t)), is
+    `InverseSqrtSchedule(warmup_steps=10**4)` one step later.
+  - mtf's `factored`, `stacked_dim_names` and `exclude_from_parameter_scale`
+    are not offered; a large `min_dim_size_to_factor` turns factoring off.
+  - Sparse gradients are made dense first; the update is dense, as in mtf.
+
+  Args:
+    learning_rate: a float >= 0 or a `LearningRateSchedule`.
+    decay_rate: the exponent c in beta2 = 1 - t**-c, in (0, 1].
+    beta1: momentum coefficient in [0, 1); 0 means no momentum slot.
+    clipping_threshold: the update clipping threshold d > 0, or None for no
+      clipping.
+    multiply_by_parameter_scale: scale the step by max(epsilon2, RMS(w)).
+    min_dim_size_to_factor: factor only when the two largest axes are at
+      least this size.
+    epsilon1: added to the squared gradient (> 0).
+    epsilon2: the smallest parameter scale (>= 0), so that zero-initialized
+      variables can move.
+    name, **kwargs: passed to `tf_keras.optimizers.Optimizer` (`clipnorm`,
+      `weight_decay`, `use_ema`, `jit_compile`, ...).
+  """
+
+  def __init__(self, learning_rate, decay_rate=0.8, beta1=0.0,
+               clipping_threshold=1.0, multiply_by_parameter_scale=True,
+               min_dim_size_to_factor=128, epsilon1=1e-30, epsilon2=1e-3,
+               name="Adafactor", **kwargs):
+    _check_arguments(learning_rate=learning_rate, decay_rate=decay_rate,
+                     beta1=beta1, clipping_threshold=clipping_threshold,
+                     min_dim_size_to_factor=min_dim_size_to_factor,
+                     epsilon1=epsilon1, epsilon2=epsilon2)
+    super().__init__(name=name, **kwargs)
+    self._learning_rate = self._build_learning_rate(learning_rate)
+    self.decay_rate = decay_rate
+    self.beta1 = beta1
+    self.clipping_threshold = clipping_threshold
+    self.multiply_by_parameter_scale = multiply_by_parameter_scale
+    self.min_dim_size_to_factor = min_dim_size_to_factor
+    self.epsilon1 = epsilon1
+    self.epsilon2 = epsilon2
+
+  def build(self, var_list):
+    """Creates each variable's slots: `vr` and `vc`, or `v`; and `m`."""
+    super().build(var_list)
+    if getattr(self, "_built", False):
+      return
+    self._built = True
+    # One dict of slots per variable, in var_list order (the base class's
+    # index); also tracked for checkpoints under `_slots/<index>/<slot>`.
+    self._slots = []
+    for variable in var_list:
+      shape = variable.shape.as_list()
+      axes = _factored_axes(shape, self.min_dim_size_to_factor)
+      slots = {}
+      if axes:
+        largest, second = axes
+        slots["vr"] = self._add_slot(variable, "vr", _drop(shape, largest))
+        slots["vc"] = self._add_slot(variable, "vc", _drop(shape, second))
+      else:
+        slots["v"] = self._add_slot(variable, "v", shape)
+      if self.beta1:
+        slots["m"] = self._add_slot(variable, "m", shape)
+      self._slots.append(slots)
+
+  def _add_slot(self, variable, slot_name, shape):
+    dtype = _compute_dtype(variable)
+    if _true_dtype(variable) != dtype:
+      name = f"{slot_name}/{variable.name.split(':')[0]}"
+      return self.add_variable(shape, dtype=dtype, name=name)
+    # From the reference: colocated with the variable under a distribution
+    # strategy. A full-size slot also takes the variable's DTensor layout; a
+    # factored one is given its own zeros (replicated under DTensor).
+    if shape == variable.shape.as_list():
+      return self.add_variable_from_reference(variable, slot_name)
+    return self.add_variable_from_reference(
+        variable, slot_name, initial_value=tf.zeros(shape, dtype))
+
+  def update_step(self, gradient, variable):
+    """One Adafactor step for one variable, in the order the class documents."""
+    slots = self._slots[self._index_dict[self._var_key(variable)]]
+    dtype = _compute_dtype(variable)
+    grad = tf.cast(tf.convert_to_tensor(gradient), dtype)
+    old_value = tf.cast(tf.convert_to_tensor(variable), dtype)
+    step = tf.cast(self.iterations, dtype) + 1.0  # t = 1 at the first step.
+    decay = 1.0 - tf.pow(step, -tf.cast(self.decay_rate, dtype))
+    mixing = 1.0 - decay
+    learning_rate = tf.cast(self.learning_rate, dtype)
+    if self.multiply_by_parameter_scale:
+      update_scale = tf.maximum(_rms(old_value), self.epsilon2) * learning_rate
+    else:
+      update_scale = learning_rate
+
+    grad_squared = tf.square(grad) + self.epsilon1
+    axes = _factored_axes(variable.shape.as_list(),
+                          self.min_dim_size_to_factor)
+    if axes:
+      largest, second = axes
+      vr, vc = slots["vr"], slots["vc"]
+      new_vr = (vr * decay
+                + tf.reduce_mean(grad_squared, axis=largest) * mixing)
+      new_vc = (vc * decay
+                + tf.reduce_mean(grad_squared, axis=second) * mixing)
+      vr.assign(new_vr)
+      vc.assign(new_vc)
+      # v ~ vr * vc / mean_d1(vr): mean_d1(vr) is the mean of g2 over both
+      # factored axes. `second` indexes the full shape; vr lacks `largest`.
+      second_in_vr = second - 1 if second > largest else second
+      vr_mean = tf.reduce_mean(new_vr, axis=second_in_vr, keepdims=True)
+      r_factor = tf.expand_dims(tf.math.rsqrt(new_vr / vr_mean), largest)
+      c_factor = tf.expand_dims(tf.math.rsqrt(new_vc), second)
+      update = grad * r_factor * c_factor
+    else:
+      v = slots["v"]
+      new_v = v * decay + grad_squared * mixing
+      v.assign(new_v)
+      update = grad * tf.math.rsqrt(new_v)
+
+    if self.clipping_threshold is not None:
+      update /= tf.maximum(1.0, _rms(update) / self.clipping_threshold)
+    subtrahend = update * update_scale
+    if self.beta1:
+      m = slots["m"]
+      subtrahend = m * self.beta1 + subtrahend * (1.0 - self.beta1)
+      m.assign(subtrahend)
+    variable.assign_sub(tf.cast(subtrahend, _true_dtype(variable)))
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+        "decay_rate": self.decay_rate,
+        "beta1": self.beta1,
+        "clipping_threshold": self.clipping_threshold,
+        "multiply_by_parameter_scale": self.multiply_by_parameter_scale,
+        "min_dim_size_to_factor": self.min_dim_size_to_factor,
+        "epsilon1": self.epsilon1,
+        "epsilon2": self.epsilon2,
+    })
+    return config
+
+
+def _drop(shape, axis):
+  return shape[:axis] + shape[axis + 1:]
+
+
+def _check_arguments(*, learning_rate, decay_rate, beta1, clipping_threshold,
+                     min_dim_size_to_factor, epsilon1, epsilon2):
+  """Raises ValueError naming the first bad Adafactor argument."""
+  if isinstance(learning_rate, numbers.Real) and not learning_rate >= 0:
+    raise ValueError(f"learning_rate must be >= 0, got {learning_rate}.")
+  if not 0.0 < decay_rate <= 1.0:
+    raise ValueError(f"decay_rate (the exponent c in beta2 = 1 - t**-c) must "
+                     f"be in (0, 1], got {decay_rate}.")
+  if not 0.0 <= beta1 < 1.0:
+    raise ValueError(f"beta1 must be in [0, 1), got {beta1}.")
+  if clipping_threshold is not None and not clipping_threshold > 0:
+    raise ValueError(f"clipping_threshold must be > 0 or None, got "
+                     f"{clipping_threshold}.")
+  if (isinstance(min_dim_size_to_factor, bool)
+      or not isinstance(min_dim_size_to_factor, numbers.Integral)
+      or min_dim_size_to_factor < 1):
+    raise ValueError(f"min_dim_size_to_factor must be a positive integer, "
+                     f"got {min_dim_size_to_factor!r}.")
+  if not epsilon1 > 0:
+    raise ValueError(f"epsilon1 must be > 0, got {epsilon1}.")
+  if not epsilon2 >= 0:
+    raise ValueError(f"epsilon2 must be >= 0, got {epsilon2}.")
