@@ -56,11 +56,15 @@ def train(*, model_dir, attention="talking_heads", task="recall",
           train_steps=1000, batch_size=64, sequence_length=24,
           learning_rate=3e-3, warmup_steps=100, num_layers=2, d_model=64,
           num_heads=4, key_dim=None, seed=0, log_every=100,
-          checkpoint_every=500, eval_batches=8, log=print):
+          checkpoint_every=500, eval_batches=8, deterministic=False,
+          log=print):
   """Trains, evaluates before and after, and returns a summary dict.
 
   `learning_rate` is the peak rate, reached at the end of warmup; the
   schedule is `InverseSqrtSchedule(warmup_steps, train_steps)` scaled to it.
+  `deterministic` turns on TensorFlow's op determinism (process-wide), so
+  that a run killed and resumed ends bit for bit where an uninterrupted run
+  does; without it, multithreaded reductions may differ in the last bits.
   """
   if task not in TASKS:
     raise ValueError(f"Unknown task {task!r}; this version of thattn-train "
@@ -75,6 +79,8 @@ def train(*, model_dir, attention="talking_heads", task="recall",
   # Seeds Python, NumPy and TensorFlow: unseeded tf-keras initializers draw
   # their seeds from Python's random module.
   tf_keras.utils.set_random_seed(seed)
+  if deterministic:
+    tf.config.experimental.enable_op_determinism()
   config = recall.RecallConfig.for_sequence_length(sequence_length)
   model = recall_model.RecallEncoder(
       num_keys=config.num_keys, num_values=config.num_values,

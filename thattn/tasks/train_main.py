@@ -36,6 +36,8 @@ flags.DEFINE_integer("key_dim", None, "Head size d_k = d_v; defaults to "
 flags.DEFINE_integer("seed", 0, "Seed for initialization and data.")
 flags.DEFINE_integer("log_every", 100, "Steps between progress lines.")
 flags.DEFINE_integer("checkpoint_every", 500, "Steps between checkpoints.")
+flags.DEFINE_bool("deterministic", False, "Deterministic ops, so that a "
+                  "resumed run matches an uninterrupted one bit for bit.")
 
 
 def main(argv):
@@ -50,7 +52,13 @@ def main(argv):
       learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
       num_layers=FLAGS.num_layers, d_model=FLAGS.d_model,
       num_heads=FLAGS.num_heads, key_dim=FLAGS.key_dim, seed=FLAGS.seed,
-      log_every=FLAGS.log_every, checkpoint_every=FLAGS.checkpoint_every)
+      log_every=FLAGS.log_every, checkpoint_every=FLAGS.checkpoint_every,
+      deterministic=FLAGS.deterministic, log=_print_now)
+
+
+def _print_now(line):
+  # Flushed at once, so progress shows when stdout is a pipe or a log file.
+  print(line, flush=True)
 
 
 def run():
