@@ -215,37 +215,68 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
         grads["key"] = tf.einsum(_CHUNK_D_KEY, d_logits, query_chunk)
         return grads
 
-      spec = {name: tf.TensorSpec(None, t[name].dtype if name != "bias"
-                                  else tf.float32)
-              for name in names}
-      per_chunk = tf.map_fn(
-          backward_chunk, (query_chunks, d_output_chunks, items),
-          fn_output_signature=spec, parallel_iterations=parallel_chunks)
-      return [_reduce_chunk_gradient(name, per_chunk[name], t[name], batch,
-                                     length, num_chunks) for name in names]
+      def backward_example(example):
+        """Gradients from one example's chunks, summed as the loop goes.
+
+        Summing in the loop (rather than stacking per-chunk dK and dV and
+        summing after) keeps the memory linear in the sequence length.
+        """
+        first = example * num_chunks
+        accumulate = [name for name in names
+                      if name in ("key", "value", "pre_softmax",
+                                  "post_softmax")]
+        per_row = [name for name in names if name in ("query", "bias")]
+
+        def body(chunk, sums, rows):
+          item = first + chunk
+          grads = backward_chunk((query_chunks[item], d_output_chunks[item],
+                                  item))
+          sums = [total + tf.cast(grads[name], total.dtype)
+                  for total, name in zip(sums, accumulate)]
+          rows = [array.write(chunk, grads[name])
+                  for array, name in zip(rows, per_row)]
+          return chunk + 1, sums, rows
+
+        like = {"key": key[0], "value": value[0], "pre_softmax": pre,
+                "post_softmax": post}
+        sums = [tf.zeros_like(like[name]) for name in accumulate]
+        rows = [tf.TensorArray(tf.float32 if name == "bias" else query.dtype,
+                               size=num_chunks, infer_shape=False)
+                for name in per_row]
+        _, sums, rows = tf.while_loop(
+            lambda chunk, *_: chunk < num_chunks, body,
+            (tf.constant(0), sums, rows), parallel_iterations=parallel_chunks)
+        result = dict(zip(accumulate, sums))
+        for name, array in zip(per_row, rows):
+          result[name] = array.concat() if name == "query" else array.stack()
+        return result
+
+      spec = {name: tf.TensorSpec(None, tf.float32 if name == "bias"
+                                  else t[name].dtype) for name in names}
+      per_example = tf.map_fn(backward_example, tf.range(batch),
+                              fn_output_signature=spec,
+                              parallel_iterations=1)
+      return [_reduce_example_gradient(name, per_example[name], t[name],
+                                       length) for name in names]
 
     return output, grad
 
   return core
 
 
-def _reduce_chunk_gradient(name, per_chunk, like, batch, length, num_chunks):
-  """Sums per-chunk gradients into the shape of the input `like`."""
-  if name == "query":
-    return _from_chunks(per_chunk, batch, length)
-  if name in ("key", "value"):
-    per_example = tf.reshape(per_chunk, tf.concat(
-        [[batch, num_chunks], tf.shape(like)[1:]], 0))
-    return tf.reduce_sum(per_example, axis=1)
-  if name in ("pre_softmax", "post_softmax"):
-    return tf.reduce_sum(per_chunk, axis=0)
-  # bias: per chunk dL[h, c, m] -> [b, h, n, m], then onto the bias's shape.
-  chunk_size = tf.shape(per_chunk)[2]
-  grouped = tf.reshape(per_chunk, tf.concat(
-      [[batch, num_chunks], tf.shape(per_chunk)[1:]], 0))
-  full = tf.reshape(tf.transpose(grouped, [0, 2, 1, 3, 4]), tf.concat(
-      [[batch, tf.shape(per_chunk)[1], num_chunks * chunk_size],
-       tf.shape(per_chunk)[3:]], 0))[:, :, :length]
+def _reduce_example_gradient(name, per_example, like, length):
+  """Per-example gradients (from `backward_example`) in the shape of `like`."""
+  if name == "query":  # [b, num_chunks * c, h_k, d_k]
+    return per_example[:, :length]
+  if name in ("key", "value"):  # [b, m, heads, d]
+    return per_example
+  if name in ("pre_softmax", "post_softmax"):  # [b, f, g]
+    return tf.reduce_sum(per_example, axis=0)
+  # bias: [b, num_chunks, h, c, m] -> [b, h, n, m], then onto like's shape.
+  shape = tf.shape(per_example)
+  full = tf.reshape(tf.transpose(per_example, [0, 2, 1, 3, 4]),
+                    [shape[0], shape[2], shape[1] * shape[3], shape[4]])
+  full = full[:, :, :length]
   if like.shape[0] == 1:
     full = tf.reduce_sum(full, axis=0, keepdims=True)
   if like.shape[2] == 1:
