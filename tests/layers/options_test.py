@@ -75,3 +75,19 @@ def test_dynamic_projections_start_small_as_in_appendix_a():
   m2w = [v for v in layer.weights if "m2w" in v.name][0].numpy()
   np.testing.assert_allclose(x2l.std(), 0.1 / np.sqrt(256 * 2), rtol=0.1)
   np.testing.assert_allclose(m2w.std(), 0.1 / np.sqrt(256 * 4), rtol=0.1)
+
+
+def test_xla_compiles_every_variant_with_equal_results():
+  x = tf.random.normal([2, 5, 8])
+  mask = tf.constant(np.random.RandomState(2).rand(2, 5, 5) < 0.7)
+  for layer in (layers.MultiHeadAttention(2, 4),
+                layers.TalkingHeadsAttention(
+                    3, 4, num_key_heads=2,
+                    dynamic_projections=layers.DYNAMIC_PROJECTIONS),
+                layers.GeneralBilinearAttention(2)):
+    eager = layer(x, x, attention_mask=mask, use_causal_mask=True)
+    compiled = tf.function(
+        lambda x, layer=layer: layer(x, x, attention_mask=mask,
+                                     use_causal_mask=True),
+        jit_compile=True)
+    np.testing.assert_allclose(compiled(x), eager, rtol=1e-5, atol=1e-6)
