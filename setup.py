@@ -10,6 +10,8 @@ INSTALL_REQUIRES = [
     "mesh-tensorflow==0.1.21",
     "absl-py",
     "numpy",
+    # Trains SentencePiece models; tensorflow-text runs them in the graph.
+    "sentencepiece",
 ]
 
 EXTRAS_REQUIRE = {
@@ -18,6 +20,8 @@ EXTRAS_REQUIRE = {
     # second TensorFlow. It is installed separately with --no-deps; see
     # benchmarks/README.md. These are the packages it then still needs.
     "bench": ["gin-config", "scipy"],
+    # TFDS sources (c4, lm1b, wikipedia, glue, squad); tested with mock data.
+    "tfds": ["tensorflow-datasets"],
 }
 
 setuptools.setup(

@@ -41,3 +41,11 @@ def test_examples_depend_only_on_seed_and_index():
 def test_bad_configs(kwargs, message):
   with pytest.raises(ValueError, match=message):
     recall.RecallConfig(**kwargs)
+
+
+def test_difficulty_knobs():
+  config = recall.RecallConfig.for_sequence_length(64, keys_per_pair=8)
+  assert (config.num_pairs, config.num_queries) == (48, 16)
+  assert config.num_keys == 8 * 48 and config.num_values == 4 * 48
+  assert recall.RecallConfig.for_sequence_length(64) == recall.RecallConfig(
+      48, 16, num_keys=192, num_values=192)

@@ -1,0 +1,33 @@
+"""Shared fixtures: a small built corpus and tokenizers learned from it."""
+
+import pytest
+
+from thattn.tasks import corpus
+from thattn.tasks import tokenizers
+
+
+@pytest.fixture(scope="session")
+def corpus_cache(tmp_path_factory):
+  """A corpus cache folder, built once per test session."""
+  cache = tmp_path_factory.mktemp("thattn_cache")
+  corpus.corpus_dir(str(cache))
+  return str(cache)
+
+
+@pytest.fixture(scope="session")
+def heldout_paragraphs(corpus_cache):
+  """About 190 KB of prose: the corpus's held-out split, one line each."""
+  return [line for document in corpus.documents("heldout", corpus_cache)
+          for line in document.split("\n")]
+
+
+@pytest.fixture(scope="session")
+def wordpiece(heldout_paragraphs):
+  return tokenizers.learn_wordpiece(heldout_paragraphs, 1000,
+                                    num_sentinels=100)
+
+
+@pytest.fixture(scope="session")
+def sentencepiece(heldout_paragraphs):
+  return tokenizers.train_sentencepiece(heldout_paragraphs, 1000,
+                                        num_sentinels=100)
