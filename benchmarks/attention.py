@@ -46,14 +46,20 @@ class Config:
     return width // self.num_heads
 
 
-def configs():
+def configs(chunk_size):
   out = []
   for h in (12, 24, 48):
     out += [Config(f"tf_keras MHA h={h}", "tf_keras_mha", h),
             Config(f"thattn MHA h={h}", "thattn_mha", h),
             Config(f"thattn TH h={h}", "thattn_th", h),
+            Config(f"thattn MHA h={h} chunked", "thattn_mha", h,
+                   chunk_size=chunk_size),
+            Config(f"thattn TH h={h} chunked", "thattn_th", h,
+                   chunk_size=chunk_size),
             Config(f"Model Garden TH h={h}", "model_garden_th", h)]
   out += [Config("thattn TH 6/24/6 h=24", "thattn_th", 24, 6, 6),
+          Config("thattn TH 6/24/6 h=24 chunked", "thattn_th", 24, 6, 6,
+                 chunk_size=chunk_size),
           Config("thattn TH dynamic h=12", "thattn_th", 12, dynamic=True)]
   return out
 
@@ -63,8 +69,9 @@ def make_layer(config, width):
   if config.kind == "tf_keras_mha":
     return tf_keras.layers.MultiHeadAttention(config.num_heads, key_dim,
                                               use_bias=False)
+  chunking = {"query_chunk_size": config.chunk_size or None}
   if config.kind == "thattn_mha":
-    return layers.MultiHeadAttention(config.num_heads, key_dim)
+    return layers.MultiHeadAttention(config.num_heads, key_dim, **chunking)
   if config.kind == "thattn_th":
     # For 6/24/6, keep the parameters of the square case: d_k scales up.
     h_k = config.num_key_heads or config.num_heads
@@ -72,7 +79,7 @@ def make_layer(config, width):
         config.num_heads, width // h_k, num_key_heads=h_k,
         num_value_heads=config.num_value_heads or config.num_heads,
         dynamic_projections=(layers.DYNAMIC_PROJECTIONS if config.dynamic
-                             else ()))
+                             else ()), **chunking)
   if config.kind == "model_garden_th":
     from official.nlp.modeling.layers import TalkingHeadsAttention  # pylint: disable=g-import-not-at-top
     return TalkingHeadsAttention(config.num_heads, key_dim, use_bias=False)
@@ -157,6 +164,12 @@ def ratio_rows(results):
   for h in (12, 24, 48):
     pairs = [(f"thattn TH / thattn MHA, h={h}", f"thattn TH h={h}",
               f"thattn MHA h={h}"),
+             (f"thattn TH / thattn MHA, both chunked, h={h}",
+              f"thattn TH h={h} chunked", f"thattn MHA h={h} chunked"),
+             (f"Model Garden TH / thattn TH chunked, h={h}",
+              f"Model Garden TH h={h}", f"thattn TH h={h} chunked"),
+             (f"thattn MHA chunked / tf_keras MHA, h={h}",
+              f"thattn MHA h={h} chunked", f"tf_keras MHA h={h}"),
              (f"Model Garden TH / thattn TH, h={h}",
               f"Model Garden TH h={h}", f"thattn TH h={h}"),
              (f"thattn MHA / tf_keras MHA, h={h}", f"thattn MHA h={h}",
@@ -164,6 +177,19 @@ def ratio_rows(results):
     for label, top, bottom in pairs:
       if top in t and bottom in t:
         rows.append((label, t[top] / t[bottom]))
+  return rows
+
+
+def memory_ratio_rows(results):
+  """Peak training-step memory of talking heads relative to multi-head."""
+  rows = []
+  for h in (12, 24, 48):
+    for suffix in ("", " chunked"):
+      top = results.get(f"thattn TH h={h}{suffix}", {}).get("peak_bytes")
+      bottom = results.get(f"thattn MHA h={h}{suffix}", {}).get("peak_bytes")
+      if top and bottom:
+        rows.append((f"memory: thattn TH / thattn MHA{suffix}, h={h}",
+                     top / bottom))
   return rows
 
 
@@ -189,6 +215,8 @@ def main():
   parser.add_argument("--only", default="",
                       help="comma-separated substrings of config names")
   parser.add_argument("--no_memory", action="store_true")
+  parser.add_argument("--chunk_size", type=int, default=128,
+                      help="query_chunk_size of the chunked configurations")
   parser.add_argument("--jit_compile", action="store_true",
                       help="compile the steps with XLA")
   parser.add_argument("--out", default="benchmarks/results/attention")
@@ -203,7 +231,7 @@ def main():
 
   sizes = QUICK if args.quick else FULL
   repeats = args.repeats or (3 if args.quick else 7)
-  selected = [c for c in configs()
+  selected = [c for c in configs(args.chunk_size)
               if c.kind != "model_garden_th" or model_garden_available()]
   if args.only:
     wanted = args.only.split(",")
@@ -213,7 +241,7 @@ def main():
   if not args.no_memory:
     for config in selected:
       results[config.name]["peak_bytes"] = measure_memory(config, sizes)
-  ratios = ratio_rows(results)
+  ratios = ratio_rows(results) + memory_ratio_rows(results)
   table = markdown(results, sizes, ratios)
   print(table)
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
