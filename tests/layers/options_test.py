@@ -91,3 +91,19 @@ def test_xla_compiles_every_variant_with_equal_results():
                                      use_causal_mask=True),
         jit_compile=True)
     np.testing.assert_allclose(compiled(x), eager, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_have_the_same_names_built_directly_or_by_a_call():
+  called = layers.TalkingHeadsAttention(2, 4, name="attention")
+  called(tf.zeros([1, 3, 8]), tf.zeros([1, 3, 8]))
+  built = layers.TalkingHeadsAttention(2, 4, name="attention")
+  built.build_from_shapes([None, None, 8], [None, None, 8])
+  assert [v.name for v in built.weights] == [v.name for v in called.weights]
+  assert all(v.name.startswith("attention/") for v in built.weights)
+
+
+def test_numpy_inputs_are_accepted():
+  layer = layers.TalkingHeadsAttention(2, 4)
+  query = np.random.RandomState(0).randn(1, 3, 8).astype(np.float32)
+  memory = np.random.RandomState(1).randn(1, 5, 8)  # float64: cast
+  assert layer(query, memory).shape == (1, 3, 8)

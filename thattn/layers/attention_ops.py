@@ -82,8 +82,10 @@ def causal_mask(query_length, memory_length, query_offset=0):
   `query_offset` is the position of the first query within the memory, as in
   incremental decoding where query step t sits at memory position t.
   """
-  query_positions = tf.range(query_length)[:, tf.newaxis] + query_offset
-  memory_positions = tf.range(memory_length)[tf.newaxis, :]
+  # tf.expand_dims rather than [:, tf.newaxis] throughout thattn: DTensor in
+  # TF 2.21 cannot lay out the strided slice that tf.newaxis becomes.
+  query_positions = tf.expand_dims(tf.range(query_length) + query_offset, 1)
+  memory_positions = tf.expand_dims(tf.range(memory_length), 0)
   return memory_positions <= query_positions
 
 

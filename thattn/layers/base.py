@@ -48,7 +48,7 @@ def _write_positions(cache, update, start):
   # one_hot[t, s] is 1 where step t lands on cache position s.
   one_hot = tf.one_hot(positions, cache_shape[1], dtype=cache.dtype)
   keep = 1 - tf.reduce_sum(one_hot, axis=0)
-  written = (flat_cache * keep[tf.newaxis, :, tf.newaxis] +
+  written = (flat_cache * tf.reshape(keep, [1, -1, 1]) +
              tf.einsum("btf,ts->bsf", flat_update, one_hot))
   return tf.reshape(written, cache_shape)
 
@@ -128,8 +128,9 @@ class AttentionLayer(tf_keras.layers.Layer):
     """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None."""
     if causal_offset is None:
       return mask
-    causal = attention_ops.causal_mask(query_length, memory_length,
-                                       causal_offset)[tf.newaxis, tf.newaxis]
+    causal = tf.reshape(
+        attention_ops.causal_mask(query_length, memory_length, causal_offset),
+        [1, 1, query_length, memory_length])
     return attention_ops.combine_masks(mask, causal)
 
   # ---- weights and their logical axes ------------------------------------
@@ -165,7 +166,15 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   # ---- building ----------------------------------------------------------
   def build_from_shapes(self, query_shape, value_shape, key_shape=None):
-    """Creates the weights for the given input shapes; idempotent."""
+    """Creates the weights for the given input shapes; idempotent.
+
+    Called directly (not from the first call), it opens the layer's name
+    scope itself, so the weights get the same names either way.
+    """
+    with tf.name_scope(self.name):
+      self._create_weights_once(query_shape, value_shape, key_shape)
+
+  def _create_weights_once(self, query_shape, value_shape, key_shape):
     if self._built_shapes is not None:
       return
     query_shape = tf.TensorShape(query_shape)
@@ -237,7 +246,8 @@ class AttentionLayer(tf_keras.layers.Layer):
       if value is None:
         raise ValueError(f"{self.name}: build the layer before calling it "
                          "with only a cache.")
-      self.build_from_shapes(query.shape, value.shape, key.shape)
+      # Inside __call__ Keras has opened this layer's name scope already.
+      self._create_weights_once(query.shape, value.shape, key.shape)
 
     query_state = self.project_query(query)
     query_offset = 0
@@ -266,7 +276,11 @@ class AttentionLayer(tf_keras.layers.Layer):
     return results[0] if len(results) == 1 else results
 
   def _to_compute_dtype(self, tensor):
-    if tensor is None or not tensor.dtype.is_floating:
+    if tensor is None:
+      return None
+    if not tf.is_tensor(tensor):
+      tensor = tf.convert_to_tensor(tensor)  # NumPy arrays, lists
+    if not tensor.dtype.is_floating:
       return tensor
     return tf.cast(tensor, self.compute_dtype)
 
@@ -278,11 +292,11 @@ class AttentionLayer(tf_keras.layers.Layer):
       masks.append(self._checked_mask(attention_mask, query, memory_length))
     implicit_query, implicit_value = implicit_masks
     if implicit_query is not None:
-      masks.append(tf.cast(implicit_query, tf.bool)[:, :, tf.newaxis])
+      masks.append(tf.expand_dims(tf.cast(implicit_query, tf.bool), 2))
     if implicit_value is not None:
-      masks.append(tf.cast(implicit_value, tf.bool)[:, tf.newaxis, :])
+      masks.append(tf.expand_dims(tf.cast(implicit_value, tf.bool), 1))
     mask = attention_ops.combine_masks(*masks)
-    return None if mask is None else mask[:, tf.newaxis]  # add heads axis
+    return None if mask is None else tf.expand_dims(mask, 1)  # heads axis
 
   def _checked_mask(self, mask, query, memory_length):
     """Validates a user mask's static shape against [b, n, m]."""

@@ -101,11 +101,12 @@ class RelativePositionBias(tf_keras.layers.Layer):
   def call(self, query_length, memory_length, query_offset=0):
     query_positions = tf.range(query_length) + query_offset
     memory_positions = tf.range(memory_length)
-    relative = memory_positions[tf.newaxis, :] - query_positions[:, tf.newaxis]
+    relative = (tf.expand_dims(memory_positions, 0) -
+                tf.expand_dims(query_positions, 1))
     buckets = relative_position_bucket(relative, self.bidirectional,
                                        self.num_buckets, self.max_distance)
     bias = tf.gather(tf.cast(self.embeddings, tf.float32), buckets)  # [n,m,h]
-    return tf.transpose(bias, [2, 0, 1])[tf.newaxis]
+    return tf.expand_dims(tf.transpose(bias, [2, 0, 1]), 0)
 
   def get_config(self):
     config = super().get_config()
