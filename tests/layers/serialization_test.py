@@ -106,3 +106,28 @@ def test_keras_v3_format_round_trip(tmp_path):
   reloaded = tf_keras.models.load_model(path, safe_mode=False)
   np.testing.assert_allclose(reloaded(tokens), model(tokens), rtol=1e-6,
                              atol=1e-6)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: layers.TalkingHeadsAttention(2, 4, name="attention"),
+    lambda: layers.GeneralBilinearAttention(2, name="attention"),
+], ids=["talking_heads", "general_bilinear"])
+def test_mixed_precision_savedmodel_reload_keeps_a_working_layer(tmp_path,
+                                                                 make_layer):
+  tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    inputs = tf_keras.Input([None, 8])
+    model = tf_keras.Model(inputs, make_layer()(inputs, inputs))
+    x = tf.random.normal([2, 5, 8])
+    expected = model(x)
+    model.save(str(tmp_path / "model"), save_format="tf")
+    reloaded = tf_keras.models.load_model(str(tmp_path / "model"))
+  finally:
+    tf_keras.mixed_precision.set_global_policy("float32")
+  np.testing.assert_allclose(tf.cast(reloaded(x), tf.float32),
+                             tf.cast(expected, tf.float32), rtol=1e-2,
+                             atol=1e-2)
+  layer = reloaded.get_layer("attention")
+  assert layer.build_shapes["value_shape"] == [None, None, 8]
+  cache = layer.initial_cache(2, 5)  # needs the build shapes after reload
+  assert all(t.shape[:2] == (2, 5) for t in cache.values())

@@ -17,6 +17,8 @@ and for dynamic projections R_Ml and R_Mw), caching works the same for all
 of them.
 """
 
+import json
+
 import tensorflow as tf
 import tf_keras
 
@@ -101,7 +103,12 @@ class AttentionLayer(tf_keras.layers.Layer):
     self.dropout_rate = dropout_rate
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
     self._dropout = tf_keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
-    self._built_shapes = None
+    # The shapes the weights were built for, as a JSON string: Keras would
+    # track a dict attribute and a SavedModel reload would restore it as
+    # empty lists. `get_config` carries them so that `from_config` (which
+    # SavedModel and .keras loading call) creates the weights before their
+    # values are restored, as tf_keras.layers.MultiHeadAttention does.
+    self._build_shapes_json = None
     # Keyed by variable name, not by variable: Keras would treat variables
     # held in a list attribute as this layer's own weights when saving.
     self._axes_by_variable_name = {}
@@ -175,7 +182,7 @@ class AttentionLayer(tf_keras.layers.Layer):
       self._create_weights_once(query_shape, value_shape, key_shape)
 
   def _create_weights_once(self, query_shape, value_shape, key_shape):
-    if self._built_shapes is not None:
+    if self._build_shapes_json is not None:
       return
     query_shape = tf.TensorShape(query_shape)
     value_shape = tf.TensorShape(value_shape)
@@ -188,13 +195,21 @@ class AttentionLayer(tf_keras.layers.Layer):
             f"a known width, got {shape}.")
     with tf.init_scope():
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
-    self._built_shapes = {"query_shape": query_shape.as_list(),
-                          "value_shape": value_shape.as_list(),
-                          "key_shape": key_shape.as_list()}
+    self._build_shapes_json = json.dumps(
+        {"query_shape": query_shape.as_list(),
+         "value_shape": value_shape.as_list(),
+         "key_shape": key_shape.as_list()})
     self.built = True
 
   def get_build_config(self):
-    return self._built_shapes
+    return self.build_shapes
+
+  @property
+  def build_shapes(self):
+    """{"query_shape", "value_shape", "key_shape"} once built, else None."""
+    if self._build_shapes_json is None:
+      return None
+    return json.loads(self._build_shapes_json)
 
   def build_from_config(self, config):
     if config:
@@ -203,10 +218,10 @@ class AttentionLayer(tf_keras.layers.Layer):
   # ---- decoding caches ---------------------------------------------------
   def initial_cache(self, batch_size, max_length, dtype=None):
     """An all-zeros self-attention cache for `max_length` decoding steps."""
-    if self._built_shapes is None:
+    if self._build_shapes_json is None:
       raise ValueError(f"{self.name}: call or build the layer before asking "
                        "for a cache, so its weights and widths are known.")
-    width = self._built_shapes["value_shape"][-1]
+    width = self.build_shapes["value_shape"][-1]
     dtype = dtype or self.compute_dtype
     probe = tf.zeros([1, 1, width], dtype)
     state = self.project_memory(probe, probe)
@@ -217,7 +232,7 @@ class AttentionLayer(tf_keras.layers.Layer):
   def memory_cache(self, value, key=None):
     """The projected memory for cross-attention decoding, computed once."""
     key = value if key is None else key
-    if self._built_shapes is None:
+    if self._build_shapes_json is None:
       raise ValueError(f"{self.name}: call or build the layer before asking "
                        "for a cache, so its query width is known.")
     return self.project_memory(self._to_compute_dtype(key),
@@ -242,7 +257,7 @@ class AttentionLayer(tf_keras.layers.Layer):
     # policy; the memory must follow it into the compute dtype.
     value = self._to_compute_dtype(value)
     key = value if key is None else self._to_compute_dtype(key)
-    if self._built_shapes is None:
+    if self._build_shapes_json is None:
       if value is None:
         raise ValueError(f"{self.name}: build the layer before calling it "
                          "with only a cache.")
@@ -330,5 +345,15 @@ class AttentionLayer(tf_keras.layers.Layer):
         "dropout_rate": self.dropout_rate,
         "kernel_initializer":
             tf_keras.initializers.serialize(self.kernel_initializer),
+        "build_shapes": self.build_shapes,
     })
     return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    build_shapes = config.pop("build_shapes", None)
+    layer = cls(**config)
+    if build_shapes:
+      layer.build_from_shapes(**build_shapes)
+    return layer
