@@ -1,0 +1,115 @@
+"""count_params() of the base presets equals the published parameter counts.
+
+Each published number is also derived here term by term (the `*_count`
+functions), so a mismatch shows which part of the architecture is off.
+Building a base model takes a few seconds; none is run on data.
+"""
+
+import gc
+
+import pytest
+import tf_keras
+
+from thattn import models
+
+PUBLISHED = {
+    # BERT-Base uncased with its pooler (vocab 30522, 512 positions, 2 types).
+    "bert_base": 109_482_240,
+    # ALBERT-base: E=128, one shared layer, vocab 30000.
+    "albert_base": 11_683_584,
+    # T5-Base: 12+12 layers, tied embeddings, vocab 32128.
+    "t5_base": 222_903_552,
+}
+# Attention layers with their own weights: ALBERT shares one across layers.
+ATTENTION_LAYERS = {"bert_base": 12, "albert_base": 1, "t5_base": 36}
+
+
+def bert_count(vocab, positions, types, d, d_ff, layers, embedding=None,
+               shared=False):
+  """BERT / ALBERT parameters with biases, LayerNorms and the pooler."""
+  e = embedding or d
+  embeddings = (vocab + positions + types) * e + 2 * e  # tables + LayerNorm
+  projection = e * d + d if e != d else 0  # ALBERT's E -> H
+  attention = 4 * (d * d + d)  # P_q, P_k, P_v, P_o and their biases
+  feed_forward = (d * d_ff + d_ff) + (d_ff * d + d)
+  layer = attention + feed_forward + 2 * (2 * d)  # two LayerNorms
+  pooler = d * d + d
+  return embeddings + projection + (1 if shared else layers) * layer + pooler
+
+
+def t5_count(vocab, d, d_ff, layers, heads, d_kv, buckets, gated=False,
+             tied=True):
+  """T5 parameters: no biases, scale-only RMSNorms, one bias table a stack."""
+  attention = 4 * d * heads * d_kv
+  feed_forward = (3 if gated else 2) * d * d_ff
+  encoder = layers * (attention + feed_forward + 2 * d) + buckets * heads + d
+  decoder = (layers * (2 * attention + feed_forward + 3 * d) +
+             buckets * heads + d)
+  return vocab * d * (1 if tied else 2) + encoder + decoder
+
+
+def test_the_derivations_give_the_published_numbers():
+  assert bert_count(30522, 512, 2, 768, 3072, 12) == PUBLISHED["bert_base"]
+  assert bert_count(30000, 512, 2, 768, 3072, 12, embedding=128,
+                    shared=True) == PUBLISHED["albert_base"]
+  assert t5_count(32128, 768, 3072, 12, 12, 64, 32) == PUBLISHED["t5_base"]
+
+
+def _attention_layers(model):
+  """Every attention layer of a built model, each once."""
+  found = {}
+  for layer in model.submodules:
+    if isinstance(layer, models.PostNormBlock):
+      found[id(layer.attention)] = layer.attention
+    if isinstance(layer, models.PreNormBlock):
+      for attention in (layer.self_attention, layer.cross_attention):
+        if attention is not None:
+          found[id(attention)] = attention
+  return list(found.values())
+
+
+def _build_and_measure(preset, **overrides):
+  model = models.create_model(preset, **overrides)
+  attention = _attention_layers(model)
+  measured = {
+      "total": model.count_params(),
+      "attention_layers": len(attention),
+      "per_attention_layer": {layer.count_params() for layer in attention},
+      "pre_softmax_projections": sum(
+          "pre_softmax_projection" in weight.name for weight in model.weights),
+  }
+  del model, attention
+  tf_keras.backend.clear_session()
+  gc.collect()
+  return measured
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_published_count_and_twelve_talking_heads_add_2_h_squared(preset):
+  multi_head = _build_and_measure(preset)
+  assert multi_head["total"] == PUBLISHED[preset]
+  assert multi_head["attention_layers"] == ATTENTION_LAYERS[preset]
+  assert multi_head["pre_softmax_projections"] == 0
+
+  talking = _build_and_measure(preset, attention="talking_heads")
+  # P_l[12, 12] and P_w[12, 12] in every attention layer, nothing else.
+  assert (talking["total"] - multi_head["total"] ==
+          ATTENTION_LAYERS[preset] * 2 * 12 * 12)
+  assert talking["pre_softmax_projections"] == ATTENTION_LAYERS[preset]
+  if preset == "t5_base":
+    # The paper's Table 1, "parameters per att. layer" (no biases in T5).
+    assert multi_head["per_attention_layer"] == {2_359_296}
+    assert talking["per_attention_layer"] == {2_359_584}
+  else:  # BERT and ALBERT add the four projection biases.
+    assert multi_head["per_attention_layer"] == {4 * 768 * 768 + 4 * 768}
+
+
+def test_fixed_head_size_preset_matches_bhojanapalli_table_3a():
+  # 24 layers of width 768 with 8 heads of size 128: "214M" in their
+  # Table 3(A), which counts BERT's pre-training head too: a 768 x 768
+  # transform with bias, its LayerNorm, and the output bias over the vocab.
+  measured = _build_and_measure("bert_fixed_head_128_h8")
+  masked_lm_head = 768 * 768 + 768 + 2 * 768 + 30522
+  assert round((measured["total"] + masked_lm_head) / 1e6) == 214
+  # P_q, P_k, P_v: [768, 8, 128] and biases; P_o: [8, 128, 768] and bias.
+  assert measured["per_attention_layer"] == {4 * 768 * 1024 + 3 * 1024 + 768}

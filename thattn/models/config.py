@@ -1,0 +1,340 @@
+"""Model configurations: frozen dataclasses, and keyword overrides on them.
+
+One dataclass per model family:
+- `BertConfig`: BERT, and ALBERT (`embedding_size` and `share_layers`).
+- `T5Config`: T5's encoder-decoder.
+Both hold their attention layers as `AttentionConfig`s: BERT one, T5 one per
+attention type (encoder self, decoder self, encoder-decoder), so the
+experiments of the paper's Table 4 are a config, not a code change.
+
+`apply_overrides(config, **overrides)` is what `create_model(preset,
+**overrides)` uses. Besides the dataclass fields, it understands:
+- `attention=`: a variant name (see `thattn.layers.VARIANTS`), a dict of
+  `AttentionConfig` fields, or an `AttentionConfig`, for every attention
+  layer of the model;
+- `num_heads`, `key_dim`, `value_dim`, `num_key_heads`, `num_value_heads`,
+  `dynamic_projections`: the same field on every attention layer;
+- for T5, `encoder_self_attention=`, `decoder_self_attention=` and
+  `encoder_decoder_attention=`, which take the same forms as `attention=` and
+  apply after it. A variant name keeps the other fields, except that
+  "multi_head" and "general_bilinear" drop h_k, h_v and dynamic projections,
+  which they do not have.
+Bad values raise ValueError naming them, before any model is built.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+from thattn import layers
+
+ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
+                   "encoder_decoder_attention")
+# Overrides that set one AttentionConfig field on every attention layer.
+SHARED_ATTENTION_FIELDS = ("num_heads", "key_dim", "value_dim",
+                           "num_key_heads", "num_value_heads",
+                           "dynamic_projections")
+# Feed-forward activations. "gelu" is the exact (erf) form of BERT;
+# "gelu_approximate" the tanh form of ALBERT v2 and T5.1.1.
+ACTIVATIONS = ("relu", "gelu", "gelu_approximate")
+POSITION_EMBEDDINGS = ("absolute", "relative")
+_TALKING_HEADS_FAMILY = ("talking_heads", "project_logits", "project_weights",
+                         "dynamic")
+_SINGLE_HEADS_DIMENSION = ("multi_head", "general_bilinear")
+
+
+def _check_positive(owner, name, value, optional=False):
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"{owner}: {name} must be a positive integer, got "
+                     f"{value!r}.")
+
+
+def _check_choice(owner, name, value, choices):
+  if value not in choices:
+    raise ValueError(f"{owner}: unknown {name} {value!r}; expected one of "
+                     f"{tuple(choices)}.")
+
+
+def _check_rate(owner, name, value):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+      0.0 <= value < 1.0):
+    raise ValueError(f"{owner}: {name} must be in [0, 1), got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  """One attention layer, in the arguments of `thattn.layers`.
+
+  Attributes:
+    variant: a name from `thattn.layers.VARIANTS`.
+    num_heads: h, the softmax heads (the only heads of multi-head attention
+      and general bilinear attention).
+    key_dim: d_k. None means d_model / h, which must divide; any explicit
+      value gives a fixed head size (Bhojanapalli et al., 2020).
+    value_dim: d_v; None means the key dim.
+    num_key_heads, num_value_heads: h_k and h_v of talking heads; None means h.
+    dynamic_projections: Appendix A's projections for "talking_heads" (and
+      the logits or weights half for "project_logits" / "project_weights");
+      "dynamic" always has all four.
+  """
+  variant: str = "multi_head"
+  num_heads: int = 12
+  key_dim: Optional[int] = None
+  value_dim: Optional[int] = None
+  num_key_heads: Optional[int] = None
+  num_value_heads: Optional[int] = None
+  dynamic_projections: Tuple[str, ...] = ()
+
+  def __post_init__(self):
+    owner = "AttentionConfig"
+    _check_choice(owner, "attention variant", self.variant, layers.VARIANTS)
+    _check_positive(owner, "num_heads", self.num_heads)
+    for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads"):
+      _check_positive(owner, name, getattr(self, name), optional=True)
+    if isinstance(self.dynamic_projections, str):
+      raise ValueError(f"{owner}: dynamic_projections must be a list of names, "
+                       f"got the string {self.dynamic_projections!r}.")
+    dynamic = tuple(self.dynamic_projections)
+    object.__setattr__(self, "dynamic_projections", dynamic)
+    unknown = sorted(set(dynamic) - set(layers.DYNAMIC_PROJECTIONS))
+    if unknown:
+      raise ValueError(f"{owner}: unknown dynamic projections {unknown}; "
+                       f"expected a subset of {layers.DYNAMIC_PROJECTIONS}.")
+    self._check_heads(owner)
+    self._check_dynamic(owner)
+
+  def _check_heads(self, owner):
+    h, h_k, h_v = self.num_heads, self.key_heads, self.value_heads
+    if self.variant in _SINGLE_HEADS_DIMENSION and (h_k, h_v) != (
+        h, h):
+      raise ValueError(
+          f"{owner}: {self.variant} has one heads dimension, so "
+          f"num_key_heads={self.num_key_heads} and num_value_heads="
+          f"{self.num_value_heads} must equal num_heads={h} (or be None).")
+    if self.variant == "project_logits" and h_v != h:
+      raise ValueError(f"{owner}: project_logits has no P_w, so "
+                       f"num_value_heads={h_v} must equal num_heads={h}.")
+    if self.variant == "project_weights" and h_k != h:
+      raise ValueError(f"{owner}: project_weights has no P_l, so "
+                       f"num_key_heads={h_k} must equal num_heads={h}.")
+
+  def _check_dynamic(self, owner):
+    dynamic = set(self.dynamic_projections)
+    allowed = {
+        "talking_heads": set(layers.DYNAMIC_PROJECTIONS),
+        "dynamic": set(layers.DYNAMIC_PROJECTIONS),
+        "project_logits": {"x2l", "m2l"},
+        "project_weights": {"x2w", "m2w"},
+    }.get(self.variant, set())
+    if not dynamic <= allowed:
+      raise ValueError(
+          f"{owner}: variant {self.variant!r} cannot have dynamic projections "
+          f"{sorted(dynamic - allowed)}; dynamic projections need the static "
+          "talking-heads projection they add to.")
+
+  @property
+  def key_heads(self):
+    return self.num_key_heads or self.num_heads
+
+  @property
+  def value_heads(self):
+    return self.num_value_heads or self.num_heads
+
+  def head_dims(self, d_model, owner="AttentionConfig"):
+    """(d_k, d_v) for a model of width d_model."""
+    key_dim = self.key_dim
+    if key_dim is None:
+      if d_model % self.num_heads:
+        raise ValueError(
+            f"{owner}: num_heads={self.num_heads} does not divide d_model="
+            f"{d_model}; give key_dim= for a fixed head size.")
+      key_dim = d_model // self.num_heads
+    return key_dim, self.value_dim or key_dim
+
+  def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
+                 kernel_initializer=None):
+    """The attention layer this config describes."""
+    if self.variant == "general_bilinear":
+      # Its heads read the whole memory: no d_k, no biases. Its own
+      # initializer keeps the logits at unit scale.
+      return layers.make_attention(self.variant, self.num_heads, None,
+                                   dropout_rate=dropout_rate, name=name)
+    key_dim, value_dim = self.head_dims(d_model)
+    kwargs = dict(value_dim=value_dim, use_bias=use_bias,
+                  dropout_rate=dropout_rate, name=name)
+    if kernel_initializer is not None:
+      kwargs["kernel_initializer"] = kernel_initializer
+    if self.variant in _TALKING_HEADS_FAMILY:
+      kwargs.update(num_key_heads=self.key_heads,
+                    num_value_heads=self.value_heads)
+      if self.variant != "dynamic":  # "dynamic" sets all four itself
+        kwargs["dynamic_projections"] = self.dynamic_projections
+    return layers.make_attention(self.variant, self.num_heads, key_dim,
+                                 **kwargs)
+
+
+def _check_sizes(config, names):
+  owner = type(config).__name__
+  for name in names:
+    _check_positive(owner, name, getattr(config, name), optional=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """BERT (Devlin et al., 2018) and ALBERT (Lan et al., 2019).
+
+  Post-LN Transformer encoder with token-type embeddings and a pooler.
+  ALBERT is this with `embedding_size` (E < d_model, then a learned E -> H
+  projection) and `share_layers` (one layer applied `num_layers` times).
+  `position_embedding="relative"` replaces the absolute position table with
+  T5's relative position bias, one shared by all layers (the paper's
+  Section 7.3).
+  """
+  vocab_size: int = 30522
+  d_model: int = 768
+  num_layers: int = 12
+  d_ff: int = 3072
+  attention: AttentionConfig = dataclasses.field(
+      default_factory=AttentionConfig)
+  embedding_size: Optional[int] = None
+  share_layers: bool = False
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  position_embedding: str = "absolute"
+  relative_num_buckets: int = 32
+  relative_max_distance: int = 128
+  activation: str = "gelu"
+  use_bias: bool = True
+  dropout_rate: float = 0.1
+  layer_norm_epsilon: float = 1e-12
+  initializer_range: float = 0.02
+
+  def __post_init__(self):
+    owner = type(self).__name__
+    _check_sizes(self, ("vocab_size", "d_model", "num_layers", "d_ff",
+                        "embedding_size", "max_position_embeddings",
+                        "type_vocab_size", "relative_num_buckets",
+                        "relative_max_distance"))
+    _check_choice(owner, "position_embedding", self.position_embedding,
+                  POSITION_EMBEDDINGS)
+    _check_choice(owner, "activation", self.activation, ACTIVATIONS)
+    _check_rate(owner, "dropout_rate", self.dropout_rate)
+    if not isinstance(self.attention, AttentionConfig):
+      raise ValueError(f"{owner}: attention must be an AttentionConfig, got "
+                       f"{self.attention!r}.")
+    self.attention.head_dims(self.d_model, owner)
+
+  @property
+  def family(self):
+    return "albert" if self.share_layers or self.embedding_size else "bert"
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """T5 (Raffel et al., 2019): a pre-norm encoder-decoder.
+
+  RMSNorm without mean or bias, no biases anywhere, a relative position
+  bias shared within each stack (bidirectional in the encoder,
+  unidirectional in the decoder), and tied input/output embeddings, whose
+  logits are scaled by d_model**-0.5. Token 0 pads and starts decoding, and
+  token 1 ends a sequence, as in T5's vocabulary.
+  """
+  vocab_size: int = 32128
+  d_model: int = 768
+  num_layers: int = 12
+  num_decoder_layers: Optional[int] = None  # None: num_layers
+  d_ff: int = 3072
+  encoder_self_attention: AttentionConfig = dataclasses.field(
+      default_factory=AttentionConfig)
+  decoder_self_attention: AttentionConfig = dataclasses.field(
+      default_factory=AttentionConfig)
+  encoder_decoder_attention: AttentionConfig = dataclasses.field(
+      default_factory=AttentionConfig)
+  activation: str = "relu"
+  gated_feed_forward: bool = False
+  tie_embeddings: bool = True
+  relative_num_buckets: int = 32
+  relative_max_distance: int = 128
+  dropout_rate: float = 0.1
+  layer_norm_epsilon: float = 1e-6
+
+  def __post_init__(self):
+    owner = type(self).__name__
+    _check_sizes(self, ("vocab_size", "d_model", "num_layers",
+                        "num_decoder_layers", "d_ff", "relative_num_buckets",
+                        "relative_max_distance"))
+    _check_choice(owner, "activation", self.activation, ACTIVATIONS)
+    _check_rate(owner, "dropout_rate", self.dropout_rate)
+    for name in ATTENTION_TYPES:
+      attention = getattr(self, name)
+      if not isinstance(attention, AttentionConfig):
+        raise ValueError(f"{owner}: {name} must be an AttentionConfig, got "
+                         f"{attention!r}.")
+      attention.head_dims(self.d_model, f"{owner}.{name}")
+
+  @property
+  def family(self):
+    return "t5"
+
+  @property
+  def decoder_layers(self):
+    return self.num_decoder_layers or self.num_layers
+
+
+def _attention_fields(config):
+  return ("attention",) if isinstance(config, BertConfig) else ATTENTION_TYPES
+
+
+def _updated_attention(attention, value, key):
+  """`attention` with an override: a variant name, a dict or a config."""
+  if isinstance(value, AttentionConfig):
+    return value
+  if isinstance(value, str):
+    if value in _SINGLE_HEADS_DIMENSION:
+      # Options only talking heads has do not carry over to these.
+      return dataclasses.replace(attention, variant=value, num_key_heads=None,
+                                 num_value_heads=None, dynamic_projections=())
+    return dataclasses.replace(attention, variant=value)
+  if isinstance(value, dict):
+    fields = {field.name for field in dataclasses.fields(AttentionConfig)}
+    unknown = sorted(set(value) - fields)
+    if unknown:
+      raise ValueError(f"{key}={value!r}: unknown attention fields {unknown}; "
+                       f"expected some of {sorted(fields)}.")
+    return dataclasses.replace(attention, **value)
+  raise ValueError(f"{key} must be a variant name, a dict of AttentionConfig "
+                   f"fields or an AttentionConfig, got {value!r}.")
+
+
+def known_overrides(config):
+  """The keyword names `apply_overrides` accepts for this config."""
+  fields = {field.name for field in dataclasses.fields(config)}
+  return sorted(fields | {"attention"} | set(SHARED_ATTENTION_FIELDS))
+
+
+def apply_overrides(config, **overrides):
+  """A copy of `config` with the overrides applied (see the module doc)."""
+  known = known_overrides(config)
+  unknown = sorted(set(overrides) - set(known))
+  if unknown:
+    raise ValueError(
+        f"Unknown override(s) {unknown} for {type(config).__name__} "
+        f"({config.family}); expected some of {known}.")
+  attention_fields = _attention_fields(config)
+  shared = {name: overrides[name] for name in SHARED_ATTENTION_FIELDS
+            if name in overrides}
+  changes = {name: value for name, value in overrides.items()
+             if name not in attention_fields and name != "attention" and
+             name not in shared}
+  for field in attention_fields:
+    attention = getattr(config, field)
+    if "attention" in overrides:
+      attention = _updated_attention(attention, overrides["attention"],
+                                     "attention")
+    if shared:
+      attention = dataclasses.replace(attention, **shared)
+    if field != "attention" and field in overrides:
+      attention = _updated_attention(attention, overrides[field], field)
+    changes[field] = attention
+  return dataclasses.replace(config, **changes)

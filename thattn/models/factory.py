@@ -1,0 +1,44 @@
+"""`create_model(preset, **overrides)`: a preset or a config to a model."""
+
+from thattn.models import bert
+from thattn.models import config as config_lib
+from thattn.models import presets
+from thattn.models import t5
+
+_CONFIG_TYPES = (config_lib.BertConfig, config_lib.T5Config)
+
+
+def model_config(preset, **overrides):
+  """The frozen config of a preset name (or config) with overrides applied."""
+  if isinstance(preset, _CONFIG_TYPES):
+    config = preset
+  elif isinstance(preset, str):
+    config = presets.get_preset(preset).config
+  else:
+    raise ValueError(f"preset must be a preset name or a BertConfig / "
+                     f"T5Config, got {preset!r}.")
+  return config_lib.apply_overrides(config, **overrides)
+
+
+def build_model(config, name=None):
+  """The functional model of a `BertConfig` or `T5Config`."""
+  if isinstance(config, config_lib.T5Config):
+    return t5.build_t5(config, name=name)
+  if isinstance(config, config_lib.BertConfig):
+    return bert.build_bert(config, name=name)
+  raise ValueError(f"Expected a BertConfig or T5Config, got {config!r}.")
+
+
+def create_model(preset, **overrides):
+  """Builds the backbone of `preset` (a name or a config) with overrides.
+
+  BERT and ALBERT: the encoder with its pooler (see `thattn.models.bert`).
+  T5: encoder and decoder with the LM head (see `thattn.models.t5`).
+  Overrides are config fields and the attention options described in
+  `thattn.models.config`; for example
+  `create_model("t5_base", attention="talking_heads", num_heads=24)` or
+  `create_model("t5_base", encoder_self_attention="talking_heads")`.
+  The model is named after the preset.
+  """
+  config = model_config(preset, **overrides)
+  return build_model(config, name=preset if isinstance(preset, str) else None)

@@ -1,0 +1,209 @@
+"""T5 decoding with the attention layers' incremental caches.
+
+`T5Generator(model, max_length=...)` is a `tf.Module` whose `__call__` is a
+`tf.function` over `encoder_input_tokens` [batch, length], so it exports
+with `tf.saved_model.save(generator, path)`. It returns
+`{"tokens": int32 [batch, max_length], "scores": float32 [batch]}`:
+the generated tokens (without the start token; after the end token, padding)
+and the sum of their log-probabilities up to and including the end token.
+
+The encoder runs once. Each decoder block keeps a self-attention cache,
+written one position per step, and its cross-attention memory projected
+once (`PreNormBlock.initial_cache`); the decoder itself is
+`thattn.models.t5.run_decoder`, the same code the model is built from.
+
+Methods:
+- "greedy": the most likely token at every step.
+- "sample": a draw from softmax(logits / temperature), optionally restricted
+  to the `top_k` most likely tokens. The module holds a seeded
+  `tf.random.Generator`, so an exported sampler draws fresh samples.
+- "beam": beam search with `beam_size` beams. Finished beams continue with
+  padding at no cost, so they compete with unfinished ones on total
+  log-probability; the final choice among the beams divides by T5's length
+  penalty ((5 + length) / 6) ** length_penalty. (T5's own beam search
+  keeps finished and alive beams apart; with length_penalty=0 and beams
+  that keep every prefix, both are exhaustive.)
+"""
+
+import tensorflow as tf
+
+from thattn.models import t5
+
+METHODS = ("greedy", "sample", "beam")
+# Scores of impossible beams: far below any real log-probability, but finite
+# so that sums of them never produce NaN.
+_IMPOSSIBLE = -1e9
+
+
+def _check_options(max_length, method, temperature, top_k, beam_size):
+  if method not in METHODS:
+    raise ValueError(f"Unknown method {method!r}; expected one of {METHODS}.")
+  for name, value, low in (("max_length", max_length, 1),
+                           ("top_k", top_k, 0), ("beam_size", beam_size, 1)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+  if not temperature > 0:
+    raise ValueError(f"temperature must be positive, got {temperature!r}.")
+
+
+class _Untracked:
+  """Attributes that a tf.Module does not track (it wraps lists and dicts)."""
+
+  def __init__(self, **attributes):
+    self.__dict__.update(attributes)
+
+
+class T5Generator(tf.Module):
+  """Generation from a T5 model of `thattn.models` (built or reloaded).
+
+  Args:
+    model: the functional model of `build_t5` / `create_model("t5_...")`.
+    max_length: decoding steps, the length of the returned tokens.
+    method: "greedy", "sample" or "beam".
+    temperature, top_k: for "sample"; top_k=0 samples from all tokens.
+    beam_size, length_penalty: for "beam".
+    eos_id: the token that ends a sequence (T5's 1).
+    seed: of the sampler's random generator.
+  """
+
+  def __init__(self, model, *, max_length, method="greedy", temperature=1.0,
+               top_k=0, beam_size=4, length_penalty=0.6, eos_id=t5.EOS_ID,
+               seed=0, name=None):
+    super().__init__(name=name)
+    _check_options(max_length, method, temperature, top_k, beam_size)
+    self.max_length = max_length
+    self.method = method
+    self.temperature = float(temperature)
+    self.top_k = top_k
+    self.beam_size = beam_size
+    self.length_penalty = float(length_penalty)
+    self.eos_id = eos_id
+    # The layers sit in a plain object, which tf.Module does not track:
+    # exported, the generator holds the weights and its one function, and
+    # Keras does not trace every layer's call into the SavedModel too.
+    self._layers = _Untracked(model=model, encoder=t5.encoder_model(model),
+                              decoder=t5.decoder_layers(model))
+    self._model_weights = list(model.weights)  # tracked: saved with it
+    self._vocab_size = self._layers.decoder.embedding.vocab_size
+    self._rng = tf.random.Generator.from_seed(seed)
+
+  @property
+  def model(self):
+    return self._layers.model
+
+  @tf.function(input_signature=[
+      tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")])
+  def __call__(self, encoder_input_tokens):
+    """{"tokens": [batch, max_length], "scores": [batch]} (see the module)."""
+    if self.method == "beam":
+      return self._beam_search(encoder_input_tokens)
+    return self._sample_or_greedy(encoder_input_tokens)
+
+  # ---- shared steps --------------------------------------------------------
+  def _start(self, encoder_tokens, repeat=1):
+    """Encoder output, its mask and the decoder caches, each row x repeat."""
+    memory, memory_mask = self._layers.encoder(encoder_tokens, training=False)
+    if repeat > 1:
+      memory = tf.repeat(memory, repeat, axis=0)
+      memory_mask = tf.repeat(memory_mask, repeat, axis=0)
+    batch = tf.shape(memory)[0]
+    caches = [block.initial_cache(batch, self.max_length, memory)
+              for block in self._layers.decoder.blocks]
+    return memory_mask, caches
+
+  def _step(self, tokens, step, memory_mask, caches):
+    """Log-probabilities [batch, vocab] of the token after `tokens` [batch]."""
+    logits, caches = t5.run_decoder(
+        self._layers.decoder, tokens[:, tf.newaxis], None, memory_mask,
+        training=False, caches=caches, decode_step=step,
+        max_length=self.max_length)
+    return tf.nn.log_softmax(logits[:, 0]), caches
+
+  # ---- greedy and sampling ---------------------------------------------------
+  def _choose(self, log_probs):
+    if self.method == "greedy":
+      return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+    logits = log_probs / self.temperature
+    if self.top_k:
+      kth_best = tf.math.top_k(logits, k=self.top_k).values[:, -1:]
+      logits = tf.where(logits < kth_best, _IMPOSSIBLE, logits)
+    seed = self._rng.make_seeds(1)[:, 0]
+    return tf.cast(tf.random.stateless_categorical(logits, 1, seed)[:, 0],
+                   tf.int32)
+
+  def _sample_or_greedy(self, encoder_tokens):
+    memory_mask, caches = self._start(encoder_tokens)
+    batch = tf.shape(encoder_tokens)[0]
+    tokens = tf.fill([batch], t5.DECODER_START_ID)
+    finished = tf.zeros([batch], tf.bool)
+    scores = tf.zeros([batch], tf.float32)
+    outputs = tf.TensorArray(tf.int32, size=self.max_length)
+    for step in tf.range(self.max_length):
+      log_probs, caches = self._step(tokens, step, memory_mask, caches)
+      tokens = tf.where(finished, t5.PAD_ID, self._choose(log_probs))
+      token_scores = tf.gather(log_probs, tokens, batch_dims=1)
+      scores += tf.where(finished, 0.0, token_scores)
+      finished |= tf.equal(tokens, self.eos_id)
+      outputs = outputs.write(step, tokens)
+    return {"tokens": tf.transpose(outputs.stack()), "scores": scores}
+
+  # ---- beam search -----------------------------------------------------------
+  def _beam_search(self, encoder_tokens):
+    beams, vocab, length = self.beam_size, self._vocab_size, self.max_length
+    memory_mask, caches = self._start(encoder_tokens, repeat=beams)
+    batch = tf.shape(encoder_tokens)[0]
+    # All beams start equal; only the first may expand at the first step.
+    scores = tf.tile(tf.constant([[0.0] + [_IMPOSSIBLE] * (beams - 1)]),
+                     [batch, 1])
+    sequences = tf.zeros([batch, beams, length], tf.int32)
+    finished = tf.zeros([batch, beams], tf.bool)
+    tokens = tf.fill([batch * beams], t5.DECODER_START_ID)
+    # A finished beam may only continue with padding, at no cost.
+    pad_only = tf.where(tf.range(vocab) == t5.PAD_ID, 0.0, _IMPOSSIBLE)
+    for step in tf.range(length):
+      log_probs, caches = self._step(tokens, step, memory_mask, caches)
+      log_probs = tf.reshape(log_probs, [batch, beams, vocab])
+      log_probs = tf.where(finished[:, :, tf.newaxis], pad_only, log_probs)
+      candidates = tf.reshape(scores[:, :, tf.newaxis] + log_probs,
+                              [batch, beams * vocab])
+      scores, best = tf.math.top_k(candidates, k=beams)
+      parent, token = best // vocab, best % vocab
+      sequences = tf.gather(sequences, parent, batch_dims=1)
+      sequences += (token[:, :, tf.newaxis] *
+                    tf.one_hot(step, length, dtype=tf.int32))
+      finished = (tf.gather(finished, parent, batch_dims=1) |
+                  tf.equal(token, self.eos_id))
+      rows = tf.reshape(parent + beams * tf.range(batch)[:, tf.newaxis], [-1])
+      caches = [self._reorder(cache, rows) for cache in caches]
+      tokens = tf.reshape(token, [-1])
+    best = tf.argmax(scores / self._penalty(sequences), axis=-1,
+                     output_type=tf.int32)
+    return {"tokens": tf.gather(sequences, best, batch_dims=1),
+            "scores": tf.gather(scores, best, batch_dims=1)}
+
+  @staticmethod
+  def _reorder(cache, rows):
+    # The cross-attention memory is the same for all beams of an example.
+    reordered = dict(cache)
+    reordered["self_attention"] = tf.nest.map_structure(
+        lambda tensor: tf.gather(tensor, rows), cache["self_attention"])
+    return reordered
+
+  def _penalty(self, sequences):
+    """T5's length penalty ((5 + length) / 6) ** alpha, [batch, beams]."""
+    is_eos = tf.equal(sequences, self.eos_id)
+    first_eos = tf.argmax(tf.cast(is_eos, tf.int32), axis=-1,
+                          output_type=tf.int32)
+    lengths = tf.where(tf.reduce_any(is_eos, axis=-1), first_eos + 1,
+                       tf.shape(sequences)[-1])
+    return ((5.0 + tf.cast(lengths, tf.float32)) / 6.0) ** self.length_penalty
+
+
+def generate(model, encoder_input_tokens, *, max_length, **options):
+  """Decodes `encoder_input_tokens` with a T5 model; see `T5Generator`.
+
+  Builds (and traces) a new `T5Generator` on every call; keep one generator
+  to decode many batches.
+  """
+  generator = T5Generator(model, max_length=max_length, **options)
+  return generator(tf.convert_to_tensor(encoder_input_tokens, tf.int32))

@@ -1,0 +1,182 @@
+"""Presets: named model configurations, each citing its source.
+
+Published architectures:
+- `bert_base`: BERT-Base, uncased (Devlin et al., 2018, Section 3 and the
+  released bert_config.json): L=12, H=768, A=12, d_ff=3072, vocab 30522,
+  512 positions, 2 token types, GELU, dropout 0.1. 109,482,240 parameters
+  with the pooler.
+- `bert_large`: BERT-Large, uncased (Devlin et al., 2018): L=24, H=1024,
+  A=16, d_ff=4096.
+- `albert_base`: ALBERT-base (Lan et al., 2019, Table 1, and the released
+  albert_base v2 config): L=12, H=768, E=128, A=12, d_ff=3072, vocab 30000,
+  all layers shared, gelu (tanh form), no dropout. 11,683,584 parameters
+  with the pooler.
+- `t5_base`: T5-Base (Raffel et al., 2019, Section 3.1.1; the released
+  t5-base checkpoint): 12+12 layers, d_model=768, d_ff=3072, 12 heads of
+  d_kv=64, ReLU, vocab 32128, 32 relative position buckets, dropout 0.1,
+  tied embeddings. 222,903,552 parameters.
+- `t5_1_1_base`: T5.1.1-Base (the released t5.1.1 checkpoints' gin config):
+  gated-GELU with d_ff=2048, untied embeddings.
+
+The paper's experiments (talking-heads-attention.md; the experiment name is
+the row of the table it comes from):
+- T5, Section 7.1, Tables 1-4 and 8-10: `t5_base_<variant>_<h>` and the
+  rows described next to each preset below. As in Section 7.1, there is no
+  dropout during pre-training.
+- ALBERT, Section 7.2, Tables 5 and 6: `albert_base_<variant>_<h>`.
+- BERT, Section 7.3, Table 7: `bert_base_relative_<variant>_<h>`, with T5's
+  relative position bias in place of the position table.
+- Fixed head size (Bhojanapalli et al., 2020, Table 3(A)): 24 layers of
+  width 768 with h heads of size 128, `bert_fixed_head_128_h<h>`.
+
+Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`.
+"""
+
+import dataclasses
+from typing import Union
+
+from thattn.models import config as config_lib
+
+AttentionConfig = config_lib.AttentionConfig
+BertConfig = config_lib.BertConfig
+T5Config = config_lib.T5Config
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  config: Union[BertConfig, T5Config]
+  source: str
+
+
+PRESETS = {}
+
+
+def _add(name, config, source):
+  PRESETS[name] = Preset(config, source)
+
+
+def _derive(name, base, source, **overrides):
+  _add(name, config_lib.apply_overrides(PRESETS[base].config, **overrides),
+       source)
+
+
+# ---- published architectures ----------------------------------------------
+_add("bert_base", BertConfig(),
+     "Devlin et al. 2018, BERT-Base uncased (bert_config.json)")
+_add("bert_large",
+     BertConfig(d_model=1024, num_layers=24, d_ff=4096,
+                attention=AttentionConfig(num_heads=16)),
+     "Devlin et al. 2018, BERT-Large uncased (bert_config.json)")
+_add("albert_base",
+     BertConfig(vocab_size=30000, embedding_size=128, share_layers=True,
+                activation="gelu_approximate", dropout_rate=0.0),
+     "Lan et al. 2019, Table 1, ALBERT base; albert_base v2 config")
+# T5's d_kv = 64 is d_model / h here, so that a `num_heads=` override keeps
+# h * d_k = d_model as the paper's Table 1 does; `key_dim=` fixes it instead.
+_add("t5_base", T5Config(),
+     "Raffel et al. 2019, Section 3.1.1, T5-Base (t5-base checkpoint)")
+_add("t5_1_1_base",
+     dataclasses.replace(PRESETS["t5_base"].config, d_ff=2048,
+                         activation="gelu_approximate",
+                         gated_feed_forward=True, tie_embeddings=False),
+     "T5.1.1-Base (released t5.1.1 gin config): gated-GELU, untied")
+
+# ---- tiny, for CPU ----------------------------------------------------------
+_TINY_ATTENTION = AttentionConfig(num_heads=4)
+_add("bert_tiny",
+     BertConfig(vocab_size=128, d_model=32, num_layers=2, d_ff=64,
+                attention=_TINY_ATTENTION, max_position_embeddings=64),
+     "thattn: a 2-layer BERT of width 32 for CPU tests")
+_add("albert_tiny",
+     BertConfig(vocab_size=128, d_model=32, num_layers=2, d_ff=64,
+                attention=_TINY_ATTENTION, max_position_embeddings=64,
+                embedding_size=16, share_layers=True,
+                activation="gelu_approximate"),
+     "thattn: a 2-layer ALBERT of width 32, E=16, for CPU tests")
+_add("t5_tiny",
+     T5Config(vocab_size=64, d_model=32, num_layers=2, d_ff=64,
+              encoder_self_attention=_TINY_ATTENTION,
+              decoder_self_attention=_TINY_ATTENTION,
+              encoder_decoder_attention=_TINY_ATTENTION,
+              relative_num_buckets=8, relative_max_distance=16),
+     "thattn: a 2+2-layer T5 of width 32 for CPU tests")
+
+# ---- the paper's T5 experiments (Section 7.1; no pre-training dropout) -----
+_T5_TABLES = "Shazeer et al. 2020, talking heads, "
+_NO_DROPOUT = dict(dropout_rate=0.0)
+for _h in (6, 12, 24, 48):
+  _derive(f"t5_base_multi_head_{_h}", "t5_base", _T5_TABLES + "Table 1",
+          attention="multi_head", num_heads=_h, **_NO_DROPOUT)
+  _derive(f"t5_base_talking_heads_{_h}", "t5_base", _T5_TABLES + "Table 1",
+          attention="talking_heads", num_heads=_h,
+          **_NO_DROPOUT)
+_derive("t5_base_multi_head_24_dk64", "t5_base",
+        _T5_TABLES + "Table 1 (24 heads of d_k = d_v = 64)",
+        num_heads=24, key_dim=64, **_NO_DROPOUT)
+_derive("t5_base_general_bilinear_12", "t5_base", _T5_TABLES + "Table 1",
+        attention="general_bilinear", num_heads=12,
+        **_NO_DROPOUT)
+# Table 2: (h_k, h, h_v, d_k, d_v).
+for _hk, _h, _hv, _dk, _dv in ((6, 24, 6, 128, 128), (24, 6, 24, 32, 32),
+                               (6, 24, 24, 128, 32), (24, 24, 6, 32, 128)):
+  _derive(f"t5_base_talking_heads_{_hk}_{_h}_{_hv}", "t5_base",
+          _T5_TABLES + f"Table 2 (d_k={_dk}, d_v={_dv})",
+          attention="talking_heads", num_key_heads=_hk, num_heads=_h,
+          num_value_heads=_hv, key_dim=_dk, value_dim=_dv, **_NO_DROPOUT)
+for _variant in ("project_logits", "project_weights"):
+  _derive(f"t5_base_{_variant}_24", "t5_base", _T5_TABLES + "Table 3",
+          attention=_variant, num_heads=24, **_NO_DROPOUT)
+# Table 4: talking heads in one attention type, multi-head (24 heads of 32)
+# in the other two.
+for _name, _kind in (("enc_self", "encoder_self_attention"),
+                     ("dec_self", "decoder_self_attention"),
+                     ("encdec", "encoder_decoder_attention")):
+  _derive(f"t5_base_th_{_name}_24", "t5_base", _T5_TABLES + "Table 4",
+          num_heads=24, **{_kind: "talking_heads"},
+          **_NO_DROPOUT)
+# Tables 8 and 9: dynamic projections, all four or one at a time.
+for _h in (12, 24):
+  _derive(f"t5_base_dynamic_{_h}", "t5_base", _T5_TABLES + "Table 8",
+          attention="dynamic", num_heads=_h, **_NO_DROPOUT)
+for _projection in ("x2l", "x2w", "m2l", "m2w"):
+  _derive(f"t5_base_dynamic_{_projection}_12", "t5_base",
+          _T5_TABLES + "Table 9", attention="talking_heads", num_heads=12,
+          dynamic_projections=(_projection,), **_NO_DROPOUT)
+# Table 10: dynamic projections in the encoder self-attention only.
+_derive("t5_base_dp_enc_self_24", "t5_base", _T5_TABLES + "Table 10",
+        num_heads=24, encoder_self_attention="dynamic",
+        **_NO_DROPOUT)
+
+# ---- the paper's ALBERT experiments (Section 7.2) ---------------------------
+for _h in (6, 12, 24, 48):
+  for _variant in ("multi_head", "talking_heads"):
+    _derive(f"albert_base_{_variant}_{_h}", "albert_base",
+            _T5_TABLES + "Table 5", attention=_variant, num_heads=_h)
+for _variant in ("project_logits", "project_weights"):
+  _derive(f"albert_base_{_variant}_12", "albert_base",
+          _T5_TABLES + "Table 6", attention=_variant, num_heads=12)
+
+# ---- the paper's BERT experiments (Section 7.3, relative positions) --------
+_derive("bert_base_relative_multi_head_12", "bert_base",
+        _T5_TABLES + "Table 7", position_embedding="relative")
+for _h in (6, 12, 24, 48, 64, 96, 192, 384, 768):
+  _derive(f"bert_base_relative_talking_heads_{_h}", "bert_base",
+          _T5_TABLES + "Table 7", position_embedding="relative",
+          attention="talking_heads", num_heads=_h)
+
+# ---- fixed head size (Bhojanapalli et al. 2020, Table 3(A)) -----------------
+for _h in (8, 12, 16, 20):
+  _derive(f"bert_fixed_head_128_h{_h}", "bert_base",
+          "Bhojanapalli et al. 2020, Table 3(A): 24 layers, d_model 768, "
+          "head size 128", num_layers=24, num_heads=_h, key_dim=128)
+
+
+def preset_names():
+  return sorted(PRESETS)
+
+
+def get_preset(name):
+  if name not in PRESETS:
+    raise ValueError(f"Unknown preset {name!r}; expected one of "
+                     f"{preset_names()}.")
+  return PRESETS[name]

@@ -1,0 +1,211 @@
+"""T5 (Raffel et al., 2019) as a functional tf_keras model.
+
+Inputs (dict): `encoder_input_tokens` and `decoder_input_tokens`, int32
+[batch, length]; token 0 pads the encoder input and starts the decoder input
+(the targets shifted right). Output: float32 logits [batch, length, vocab].
+
+    X = dropout(E[encoder tokens])
+    B_enc = bidirectional relative position bias, shared by the stack
+    X = encoder_block_l(X, padding mask, B_enc)    pre-norm, l = 1..L
+    M = dropout(RMSNorm(X))                        the encoder output
+    Y = dropout(E[decoder tokens])
+    B_dec = unidirectional relative position bias, shared by the stack
+    Y = decoder_block_l(Y, M, B_dec)               causal self-attention
+    logits = einsum(dropout(RMSNorm(Y)) * d_model**-0.5, E)   (tied)
+    logits = dropout(RMSNorm(Y)) W_lm                          (untied)
+
+Dropout, where T5 puts it (all at `dropout_rate`): on the embeddings, on
+the attention weights, on the feed-forward hidden layer, on every sublayer's
+output before its residual add, and on each stack's final RMSNorm output.
+
+The three attention types take their own `AttentionConfig`. Weights start as
+in Mesh TensorFlow's T5: embeddings N(0, 1); attention and the feed-forward
+input N(0, 1/d_model), with 1/sqrt(d_k) folded into P_q; the feed-forward
+output N(0, 1/d_ff). (Mesh TensorFlow starts P_o at N(0, 1/(h d_v)); that is
+the same whenever h d_v = d_model.)
+
+`run_decoder` is the one description of the decoder: the builder calls it on
+Keras symbolic tensors, and `thattn.models.generation` calls it with the
+attention layers' caches, one step at a time.
+"""
+
+import collections
+
+import tensorflow as tf
+import tf_keras
+
+from thattn.layers import relative_position
+from thattn.models import blocks
+from thattn.models import config as config_lib
+from thattn.models import embeddings
+
+PAD_ID = 0
+DECODER_START_ID = 0
+EOS_ID = 1
+
+DecoderLayers = collections.namedtuple(
+    "DecoderLayers", ["embedding", "embedding_dropout", "position_bias",
+                      "blocks", "final_norm", "final_dropout", "lm_head"])
+
+
+def _normal(stddev):
+  return tf_keras.initializers.RandomNormal(stddev=stddev)
+
+
+def _feed_forward(config):
+  return blocks.FeedForward(
+      config.d_ff, activation=config.activation,
+      gated=config.gated_feed_forward, use_bias=False,
+      dropout_rate=config.dropout_rate,
+      kernel_initializer=_normal(config.d_model ** -0.5),
+      output_initializer=_normal(config.d_ff ** -0.5), name="feed_forward")
+
+
+def _attention(config, attention_config, name):
+  return attention_config.make_layer(
+      config.d_model, name=name, dropout_rate=config.dropout_rate,
+      use_bias=False, kernel_initializer=_normal(config.d_model ** -0.5))
+
+
+def _position_bias(config, attention_config, bidirectional, name):
+  return embeddings.StackPositionBias(
+      relative_position.RelativePositionBias(
+          attention_config.num_heads, bidirectional=bidirectional,
+          num_buckets=config.relative_num_buckets,
+          max_distance=config.relative_max_distance,
+          name="relative_position_bias"),
+      name=name)
+
+
+def _make_decoder_layers(config, embedding):
+  dropout = lambda name: tf_keras.layers.Dropout(config.dropout_rate,
+                                                 name=name)
+  layer_blocks = [
+      blocks.PreNormBlock(
+          self_attention=_attention(config, config.decoder_self_attention,
+                                    "self_attention"),
+          cross_attention=_attention(config, config.encoder_decoder_attention,
+                                     "cross_attention"),
+          feed_forward=_feed_forward(config), causal=True,
+          dropout_rate=config.dropout_rate,
+          epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
+      for index in range(config.decoder_layers)]
+  lm_head = embedding
+  if not config.tie_embeddings:
+    # float32, so the logits and the loss stay in float32.
+    lm_head = tf_keras.layers.Dense(
+        config.vocab_size, use_bias=False,
+        kernel_initializer=_normal(config.d_model ** -0.5), dtype="float32",
+        name="lm_head")
+  return DecoderLayers(
+      embedding=embedding,
+      embedding_dropout=dropout("decoder_embedding_dropout"),
+      position_bias=_position_bias(config, config.decoder_self_attention,
+                                   False, "decoder_position_bias"),
+      blocks=layer_blocks,
+      final_norm=blocks.RMSNorm(config.layer_norm_epsilon,
+                                name="decoder_final_norm"),
+      final_dropout=dropout("decoder_output"), lm_head=lm_head)
+
+
+def run_decoder(parts, tokens, memory, memory_mask, training=None,
+                caches=None, decode_step=None, max_length=None):
+  """Decoder tokens [b, n] -> float32 logits [b, n, vocab].
+
+  With `caches` (one per block, from `PreNormBlock.initial_cache`), the
+  tokens are decoding steps `decode_step, decode_step + 1, ...` of at most
+  `max_length`, `memory` is unused (it is in the caches), and the result is
+  `(logits, new_caches)`.
+  """
+  x = parts.embedding(tokens)
+  x = parts.embedding_dropout(x, training=training)
+  if caches is None:
+    bias = parts.position_bias(x)
+  else:
+    bias = parts.position_bias(x, memory_length=max_length,
+                               query_offset=decode_step)
+  new_caches = []
+  for index, block in enumerate(parts.blocks):
+    if caches is None:
+      x = block(x, memory=memory, memory_mask=memory_mask,
+                position_bias=bias, training=training)
+    else:
+      x, cache = block(x, memory_mask=memory_mask, position_bias=bias,
+                       training=training, cache=caches[index],
+                       decode_step=decode_step)
+      new_caches.append(cache)
+  x = parts.final_dropout(parts.final_norm(x), training=training)
+  if isinstance(parts.lm_head, embeddings.TokenEmbedding):
+    logits = parts.lm_head(x, mode="logits")
+  else:
+    logits = parts.lm_head(x)
+  return logits if caches is None else (logits, new_caches)
+
+
+def build_t5(config, name=None):
+  """The T5 encoder-decoder with its LM head, for a `T5Config`."""
+  if not isinstance(config, config_lib.T5Config):
+    raise ValueError(f"build_t5 needs a T5Config, got {config!r}.")
+  encoder_tokens = tf_keras.Input([None], dtype=tf.int32,
+                                  name="encoder_input_tokens")
+  decoder_tokens = tf_keras.Input([None], dtype=tf.int32,
+                                  name="decoder_input_tokens")
+  embedding = embeddings.TokenEmbedding(
+      config.vocab_size, config.d_model, embeddings_initializer=_normal(1.0),
+      logits_scale=config.d_model ** -0.5 if config.tie_embeddings else 1.0,
+      name="token_embedding")
+
+  memory_mask = embeddings.PaddingMask(PAD_ID, name="encoder_mask")(
+      encoder_tokens)
+  x = tf_keras.layers.Dropout(config.dropout_rate,
+                              name="encoder_embedding_dropout")(
+                                  embedding(encoder_tokens))
+  bias = _position_bias(config, config.encoder_self_attention, True,
+                        "encoder_position_bias")(x)
+  for index in range(config.num_layers):
+    block = blocks.PreNormBlock(
+        self_attention=_attention(config, config.encoder_self_attention,
+                                  "self_attention"),
+        feed_forward=_feed_forward(config), dropout_rate=config.dropout_rate,
+        epsilon=config.layer_norm_epsilon, name=f"encoder_block_{index}")
+    x = block(x, attention_mask=memory_mask, position_bias=bias)
+  x = blocks.RMSNorm(config.layer_norm_epsilon, name="encoder_final_norm")(x)
+  memory = tf_keras.layers.Dropout(config.dropout_rate,
+                                   name="encoder_output")(x)
+
+  logits = run_decoder(_make_decoder_layers(config, embedding),
+                       decoder_tokens, memory, memory_mask)
+  # Names the output "logits" in a SavedModel's serving signature.
+  logits = tf_keras.layers.Activation("linear", dtype="float32",
+                                      name="logits")(logits)
+  inputs = {"encoder_input_tokens": encoder_tokens,
+            "decoder_input_tokens": decoder_tokens}
+  return tf_keras.Model(inputs, logits, name=name or "t5")
+
+
+def decoder_layers(model):
+  """The `DecoderLayers` of a model from `build_t5` (or its reload)."""
+  count = sum(layer.name.startswith("decoder_block_") for layer in model.layers)
+  names = [layer.name for layer in model.layers]
+  lm_head = "lm_head" if "lm_head" in names else "token_embedding"
+  return DecoderLayers(
+      embedding=model.get_layer("token_embedding"),
+      embedding_dropout=model.get_layer("decoder_embedding_dropout"),
+      position_bias=model.get_layer("decoder_position_bias"),
+      blocks=[model.get_layer(f"decoder_block_{index}")
+              for index in range(count)],
+      final_norm=model.get_layer("decoder_final_norm"),
+      final_dropout=model.get_layer("decoder_output"),
+      lm_head=model.get_layer(lm_head))
+
+
+def encoder_model(model):
+  """tokens -> (encoder output M, its attention mask [b, 1, m]), as a model.
+
+  It shares the layers (and so the weights) of the T5 `model`.
+  """
+  return tf_keras.Model(
+      model.input["encoder_input_tokens"],
+      [model.get_layer("encoder_output").output,
+       model.get_layer("encoder_mask").output],
+      name=f"{model.name}_encoder")
