@@ -97,7 +97,7 @@ class PositionEmbedding(tf_keras.layers.Layer):
         length, self.max_length,
         message=f"{self.name}: sequence longer than max_length="
         f"{self.max_length}")
-    return inputs + tf.cast(self.embeddings[tf.newaxis, :length],
+    return inputs + tf.cast(tf.expand_dims(self.embeddings[:length], 0),
                             inputs.dtype)
 
   def get_config(self):
@@ -124,7 +124,7 @@ class PaddingMask(tf_keras.layers.Layer):
       keep = tf.cast(inputs, tf.bool)
     else:
       keep = tf.not_equal(inputs, tf.cast(self.pad_id, inputs.dtype))
-    return keep[:, tf.newaxis, :]
+    return tf.expand_dims(keep, 1)
 
   def get_config(self):
     config = super().get_config()

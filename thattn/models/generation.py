@@ -114,7 +114,7 @@ class T5Generator(tf.Module):
   def _step(self, tokens, step, memory_mask, caches):
     """Log-probabilities [batch, vocab] of the token after `tokens` [batch]."""
     logits, caches = t5.run_decoder(
-        self._layers.decoder, tokens[:, tf.newaxis], None, memory_mask,
+        self._layers.decoder, tf.expand_dims(tokens, 1), None, memory_mask,
         training=False, caches=caches, decode_step=step,
         max_length=self.max_length)
     return tf.nn.log_softmax(logits[:, 0]), caches
@@ -163,17 +163,17 @@ class T5Generator(tf.Module):
     for step in tf.range(length):
       log_probs, caches = self._step(tokens, step, memory_mask, caches)
       log_probs = tf.reshape(log_probs, [batch, beams, vocab])
-      log_probs = tf.where(finished[:, :, tf.newaxis], pad_only, log_probs)
-      candidates = tf.reshape(scores[:, :, tf.newaxis] + log_probs,
+      log_probs = tf.where(tf.expand_dims(finished, 2), pad_only, log_probs)
+      candidates = tf.reshape(tf.expand_dims(scores, 2) + log_probs,
                               [batch, beams * vocab])
       scores, best = tf.math.top_k(candidates, k=beams)
       parent, token = best // vocab, best % vocab
       sequences = tf.gather(sequences, parent, batch_dims=1)
-      sequences += (token[:, :, tf.newaxis] *
+      sequences += (tf.expand_dims(token, 2) *
                     tf.one_hot(step, length, dtype=tf.int32))
       finished = (tf.gather(finished, parent, batch_dims=1) |
                   tf.equal(token, self.eos_id))
-      rows = tf.reshape(parent + beams * tf.range(batch)[:, tf.newaxis], [-1])
+      rows = tf.reshape(parent + beams * tf.expand_dims(tf.range(batch), 1), [-1])
       caches = [self._reorder(cache, rows) for cache in caches]
       tokens = tf.reshape(token, [-1])
     best = tf.argmax(scores / self._penalty(sequences), axis=-1,
