@@ -9,15 +9,19 @@ from thattn.tasks import mlm
 from thattn.tasks import sources
 
 
-@pytest.fixture(scope="module")
-def batch(wordpiece, corpus_cache):
+def _first_batch(tokenizer, cache, seed):
+  documents = sources.text_files(corpus.path("heldout", cache),
+                                 split_blank_lines=True)
+  return next(iter(mlm.mlm_dataset(documents, tokenizer, sequence_length=128,
+                                   batch_size=1024, repeat=True, seed=seed)))
+
+
+# Stateful masking (seed None) and the stateless masking a trainer resumes.
+@pytest.fixture(scope="module", params=[None, 7], ids=["stateful", "stateless"])
+def batch(request, wordpiece, corpus_cache):
   """One batch of 1024 x 128 from the held-out corpus, with the originals."""
   tf.random.set_seed(1)
-  documents = sources.text_files(corpus.path("heldout", corpus_cache),
-                                 split_blank_lines=True)
-  features = next(iter(mlm.mlm_dataset(documents, wordpiece,
-                                       sequence_length=128, batch_size=1024,
-                                       repeat=True)))
+  features = _first_batch(wordpiece, corpus_cache, request.param)
   features = {k: v.numpy() for k, v in features.items()}
   original = features["input_word_ids"].copy()
   for row, positions, ids, weights in zip(
@@ -65,6 +69,21 @@ def test_eighty_ten_ten(batch, wordpiece):
   assert abs(changed_share - 0.1) < 0.01
   assert abs(kept_share - 0.1) < 0.01
   np.testing.assert_array_equal(features["masked_lm_ids"][real], before)
+
+
+def test_stateless_masking_is_a_function_of_the_seed(wordpiece,
+                                                    corpus_cache):
+  first = _first_batch(wordpiece, corpus_cache, seed=3)
+  tf.random.set_seed(99)  # no effect on the stateless path
+  again = _first_batch(wordpiece, corpus_cache, seed=3)
+  other = _first_batch(wordpiece, corpus_cache, seed=4)
+  for key in first:
+    np.testing.assert_array_equal(first[key], again[key])
+  assert not np.array_equal(first["masked_lm_positions"],
+                            other["masked_lm_positions"])
+  # Rows get different masks: no two rows of one batch select alike.
+  positions = first["masked_lm_positions"].numpy()
+  assert len({tuple(row) for row in positions}) == len(positions)
 
 
 def test_config_checks():

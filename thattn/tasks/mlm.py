@@ -21,6 +21,15 @@ end to end, a [SEP] after each, into rows [CLS] t_1 ... t_{L-2} [SEP] (as
 RoBERTa's "full sentences" inputs). Everything after tokenization works on
 whole batches. `sentence_pairs` builds the NSP and SOP inputs and then calls
 `mask_batch`.
+
+Randomness. By default selection and replacement draw from TensorFlow's
+stateful random ops (seeded by `tf.random.set_seed`). With `seed=` (an int32
+or int64 tensor of shape [2]) `mask_batch` is stateless instead: the masks
+are a pure function of (seed, ids), so a trainer that derives the seed from
+its step can resume mid-run and see exactly the batches an uninterrupted run
+would. The stateless path plugs into tensorflow-text's own extension points
+(RandomItemSelector's `shuffle_fn`, and `MaskValuesChooser.get_mask_values`
+overridden with the same 80/10/10 rule) and keeps the same statistics.
 """
 
 import dataclasses
@@ -61,20 +70,70 @@ class MaskingConfig:
         rate * sequence_length, 6)), **kwargs)
 
 
+class _StatelessMaskValuesChooser(tf_text.MaskValuesChooser):
+  """BERT's 80/10/10 replacement drawn from stateless random ops."""
+
+  def __init__(self, vocab_size, mask_token, seed, *, mask_token_rate,
+               random_token_rate):
+    super().__init__(vocab_size, mask_token, mask_token_rate=mask_token_rate,
+                     random_token_rate=random_token_rate)
+    self._seed = seed
+    self._rates = (mask_token_rate, random_token_rate)
+
+  def get_mask_values(self, masked_lm_ids):
+    flat = masked_lm_ids.flat_values
+    seeds = tf.random.experimental.stateless_split(self._seed, 2)
+    draw = tf.random.stateless_uniform(tf.shape(flat), seeds[0])
+    random_ids = tf.random.stateless_uniform(
+        tf.shape(flat), seeds[1], 0, self.vocab_size, flat.dtype)
+    mask_rate, random_rate = self._rates
+    values = tf.where(draw < mask_rate,
+                      tf.cast(self.mask_token, flat.dtype), flat)
+    values = tf.where((draw > mask_rate) & (draw < mask_rate + random_rate),
+                      random_ids, values)
+    return masked_lm_ids.with_flat_values(values)
+
+
+def _stateless_shuffle(seed):
+  """A shuffle_fn for RandomItemSelector that draws from (seed, its input).
+
+  The selector shuffles each row's candidate positions separately; those are
+  flat positions in the batch, distinct per row, so folding the first one
+  into the seed gives every row its own permutation.
+  """
+  def shuffle(positions):
+    row_seed = tf.random.experimental.stateless_fold_in(
+        seed, tf.cast(tf.reduce_sum(positions[:1]), tf.int64))
+    keys = tf.random.stateless_uniform(tf.shape(positions), row_seed)
+    return tf.gather(positions, tf.argsort(keys))
+  return shuffle
+
+
 def mask_batch(ids, type_ids, *, sequence_length, vocab_size, special,
-               config=MaskingConfig()):
+               config=MaskingConfig(), seed=None):
   """Masks a batch of ragged token ids and pads it to features (see module).
 
   ids, type_ids: ragged int32 [b, (tokens)], rows at most sequence_length.
   special: the tokenizer's SpecialIds.
+  seed: None (stateful random ops) or a [2] tensor for stateless masking.
   """
+  selector_options = {}
+  rates = dict(mask_token_rate=config.mask_token_rate,
+               random_token_rate=config.random_token_rate)
+  if seed is None:
+    chooser = tf_text.MaskValuesChooser(vocab_size, special.mask, **rates)
+  else:
+    seed = tf.cast(seed, tf.int64)
+    selection_seed, value_seed = tf.unstack(
+        tf.random.experimental.stateless_split(seed, 2))
+    selector_options["shuffle_fn"] = _stateless_shuffle(selection_seed)
+    chooser = _StatelessMaskValuesChooser(vocab_size, special.mask,
+                                          value_seed, **rates)
   selector = tf_text.RandomItemSelector(
       max_selections_per_batch=config.max_predictions_per_seq,
       selection_rate=config.selection_rate,
-      unselectable_ids=list(sorted(set(special.never_masked))))
-  chooser = tf_text.MaskValuesChooser(
-      vocab_size, special.mask, mask_token_rate=config.mask_token_rate,
-      random_token_rate=config.random_token_rate)
+      unselectable_ids=list(sorted(set(special.never_masked))),
+      **selector_options)
   masked, positions, originals = tf_text.mask_language_model(
       ids, selector, chooser)
   batch = ids.nrows()
@@ -96,7 +155,7 @@ def mask_batch(ids, type_ids, *, sequence_length, vocab_size, special,
 
 def mlm_dataset(documents, tokenizer, *, sequence_length, batch_size,
                 config=None, documents_per_batch=64, repeat=False,
-                cache=False):
+                cache=False, seed=None):
   """Masked-LM batches from a dataset of document strings.
 
   Rows are packed to exactly sequence_length, so nothing is padded. With
@@ -106,6 +165,9 @@ def mlm_dataset(documents, tokenizer, *, sequence_length, batch_size,
   cache=True keeps the tokenized, packed rows in memory after the first
   pass (a string: in files with that prefix), so later passes only mask:
   tokenizing is most of the pipeline's cost, masking is redrawn every pass.
+
+  seed: None masks with stateful random ops; an int makes batch i's masks a
+  pure function of (seed, i) (see the module's "Randomness").
   """
   if sequence_length < 3:
     raise ValueError(f"sequence_length must be at least 3, got "
@@ -122,13 +184,15 @@ def mlm_dataset(documents, tokenizer, *, sequence_length, batch_size,
     rows = rows.repeat()
   batches = rows.batch(batch_size, drop_remainder=True)
 
-  def to_features(rows):
+  def to_features(index, rows):
     edge = tf.fill([batch_size, 1], tf.constant(special.cls, tf.int32))
     end = tf.fill([batch_size, 1], tf.constant(special.sep, tf.int32))
     ids = tf.RaggedTensor.from_tensor(tf.concat([edge, rows, end], 1))
+    batch_seed = None if seed is None else tf.stack(
+        [tf.constant(seed, tf.int64), index])
     return mask_batch(ids, tf.zeros_like(ids), sequence_length=sequence_length,
                       vocab_size=tokenizer.vocab_size, special=special,
-                      config=config)
+                      config=config, seed=batch_seed)
 
-  return batches.map(to_features, num_parallel_calls=tf.data.AUTOTUNE,
+  return batches.enumerate().map(to_features, num_parallel_calls=tf.data.AUTOTUNE,
                      deterministic=True).prefetch(tf.data.AUTOTUNE)
