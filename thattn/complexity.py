@@ -32,7 +32,8 @@ class AttentionShape:
   `num_head_groups` (G) makes P_l[h_k, h] and P_w[h, h_v] block-diagonal with
   G blocks, so heads only talk within their group; it also applies to the
   dynamic projections. G=1 is the paper's talking heads. This is not in the
-  paper; it is a planned layer option.
+  paper; it is `TalkingHeadsAttention(num_head_groups=G)`, which stores only
+  the blocks (tests/layers/head_groups_test.py checks the counts agree).
 
   Self-attention and the T5 encoder-decoder attention both have
   d_X = d_M = `d_model`; `output_dim` is d_Y and defaults to `d_model`.

@@ -37,7 +37,9 @@ _DYNAMIC_PROJECTIONS = flags.DEFINE_list(
     "dynamic_projections", [],
     f"talking_heads: any of {','.join(complexity.DYNAMIC_PROJECTIONS)}.")
 _NUM_HEAD_GROUPS = flags.DEFINE_integer(
-    "num_head_groups", 1, "talking_heads: G blocks in P_l and P_w.")
+    "num_head_groups", 1,
+    "talking_heads: G diagonal blocks in P_l, P_w and the dynamic "
+    "projections (heads mix only within their group).")
 _USE_BIAS = flags.DEFINE_boolean("use_bias", False,
                                  "Count the biases of P_q, P_k, P_v, P_o.")
 _D_MODEL = flags.DEFINE_integer("d_model", 768, "d_X = d_M.")

@@ -16,6 +16,13 @@ letters, so a reader can translate any line back to the paper's notation:
 | j      | h_v        | value heads: heads of U, the values and the output  |
 | k      | d_k        | query/key size per head                             |
 | v      | d_v        | value size per head                                 |
+| g      | G          | head groups of grouped talking heads                |
+
+Grouped talking heads (`TalkingHeadsAttention(num_head_groups=G)`) splits
+each heads dimension into [G, heads / G], group-major: group g holds key
+heads [g*h_k/G, (g+1)*h_k/G), softmax heads [g*h/G, (g+1)*h/G) and value
+heads [g*h_v/G, (g+1)*h_v/G). In its einsums, next to `g`, the letters i, h
+and j count the heads within one group.
 
 Logical axes name each weight dimension once. `thattn.sharding` maps them to
 mesh axes, so a layer never mentions a device.
@@ -32,6 +39,17 @@ D_V = "d_v"
 D_FF = "d_ff"
 VOCAB = "vocab"
 RELATIVE_BUCKETS = "relative_buckets"
+# Grouped talking heads: the block-diagonal P_l is stored as its blocks
+# [G, h_k/G, h/G] with axes (HEAD_GROUPS, KEY_HEADS_PER_GROUP,
+# HEADS_PER_GROUP), and P_w as [G, h/G, h_v/G]. Sharding HEAD_GROUPS on the
+# same mesh axis as KEY_HEADS and VALUE_HEADS keeps each group's heads, and
+# its blocks, on one device (the group-major order above matches DTensor's
+# contiguous sharding whenever the mesh axis size divides G).
+HEAD_GROUPS = "head_groups"
+KEY_HEADS_PER_GROUP = "key_heads_per_group"
+HEADS_PER_GROUP = "heads_per_group"
+VALUE_HEADS_PER_GROUP = "value_heads_per_group"
 
 LOGICAL_AXES = (D_MODEL, KEY_HEADS, HEADS, VALUE_HEADS, D_K, D_V, D_FF, VOCAB,
-                RELATIVE_BUCKETS)
+                RELATIVE_BUCKETS, HEAD_GROUPS, KEY_HEADS_PER_GROUP,
+                HEADS_PER_GROUP, VALUE_HEADS_PER_GROUP)

@@ -17,6 +17,10 @@ VARIANTS = {
         3, 4, project_weights=False, **kw),
     "weights_only": lambda **kw: layers.TalkingHeadsAttention(
         3, 4, project_logits=False, num_value_heads=2, **kw),
+    # Block-diagonal P_l[2, 1, 2] and P_w[2, 2, 3]: batched matmuls per group.
+    "grouped": lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, value_dim=5, num_key_heads=2, num_value_heads=6,
+        num_head_groups=2, **kw),
 }
 
 

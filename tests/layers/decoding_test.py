@@ -15,6 +15,10 @@ VARIANTS = {
         num_value_heads=3),
     "dynamic_all": lambda: layers.TalkingHeadsAttention(
         num_heads=3, key_dim=4, dynamic_projections=layers.DYNAMIC_PROJECTIONS),
+    # Cached R_Ml and R_Mw are [b, m, G, heads/G, heads/G].
+    "grouped_dynamic": lambda: layers.TalkingHeadsAttention(
+        num_heads=4, key_dim=3, num_key_heads=2, num_value_heads=6,
+        num_head_groups=2, dynamic_projections=layers.DYNAMIC_PROJECTIONS),
     "general_bilinear": lambda: layers.GeneralBilinearAttention(num_heads=3),
 }
 

@@ -14,6 +14,9 @@ VARIANTS = {
     "talking_heads": lambda **kw: layers.TalkingHeadsAttention(
         4, 4, num_key_heads=2, num_value_heads=3,
         dynamic_projections=layers.DYNAMIC_PROJECTIONS, **kw),
+    "grouped_talking_heads": lambda **kw: layers.TalkingHeadsAttention(
+        4, 4, num_key_heads=2, num_value_heads=6, num_head_groups=2,
+        dynamic_projections=layers.DYNAMIC_PROJECTIONS, **kw),
     "general_bilinear": lambda **kw: layers.GeneralBilinearAttention(2, **kw),
 }
 

@@ -240,6 +240,47 @@ def talking_heads_attention_with_dynamic_projections(
 
 
 # --------------------------------------------------------------------------
+# Grouped talking heads (not in the paper): block-diagonal P_l, P_w and
+# dynamic projections, the heads of each set split into G contiguous groups.
+# --------------------------------------------------------------------------
+
+
+def block_diagonal(blocks):
+  """[..., G, a, c] diagonal blocks -> the [..., G*a, G*c] matrix, zeros off.
+
+  Block g maps rows [g*a, (g+1)*a) to columns [g*c, (g+1)*c): heads are
+  grouped contiguously, group-major.
+  """
+  blocks = np.asarray(blocks, dtype=np.float64)
+  *lead, groups, rows, cols = blocks.shape
+  full = np.zeros(tuple(lead) + (groups * rows, groups * cols))
+  for g in range(groups):
+    full[..., g * rows:(g + 1) * rows, g * cols:(g + 1) * cols] = (
+        blocks[..., g, :, :])
+  return full
+
+
+def grouped_talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None,
+                                    P_w=None, P_Xl=None, P_Ml=None,
+                                    P_Xw=None, P_Mw=None, mask=None,
+                                    return_weights=False):
+  """Talking heads whose head projections are block-diagonal.
+
+  Takes only the blocks: P_l[G, h_k/G, h/G], P_w[G, h/G, h_v/G] and the
+  dynamic P_Xl[d_X, G, h_k/G, h/G] (and so on), expands them with
+  `block_diagonal`, and runs the paper's pseudocode
+  (`talking_heads_attention_with_dynamic_projections`) unchanged.
+  """
+  dense = {name: None if blocks is None else block_diagonal(blocks)
+           for name, blocks in (("P_l", P_l), ("P_w", P_w), ("P_Xl", P_Xl),
+                                ("P_Ml", P_Ml), ("P_Xw", P_Xw),
+                                ("P_Mw", P_Mw))}
+  return talking_heads_attention_with_dynamic_projections(
+      X, M, P_q, P_k, P_v, P_o, mask=mask, return_weights=return_weights,
+      **dense)
+
+
+# --------------------------------------------------------------------------
 # Section 6: general bilinear multihead attention and the factored forms.
 # --------------------------------------------------------------------------
 

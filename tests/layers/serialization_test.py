@@ -21,6 +21,9 @@ LAYERS = {
         talking_heads_initializer="orthogonal"),
     "logits_only": lambda: layers.TalkingHeadsAttention(
         3, 4, num_value_heads=3, project_weights=False),
+    "grouped": lambda: layers.TalkingHeadsAttention(
+        4, 3, num_key_heads=2, num_head_groups=2,
+        dynamic_projections=["x2w"]),
     "general_bilinear": lambda: layers.GeneralBilinearAttention(3,
                                                                 output_dim=5),
     "relative_bias": lambda: layers.RelativePositionBias(
@@ -110,8 +113,11 @@ def test_keras_v3_format_round_trip(tmp_path):
 
 @pytest.mark.parametrize("make_layer", [
     lambda: layers.TalkingHeadsAttention(2, 4, name="attention"),
+    lambda: layers.TalkingHeadsAttention(4, 4, num_head_groups=2,
+                                         dynamic_projections=["m2l"],
+                                         name="attention"),
     lambda: layers.GeneralBilinearAttention(2, name="attention"),
-], ids=["talking_heads", "general_bilinear"])
+], ids=["talking_heads", "grouped_talking_heads", "general_bilinear"])
 def test_mixed_precision_savedmodel_reload_keeps_a_working_layer(tmp_path,
                                                                  make_layer):
   tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")

@@ -26,6 +26,17 @@ MEMORY_DYNAMIC_LOGITS_MIX = "binm,bmih->bhnm"
 QUERY_DYNAMIC_WEIGHTS_MIX = "bhnm,bnhj->bjnm"
 # U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Mw[b, m, h, h_v])
 MEMORY_DYNAMIC_WEIGHTS_MIX = "bhnm,bmhj->bjnm"
+# The same four with G head groups (grouped talking heads: block-diagonal
+# dynamic projections stored as their blocks; i, h, j count heads within a
+# group, g the group, as in thattn.dims).
+# L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Xl[b, n, g, i, h])
+GROUPED_QUERY_DYNAMIC_LOGITS_MIX = "bginm,bngih->bghnm"
+# L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Ml[b, m, g, i, h])
+GROUPED_MEMORY_DYNAMIC_LOGITS_MIX = "bginm,bmgih->bghnm"
+# U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Xw[b, n, g, h, j])
+GROUPED_QUERY_DYNAMIC_WEIGHTS_MIX = "bghnm,bnghj->bgjnm"
+# U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Mw[b, m, g, h, j])
+GROUPED_MEMORY_DYNAMIC_WEIGHTS_MIX = "bghnm,bmghj->bgjnm"
 
 
 def mix_heads(scores, projection):
@@ -40,18 +51,37 @@ def mix_heads(scores, projection):
   of the large `[b, f, n, m]` tensor, which dominate the step time on CPU
   (see DESIGN.md, "Talking heads is slow when mixed with einsum").
 
+  A rank-3 `projection[G, f/G, g/G]` holds the G diagonal blocks of a
+  block-diagonal `[f, g]` projection (grouped talking heads): heads mix only
+  within their group, group-major (block k maps input heads
+  [k*f/G, (k+1)*f/G) to output heads [k*g/G, (k+1)*g/G)). That is a batched
+  matmul of `[G, g/G, f/G]` against `scores[b, G, f/G, n*m]`, costing 1/G of
+  the dense one and never forming the zero blocks.
+
   Args:
     scores: `[b, f, n, m]` tensor.
-    projection: `[f, g]` tensor, same dtype.
+    projection: `[f, g]` tensor, or `[G, f/G, g/G]` blocks; same dtype.
 
   Returns:
     `[b, g, n, m]` tensor.
   """
   shape = tf.shape(scores)
   batch, length, memory = shape[0], shape[2], shape[3]
+  if projection.shape.rank == 3:
+    groups, heads_in, heads_out = _static_shape(projection)
+    flat = tf.reshape(scores, [batch, groups, heads_in, length * memory])
+    mixed = tf.linalg.matmul(projection, flat, transpose_a=True)
+    return tf.reshape(mixed, [batch, groups * heads_out, length, memory])
   flat = tf.reshape(scores, [batch, shape[1], length * memory])
   mixed = tf.linalg.matmul(projection, flat, transpose_a=True)
   return tf.reshape(mixed, [batch, tf.shape(projection)[1], length, memory])
+
+
+def _static_shape(tensor):
+  """The shape as Python ints where known, else scalar tensors."""
+  dynamic = tf.shape(tensor)
+  return [dynamic[i] if size is None else size
+          for i, size in enumerate(tensor.shape.as_list())]
 
 
 def masked_softmax(logits, mask=None, bias=None):

@@ -10,6 +10,10 @@ time. Per chunk of c queries (letters as in `thattn.dims`):
     U[h_v, c, m]   = einsum(W[h, c, m], P_w[h, h_v])         (or W)
     O[c, h_v, d_v] = einsum(U[h_v, c, m], V[m, h_v, d_v])
 
+With grouped talking heads, P_l and P_w come as their G diagonal blocks
+([G, h_k/G, h/G] and [G, h/G, h_v/G]) and each mixing, and each of its
+gradients, is a batched matmul over the groups.
+
 The forward pass keeps none of J, L, W or U; the backward pass recomputes
 them chunk by chunk. Two things follow:
 - Memory for the scores is O(c * m) per chunk in flight instead of
@@ -45,8 +49,18 @@ _CHUNK_D_KEY = "icm,cik->mik"
 
 
 def _mix(scores, projection):
-  """[f, c, m] x P[f, g] -> [g, c, m]: one matmul over the heads."""
+  """[f, c, m] x P[f, g] -> [g, c, m]: one matmul over the heads.
+
+  With grouped blocks P[G, f/G, g/G] (see `attention_ops.mix_heads`), one
+  batched matmul over the groups.
+  """
   shape = tf.shape(scores)
+  if projection.shape.rank == 3:
+    groups, heads_in, heads_out = projection.shape.as_list()
+    mixed = tf.linalg.matmul(
+        projection, tf.reshape(scores, [groups, heads_in, -1]),
+        transpose_a=True)
+    return tf.reshape(mixed, [groups * heads_out, shape[1], shape[2]])
   mixed = tf.linalg.matmul(projection, tf.reshape(scores, [shape[0], -1]),
                            transpose_a=True)
   return tf.reshape(mixed, [tf.shape(projection)[1], shape[1], shape[2]])
@@ -55,12 +69,27 @@ def _mix(scores, projection):
 def _unmix(scores, projection):
   """[g, c, m] x P[f, g] -> [f, c, m]: the transpose of `_mix`."""
   shape = tf.shape(scores)
+  if projection.shape.rank == 3:
+    groups, heads_in, heads_out = projection.shape.as_list()
+    mixed = tf.linalg.matmul(projection,
+                             tf.reshape(scores, [groups, heads_out, -1]))
+    return tf.reshape(mixed, [groups * heads_in, shape[1], shape[2]])
   mixed = tf.linalg.matmul(projection, tf.reshape(scores, [shape[0], -1]))
   return tf.reshape(mixed, [tf.shape(projection)[0], shape[1], shape[2]])
 
 
-def _projection_gradient(inputs, output_gradient):
-  """dP[f, g] = sum over (c, m) of inputs[f, c, m] * output_gradient[g, c, m]."""
+def _projection_gradient(inputs, output_gradient, projection):
+  """dP[f, g] = sum over (c, m) of inputs[f, c, m] * output_gradient[g, c, m].
+
+  For grouped blocks P[G, f/G, g/G], only the diagonal blocks:
+  dP[G, f/G, g/G], one batched matmul.
+  """
+  if projection.shape.rank == 3:
+    groups, heads_in, heads_out = projection.shape.as_list()
+    return tf.linalg.matmul(
+        tf.reshape(inputs, [groups, heads_in, -1]),
+        tf.reshape(output_gradient, [groups, heads_out, -1]),
+        transpose_b=True)
   return tf.linalg.matmul(
       tf.reshape(inputs, [tf.shape(inputs)[0], -1]),
       tf.reshape(output_gradient, [tf.shape(output_gradient)[0], -1]),
@@ -93,8 +122,11 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     query: Q[b, n, h_k, d_k].
     key: K[b, m, h_k, d_k].
     value: V[b, m, h_v, d_v].
-    pre_softmax: P_l[h_k, h], or None for multi-head (h = h_k).
-    post_softmax: P_w[h, h_v], or None (h_v = h).
+    pre_softmax: P_l[h_k, h], or None for multi-head (h = h_k), or the G
+      diagonal blocks P_l[G, h_k/G, h/G] of a block-diagonal P_l (grouped
+      talking heads; heads group-major, as in `attention_ops.mix_heads`).
+    post_softmax: P_w[h, h_v], or None (h_v = h), or blocks
+      P_w[G, h/G, h_v/G].
     mask: optional boolean tensor of shape [b or 1, 1, n or 1, m]; True
       means "may attend".
     causal_offset: None, or the position of the first query within the
@@ -194,7 +226,7 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
         grads = {"value": tf.einsum(_CHUNK_D_VALUE, mixed, d_context)}
         if post is not None:
           grads["post_softmax"] = _projection_gradient(probabilities_c,
-                                                       d_mixed)
+                                                       d_mixed, post)
           d_mixed = _unmix(d_mixed, post)
         # Softmax backward in float32: dL = W * (dW - sum_m W * dW).
         d_probabilities = tf.cast(d_mixed, tf.float32)
@@ -209,7 +241,7 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
           grads["bias"] = d_logits
         d_logits = tf.cast(d_logits, query.dtype)
         if pre is not None:
-          grads["pre_softmax"] = _projection_gradient(dots, d_logits)
+          grads["pre_softmax"] = _projection_gradient(dots, d_logits, pre)
           d_logits = _unmix(d_logits, pre)
         grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_logits, keys)
         grads["key"] = tf.einsum(_CHUNK_D_KEY, d_logits, query_chunk)

@@ -27,6 +27,27 @@ R_Ml and R_Mw are indexed by memory position m; the paper's pseudocode
 writes `n` there, a slip. With `project_logits=False` there is no P_l (so h_k
 must equal h), and likewise no P_w with `project_weights=False`; a dynamic
 projection is added to its static one, so it needs that projection on.
+
+Grouped talking heads (`num_head_groups=G`; not in the paper, after Mesh
+TensorFlow's advice for model parallelism): the heads fall into G groups and
+P_l, P_w and the dynamic projections are block-diagonal, so heads talk only
+within their group. Heads are group-major: group g holds key heads
+[g*h_k/G, (g+1)*h_k/G), softmax heads [g*h/G, (g+1)*h/G) and value heads
+[g*h_v/G, (g+1)*h_v/G). Only the blocks are stored, with i, h, j counting
+heads within a group and g the group:
+
+    L[g, h, n, m]  = einsum(J[g, i, n, m], P_l[g, i, h])           # P_l
+                   + einsum(J[g, i, n, m], R_Xl[n, g, i, h])       # x2l
+                   + einsum(J[g, i, n, m], R_Ml[m, g, i, h])       # m2l
+    U[g, j, n, m]  = einsum(W[g, h, n, m], P_w[g, h, j])           # P_w
+                   + einsum(W[g, h, n, m], R_Xw[n, g, h, j])       # x2w
+                   + einsum(W[g, h, n, m], R_Mw[m, g, h, j])       # m2w
+    R_Xl[n, g, i, h] = einsum(X[n, d_X], P_Xl[d_X, g, i, h]), and so on.
+
+G=1 is the layer above, with the same weights. With G equal to the size of
+the mesh axis that shards the heads (rules "head_groups:model;
+key_heads:model;value_heads:model", see `thattn.dims`), every group lives
+on one device and the attention core needs no communication.
 """
 
 import tensorflow as tf
@@ -49,6 +70,25 @@ _DYNAMIC_GENERATORS = {
     "m2l": "bme,eih->bmih",
     "x2w": "bnd,dhj->bnhj",
     "m2w": "bme,ehj->bmhj",
+}
+# Grouped: R_Xl[b, n, g, i, h] = einsum(X[b, n, d_X], P_Xl[d_X, g, i, h]), ...
+_GROUPED_DYNAMIC_GENERATORS = {
+    "x2l": "bnd,dgih->bngih",
+    "m2l": "bme,egih->bmgih",
+    "x2w": "bnd,dghj->bnghj",
+    "m2w": "bme,eghj->bmghj",
+}
+_DYNAMIC_MIXES = {
+    "x2l": attention_ops.QUERY_DYNAMIC_LOGITS_MIX,
+    "m2l": attention_ops.MEMORY_DYNAMIC_LOGITS_MIX,
+    "x2w": attention_ops.QUERY_DYNAMIC_WEIGHTS_MIX,
+    "m2w": attention_ops.MEMORY_DYNAMIC_WEIGHTS_MIX,
+}
+_GROUPED_DYNAMIC_MIXES = {
+    "x2l": attention_ops.GROUPED_QUERY_DYNAMIC_LOGITS_MIX,
+    "m2l": attention_ops.GROUPED_MEMORY_DYNAMIC_LOGITS_MIX,
+    "x2w": attention_ops.GROUPED_QUERY_DYNAMIC_WEIGHTS_MIX,
+    "m2w": attention_ops.GROUPED_MEMORY_DYNAMIC_WEIGHTS_MIX,
 }
 
 
@@ -96,6 +136,15 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       (`thattn.layers.chunked`): same results, memory about linear in the
       sequence length. Used without dynamic projections, without
       `return_attention_scores`, and when attention dropout is off.
+    num_head_groups: G, which must divide h_k, h and h_v. P_l, P_w and the
+      dynamic projections become block-diagonal (heads mix only within
+      their group; see the module docstring for the head order) and are
+      stored as their blocks: P_l[G, h_k/G, h/G], P_w[G, h/G, h_v/G],
+      P_Xl[d_X, G, h_k/G, h/G] and so on, with logical axes
+      (head_groups, key_heads_per_group, heads_per_group, ...). G=1, the
+      default, is the paper's layer with weights P_l[h_k, h], P_w[h, h_v].
+      G=h with h_k = h = h_v is multi-head attention whose logits and
+      weights are scaled by a learned scalar per head.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
@@ -104,7 +153,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
                use_bias=False, dropout_rate=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, query_chunk_size=None,
-               **kwargs):
+               num_head_groups=1, **kwargs):
     num_key_heads = num_heads if num_key_heads is None else num_key_heads
     num_value_heads = num_heads if num_value_heads is None else num_value_heads
     super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
@@ -134,6 +183,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
             f"{flag}=True, got {flag}=False.")
     self.project_logits = project_logits
     self.project_weights = project_weights
+    self.num_head_groups = _checked_groups(num_head_groups, num_key_heads,
+                                           num_heads, num_value_heads)
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         tf_keras.initializers.get(talking_heads_initializer))
@@ -146,33 +197,31 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
     h_k, h, h_v = self.num_key_heads, self.num_heads, self.num_value_heads
+    shapes = _MixingShapes(h_k, h, h_v, self.num_head_groups)
     if self.project_logits:
       self._pre_softmax_projection = self.add_axes_weight(
-          "pre_softmax_projection", [h_k, h], (dims.KEY_HEADS, dims.HEADS),
-          self._projection_initializer(h_k))
+          "pre_softmax_projection", *shapes.static("l"),
+          self._projection_initializer(shapes.fan_in("l")))
     if self.project_weights:
       self._post_softmax_projection = self.add_axes_weight(
-          "post_softmax_projection", [h, h_v], (dims.HEADS, dims.VALUE_HEADS),
-          self._projection_initializer(h))
+          "post_softmax_projection", *shapes.static("w"),
+          self._projection_initializer(shapes.fan_in("w")))
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
-    # (heads in, heads out) of each dynamic projection, and its axes.
-    head_dims = {"x2l": (h_k, h), "m2l": (h_k, h),
-                 "x2w": (h, h_v), "m2w": (h, h_v)}
-    logits_axes = (dims.D_MODEL, dims.KEY_HEADS, dims.HEADS)
-    weights_axes = (dims.D_MODEL, dims.HEADS, dims.VALUE_HEADS)
+    generators = (_DYNAMIC_GENERATORS if self.num_head_groups == 1 else
+                  _GROUPED_DYNAMIC_GENERATORS)
     self._dynamic_dense = {}
     for name in self.dynamic_projections:
-      heads_in, heads_out = head_dims[name]
+      kind = name[-1]  # "l" or "w"
+      shape, axes = shapes.static(kind)
       self._dynamic_dense[name] = self.add_axes_sublayer(
           tf_keras.layers.EinsumDense(
-              _DYNAMIC_GENERATORS[name], output_shape=(None, heads_in,
-                                                       heads_out),
+              generators[name], output_shape=(None, *shape),
               kernel_initializer=initializers.fan_in_normal(
-                  widths[name] * heads_in, DYNAMIC_INIT_SCALE),
+                  widths[name] * shapes.fan_in(kind), DYNAMIC_INIT_SCALE),
               dtype=self.dtype_policy, name=name),
           [None, None, widths[name]],
-          {"kernel": logits_axes if name.endswith("l") else weights_axes})
+          {"kernel": (dims.D_MODEL,) + axes})
 
   def project_query(self, query):
     state = super().project_query(query)
@@ -195,23 +244,30 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
 
   def mix_logits(self, dot_products, query_state, memory_state):
     logits = super().mix_logits(dot_products, query_state, memory_state)
-    if "x2l" in query_state:
-      logits += tf.einsum(attention_ops.QUERY_DYNAMIC_LOGITS_MIX,
-                          dot_products, query_state["x2l"])
-    if "m2l" in memory_state:
-      logits += tf.einsum(attention_ops.MEMORY_DYNAMIC_LOGITS_MIX,
-                          dot_products, memory_state["m2l"])
+    for name, state in (("x2l", query_state), ("m2l", memory_state)):
+      if name in state:
+        logits += self._dynamic_mix(name, dot_products, state[name])
     return logits
 
   def mix_weights(self, weights, query_state, memory_state):
     value_weights = super().mix_weights(weights, query_state, memory_state)
-    if "x2w" in query_state:
-      value_weights += tf.einsum(attention_ops.QUERY_DYNAMIC_WEIGHTS_MIX,
-                                 weights, query_state["x2w"])
-    if "m2w" in memory_state:
-      value_weights += tf.einsum(attention_ops.MEMORY_DYNAMIC_WEIGHTS_MIX,
-                                 weights, memory_state["m2w"])
+    for name, state in (("x2w", query_state), ("m2w", memory_state)):
+      if name in state:
+        value_weights += self._dynamic_mix(name, weights, state[name])
     return value_weights
+
+  def _dynamic_mix(self, name, scores, projection):
+    """scores[b, f, n, m] mixed by a dynamic projection R[b, n or m, ...]."""
+    groups = self.num_head_groups
+    if groups == 1:
+      return tf.einsum(_DYNAMIC_MIXES[name], scores, projection)
+    # [b, f, n, m] -> [b, G, f/G, n, m]: the heads are group-major.
+    shape = tf.shape(scores)
+    grouped = tf.reshape(scores, [shape[0], groups, scores.shape[1] // groups,
+                                  shape[2], shape[3]])
+    mixed = tf.einsum(_GROUPED_DYNAMIC_MIXES[name], grouped, projection)
+    return tf.reshape(mixed, [shape[0], groups * projection.shape[-1],
+                              shape[2], shape[3]])
 
   def get_config(self):
     config = super().get_config()
@@ -222,8 +278,58 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
         "project_logits": self.project_logits,
         "project_weights": self.project_weights,
         "dynamic_projections": list(self.dynamic_projections),
+        "num_head_groups": self.num_head_groups,
         "talking_heads_initializer": (
             None if self.talking_heads_initializer is None else
             tf_keras.initializers.serialize(self.talking_heads_initializer)),
     })
     return config
+
+
+def _checked_groups(num_head_groups, num_key_heads, num_heads,
+                    num_value_heads):
+  if (isinstance(num_head_groups, bool) or
+      not isinstance(num_head_groups, int) or num_head_groups <= 0):
+    raise ValueError(f"num_head_groups must be a positive integer, got "
+                     f"{num_head_groups!r}.")
+  sizes = {"num_key_heads": num_key_heads, "num_heads": num_heads,
+           "num_value_heads": num_value_heads}
+  indivisible = {name: size for name, size in sizes.items()
+                 if size % num_head_groups}
+  if indivisible:
+    raise ValueError(
+        f"num_head_groups={num_head_groups} must divide num_key_heads, "
+        f"num_heads and num_value_heads, got "
+        + ", ".join(f"{name}={size}" for name, size in sizes.items())
+        + f" ({', '.join(indivisible)} not divisible by {num_head_groups}).")
+  return num_head_groups
+
+
+class _MixingShapes:
+  """Shapes, logical axes and fan-in of the P_l-like and P_w-like weights.
+
+  Kind "l" maps h_k heads to h (P_l, P_Xl, P_Ml) and kind "w" maps h to h_v
+  (P_w, P_Xw, P_Mw). The dynamic generators put d_model in front.
+  """
+
+  def __init__(self, h_k, h, h_v, groups):
+    self.groups = groups
+    self.heads = {"l": (h_k, h), "w": (h, h_v)}
+
+  def static(self, kind):
+    """(shape, logical axes) of P_l (kind "l") or P_w (kind "w")."""
+    heads_in, heads_out = self.heads[kind]
+    if self.groups == 1:
+      axes = {"l": (dims.KEY_HEADS, dims.HEADS),
+              "w": (dims.HEADS, dims.VALUE_HEADS)}[kind]
+      return [heads_in, heads_out], axes
+    axes = {"l": (dims.HEAD_GROUPS, dims.KEY_HEADS_PER_GROUP,
+                  dims.HEADS_PER_GROUP),
+            "w": (dims.HEAD_GROUPS, dims.HEADS_PER_GROUP,
+                  dims.VALUE_HEADS_PER_GROUP)}[kind]
+    return ([self.groups, heads_in // self.groups,
+             heads_out // self.groups], axes)
+
+  def fan_in(self, kind):
+    """Heads each output head sums over: h_k/G for "l", h/G for "w"."""
+    return self.heads[kind][0] // self.groups
