@@ -33,6 +33,11 @@ RULES = {
     # embedding table fails in DTensor's ResourceGather ("does not support
     # sharded 0th dimension for the resource tensor").
     "M": "batch:batch;key_heads:model;value_heads:model;d_ff:model",
+    # Grouped talking heads with G = the model-axis size: every head set and
+    # the blocks of P_l, P_w and the dynamic projections on model, so each
+    # device holds whole groups.
+    "G": ("batch:batch;head_groups:model;key_heads:model;value_heads:model;"
+          "d_ff:model"),
 }
 WIDTH, QUERY_LENGTH, MEMORY_LENGTH, BATCH = 16, 5, 6, 4
 
@@ -53,6 +58,17 @@ def _talking_heads(layers, name="tha"):
 def _build_layer():
   from thattn import layers  # pylint: disable=g-import-not-at-top
   layer = _talking_heads(layers)
+  layer.build_from_shapes([None, None, WIDTH], [None, None, WIDTH])
+  return layer
+
+
+def _build_grouped(groups):
+  """Grouped talking heads: G blocks in P_l, P_w and dynamic projections."""
+  from thattn import layers  # pylint: disable=g-import-not-at-top
+  layer = layers.TalkingHeadsAttention(
+      num_heads=4, key_dim=8, num_key_heads=8, num_value_heads=8,
+      num_head_groups=groups, dynamic_projections=layers.DYNAMIC_PROJECTIONS,
+      use_bias=True, name="tha")
   layer.build_from_shapes([None, None, WIDTH], [None, None, WIDTH])
   return layer
 
@@ -193,6 +209,8 @@ def run_case(case, mesh):
   kind, rules_name = case.split(":")
   rules = sharding.LayoutRules.parse(RULES[rules_name])
   build_fn = {"layer": _build_layer, "layer_masked": _build_layer,
+              # One group per shard of the model axis.
+              "grouped": lambda: _build_grouped(mesh.dim_size("model")),
               "functional": _build_functional,
               "bert": lambda: _build_model("bert_tiny"),
               "t5": lambda: _build_model("t5_tiny")}[kind]
@@ -220,6 +238,7 @@ def run_case(case, mesh):
       "rules": str(rules),
       "layouts": {v.name: list(v.layout.sharding_specs)
                   for v in sharded.variables},
+      "shapes": {v.name: v.shape.as_list() for v in sharded.variables},
       "grad_layouts": {v.name: specs(g)
                        for v, g in zip(sharded.trainable_variables, grads)},
       "output_layout": specs(outputs),
@@ -246,7 +265,7 @@ def main(argv=None):
   parser.add_argument("--mesh", required=True)
   parser.add_argument("--case", action="append", required=True,
                       help="kind:rules, kind in layer, layer_masked, "
-                      "functional, bert, t5 and rules in " + ", ".join(RULES) +
+                      "grouped, functional, bert, t5 and rules in " + ", ".join(RULES) +
                       "; or error:heads, error:batch, error:mesh, "
                       "copy:weights")
   args = parser.parse_args(argv)

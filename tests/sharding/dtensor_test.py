@@ -42,6 +42,14 @@ LAYER_B = {
     "x2l/kernel": [U, U, M], "m2l/kernel": [U, U, M],
     "x2w/kernel": [U, M, U], "m2w/kernel": [U, M, U],
 }
+# Rules "G" on grouped talking heads with G = the model-axis size: the heads
+# of every set and the blocks of every head projection on model.
+GROUPED_G = {
+    **LAYER_A,
+    "pre_softmax_projection": [M, U, U], "post_softmax_projection": [M, U, U],
+    "x2l/kernel": [U, M, U, U], "m2l/kernel": [U, M, U, U],
+    "x2w/kernel": [U, M, U, U], "m2w/kernel": [U, M, U, U],
+}
 _REPLICATED = {"norm/gamma": [U], "norm/beta": [U], "head/kernel": [U, U],
                "head/bias": [U]}
 FUNCTIONAL_A = {
@@ -60,11 +68,14 @@ FUNCTIONAL_B = {
 }
 EXPECTED = {"layer:A": {f"tha/{name}": specs for name, specs in LAYER_A.items()},
             "layer:B": {f"tha/{name}": specs for name, specs in LAYER_B.items()},
-            "functional:A": FUNCTIONAL_A, "functional:B": FUNCTIONAL_B}
+            "functional:A": FUNCTIONAL_A, "functional:B": FUNCTIONAL_B,
+            "grouped:G": {f"tha/{name}": specs
+                          for name, specs in GROUPED_G.items()}}
 MESHES = {4: "batch:2,model:2", 8: "batch:2,model:4"}
-CASES = {4: ["layer:A", "layer:B", "functional:A", "error:heads",
+CASES = {4: ["layer:A", "layer:B", "functional:A", "grouped:G", "error:heads",
              "error:batch", "error:mesh", "copy:weights"],
-         8: ["layer:A", "layer:B", "functional:A", "functional:B"]}
+         8: ["layer:A", "layer:B", "functional:A", "functional:B",
+             "grouped:G"]}
 
 
 def _run(devices, cases):
@@ -112,6 +123,17 @@ def test_sharded_weights_and_gradients_match_the_unsharded_run(devices,
   result = _results(devices)[case]
   assert result["mesh"] == MESHES[devices]
   _check_sharded_run(result, EXPECTED[case])
+
+
+@pytest.mark.parametrize("devices", sorted(MESHES))
+def test_grouped_talking_heads_have_one_group_per_model_shard(devices):
+  shapes = _results(devices)["grouped:G"]["shapes"]
+  model_size = int(MESHES[devices].split("model:")[1])
+  # P_l[G, h_k/G, h/G] and P_w[G, h/G, h_v/G] with h_k = h_v = 8, h = 4.
+  assert shapes["tha/pre_softmax_projection:0"] == [
+      model_size, 8 // model_size, 4 // model_size]
+  assert shapes["tha/post_softmax_projection:0"] == [
+      model_size, 4 // model_size, 8 // model_size]
 
 
 def test_bad_heads_fail_after_the_probe_before_any_sharded_weight():

@@ -183,6 +183,46 @@ def test_two_axes_of_one_tensor_on_the_same_mesh_axis():
           "shard heads alone.") in message
 
 
+def test_the_head_sets_clash_hint_points_to_head_groups():
+  message = _error([("tha/post_softmax_projection:0", (8, 8),
+                     ("heads", "value_heads"))],
+                   "heads:model;value_heads:model", "model:2")
+  assert ("use grouped talking heads (num_head_groups a multiple of the "
+          "model size) and add 'head_groups:model'.") in message
+
+
+GROUPED_RULES = "batch:batch;head_groups:model;key_heads:model;value_heads:model"
+
+
+def test_grouped_talking_heads_shard_every_head_set_on_one_axis():
+  plan = plan_layouts(
+      [("query/kernel:0", (768, 12, 64), QUERY_KERNEL_AXES),
+       ("pre_softmax_projection:0", (4, 3, 3),
+        ("head_groups", "key_heads_per_group", "heads_per_group")),
+       ("post_softmax_projection:0", (4, 3, 3),
+        ("head_groups", "heads_per_group", "value_heads_per_group")),
+       ("x2l/kernel:0", (768, 4, 3, 3),
+        ("d_model", "head_groups", "key_heads_per_group", "heads_per_group"))],
+      LayoutRules.parse(GROUPED_RULES), MeshSpec.parse("batch:2,model:4"))
+  assert plan == {"query/kernel:0": (None, "model", None),
+                  "pre_softmax_projection:0": ("model", None, None),
+                  "post_softmax_projection:0": ("model", None, None),
+                  "x2l/kernel:0": (None, "model", None, None)}
+
+
+def test_fewer_head_groups_than_the_model_axis():
+  message = _error([("tha/pre_softmax_projection:0", (2, 6, 6),
+                     ("head_groups", "key_heads_per_group",
+                      "heads_per_group"))],
+                   GROUPED_RULES, "batch:2,model:4")
+  assert ("tensor 'tha/pre_softmax_projection:0' [2, 6, 6] (head_groups, "
+          "key_heads_per_group, heads_per_group): head_groups=2 is not "
+          "divisible by model=4: build the talking-heads layers with "
+          "num_head_groups a multiple of 4, use a mesh with model in {1,2}, "
+          "or leave head_groups unsharded (drop 'head_groups:model')."
+          ) in message
+
+
 def test_a_batch_not_divisible_by_the_batch_axis():
   message = _error([("tokens", (6, 128), ("batch", "length"))],
                    "batch:batch", "batch:4")

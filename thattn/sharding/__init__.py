@@ -11,6 +11,11 @@ DESIGN.md): layers declare the logical axes of their weights, and
     sharded, reference = sharding.build_sharded(build_fn, rules, mesh)
     rules.to_mtf_layout(), mesh_spec.to_mtf_mesh_shape()  # Mesh TensorFlow
 
+Grouped talking heads (`TalkingHeadsAttention(num_head_groups=G)` with G a
+multiple of the model-axis size) shard all three head sets with no
+communication inside the attention core, each device holding whole groups:
+"batch:batch;head_groups:model;key_heads:model;value_heads:model;d_ff:model".
+
 Every check runs before any computation and raises a ValueError naming the
 tensor, the logical axis and the sizes, and saying what to change.
 """

@@ -328,7 +328,10 @@ def _duplicate_problems(axes, mesh_axes):
       hint = (" Talking-heads projections mix one head set with another "
               "(P_l is [key_heads, heads], P_w is [heads, value_heads]), so "
               "shard key_heads and value_heads and leave heads unsharded, "
-              "or shard heads alone.")
+              "or shard heads alone. To shard every head set without "
+              "communication in the attention core, use grouped talking "
+              f"heads (num_head_groups a multiple of the {mesh_axis} size) "
+              f"and add '{dims.HEAD_GROUPS}:{mesh_axis}'.")
     problems.append(
         f"{listed} map to mesh axis {mesh_axis} ({rules}), but a mesh axis "
         "can split only one dimension of a tensor: leave all but one of them "
@@ -351,6 +354,11 @@ def _divisibility_problem(size, axis, mesh_axis, mesh_size, common):
     return (f"vocab={size} on {mesh_axis}:{mesh_size}: pad the vocabulary to "
             f"a multiple of {mesh_size} (e.g. {padded}), {meshes}, or leave "
             f"vocab unsharded (drop {rule}).")
+  if axis == dims.HEAD_GROUPS:
+    return (f"head_groups={size} is not divisible by {mesh_axis}="
+            f"{mesh_size}: build the talking-heads layers with "
+            f"num_head_groups a multiple of {mesh_size}, {meshes}, or leave "
+            f"head_groups unsharded (drop {rule}).")
   if axis in (BATCH, LENGTH):
     what = "batch size" if axis == BATCH else "sequence length"
     return (f"{axis}={size} on {mesh_axis}:{mesh_size}: use a {what} that is "
