@@ -1,0 +1,30 @@
+"""One quick run of benchmarks/attention.py, so the benchmark cannot rot.
+
+The real measurement (minutes, full sizes) stays out of the test suite.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
+  out = tmp_path / "attention"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--quick",
+       "--repeats", "1", "--only", "thattn MHA h=12,thattn TH h=12",
+       "--out", str(out)],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "attention.json").read_text())
+  names = set(report["results"])
+  assert {"thattn MHA h=12", "thattn TH h=12", "thattn TH h=12 chunked"} <= names
+  assert all(r["seconds"] > 0 and r["peak_bytes"] > 0
+             for r in report["results"].values())
+  assert "thattn TH / thattn MHA, h=12" in report["ratios"]
+  assert "| ratio | value |" in (tmp_path / "attention.md").read_text()
