@@ -187,6 +187,20 @@ def test_one_group_per_head_is_multi_head_with_per_head_scalars(mask_kind):
                                 want_scores * weight_scales[:, None, None])
 
 
+def test_blocks_start_with_the_fan_in_of_one_group():
+  # Each mixed head sums over the h_k/G (or h/G) heads of its group only.
+  layer = TalkingHeadsAttention(64, 4, num_head_groups=4,
+                                dynamic_projections=["x2l"])
+  layer.build_from_shapes([None, None, 32], [None, None, 32])
+  weights = {ref.token_of(v): v.numpy() for v in layer.weights}
+  np.testing.assert_allclose(weights["pre_softmax_projection"].std(),
+                             16 ** -0.5, rtol=0.1)
+  np.testing.assert_allclose(weights["post_softmax_projection"].std(),
+                             16 ** -0.5, rtol=0.1)
+  np.testing.assert_allclose(weights["x2l"].std(), 0.1 / np.sqrt(32 * 16),
+                             rtol=0.1)
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(num_heads=12, key_dim=64, num_head_groups=3),
     dict(num_heads=12, key_dim=64, num_head_groups=12),

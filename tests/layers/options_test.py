@@ -84,6 +84,9 @@ def test_xla_compiles_every_variant_with_equal_results():
                 layers.TalkingHeadsAttention(
                     3, 4, num_key_heads=2,
                     dynamic_projections=layers.DYNAMIC_PROJECTIONS),
+                layers.TalkingHeadsAttention(
+                    4, 4, num_key_heads=2, num_head_groups=2,
+                    dynamic_projections=layers.DYNAMIC_PROJECTIONS),
                 layers.GeneralBilinearAttention(2)):
     eager = layer(x, x, attention_mask=mask, use_causal_mask=True)
     compiled = tf.function(
