@@ -22,6 +22,10 @@ EXTRAS_REQUIRE = {
     "bench": ["gin-config", "scipy"],
     # TFDS sources (c4, lm1b, wikipedia, glue, squad); tested with mock data.
     "tfds": ["tensorflow-datasets"],
+    # Viewing thattn-train's summaries (writing them needs only TensorFlow).
+    "tensorboard": ["tensorboard"],
+    # thattn-ablate's plots and heatmaps.
+    "plot": ["matplotlib"],
 }
 
 setuptools.setup(
@@ -35,6 +39,7 @@ setuptools.setup(
     entry_points={
         "console_scripts": [
             "thattn-train=thattn.tasks.train_main:run",
+            "thattn-export=thattn.tasks.export_main:run",
             "thattn-complexity=thattn.complexity_main:run",
         ],
     },
