@@ -15,7 +15,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    "test": ["pytest", "pytest-xdist"],
+    # matplotlib: tests draw thattn-ablate's plots.
+    "test": ["pytest", "pytest-xdist", "matplotlib"],
     # tf-models-official==2.20.0 pins tensorflow~=2.20, which would pull a
     # second TensorFlow. It is installed separately with --no-deps; see
     # benchmarks/README.md. These are the packages it then still needs.
@@ -40,6 +41,7 @@ setuptools.setup(
         "console_scripts": [
             "thattn-train=thattn.tasks.train_main:run",
             "thattn-export=thattn.tasks.export_main:run",
+            "thattn-ablate=thattn.tasks.ablate_main:run",
             "thattn-complexity=thattn.complexity_main:run",
         ],
     },

@@ -1,0 +1,222 @@
+"""thattn-ablate's library: attention variant x heads at constant parameters.
+
+`run_grid(...)` trains one small model per (variant, heads, seed) with
+`thattn.tasks.trainer`, keeping h * d_k = d_model as in the paper's Table 1,
+so that multi-head attention has the same parameters at every head count
+and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
+
+- `runs/<variant>_h<h>_s<seed>/`: each run's model_dir (a rerun skips the
+  finished runs and resumes an interrupted one);
+- `results.json`: every run's summary;
+- `table.md`: held-out ln(PPL) mean +- std over seeds, step time, and the
+  parameters and multiplies per attention layer (`thattn.complexity`);
+- `ln_ppl_vs_heads.png`: ln(PPL) against heads, one line per variant;
+- `heatmaps_h<h>.png`: the learned P_l, P_w and P_l x P_w of the first
+  talking-heads layer (seed 0), as in the paper's Figure 1.
+
+The plots need matplotlib (`pip install 'thattn[plot]'`); without it the
+table and results are still written.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from thattn import complexity
+from thattn.tasks import objectives
+from thattn.tasks import trainer
+
+TASKS = ("mlm", "recall")
+
+
+@dataclasses.dataclass(frozen=True)
+class GridOptions:
+  """The grid and the size of every run in it."""
+  task: str = "mlm"
+  variants: tuple = ("multi_head", "talking_heads")
+  heads: tuple = (2, 4, 8, 16)
+  seeds: tuple = (0, 1, 2)
+  preset: str = "bert_tiny"  # mlm only
+  d_model: int = 64
+  d_ff: int = 256
+  num_layers: int = 2
+
+  def __post_init__(self):
+    if self.task not in TASKS:
+      raise ValueError(f"Unknown task {self.task!r}; expected one of "
+                       f"{TASKS}.")
+    for h in self.heads:
+      if self.d_model % h:
+        raise ValueError(f"heads={h} does not divide d_model="
+                         f"{self.d_model}; the grid keeps h * d_k = d_model.")
+    if not (self.variants and self.heads and self.seeds):
+      raise ValueError("variants, heads and seeds must not be empty.")
+
+
+def run_name(variant, heads, seed):
+  return f"{variant}_h{heads}_s{seed}"
+
+
+def _model(grid, variant, heads):
+  overrides = {"attention": variant, "num_heads": heads,
+               "d_model": grid.d_model, "num_layers": grid.num_layers,
+               "d_ff": grid.d_ff}
+  if grid.task == "recall":
+    return objectives.ModelOptions(preset=None, overrides=overrides)
+  return objectives.ModelOptions(preset=grid.preset, overrides=dict(
+      overrides, dropout_rate=0.0))
+
+
+def run_grid(*, out_dir, grid=GridOptions(), options=None, data=None,
+             log=print):
+  """Trains every run of the grid (or reuses finished ones); returns them.
+
+  options: the `trainer.TrainOptions` of every run (its seed is replaced).
+  data: `objectives.DataOptions` for mlm (default: the embedded corpus).
+  """
+  options = options or trainer.TrainOptions()
+  results = []
+  total = len(grid.variants) * len(grid.heads) * len(grid.seeds)
+  for variant in grid.variants:
+    for heads in grid.heads:
+      for seed in grid.seeds:
+        name = run_name(variant, heads, seed)
+        model_dir = os.path.join(out_dir, "runs", name)
+        summary = _finished(model_dir, options.train_steps)
+        if summary is None:
+          log(f"[{len(results) + 1}/{total}] {name}")
+          tf_keras.backend.clear_session()
+          summary = trainer.train(
+              model_dir=model_dir, task=grid.task,
+              model=_model(grid, variant, heads), data=data,
+              options=dataclasses.replace(options, seed=seed),
+              log=lambda line: None)
+          log(f"    held-out ln(PPL) {summary['held_out_ln_ppl_after']:.4f}"
+              f", {summary['tokens_per_second']:,} tokens/s")
+        results.append(dict(summary, variant=variant, heads=heads,
+                            seed=seed, run=name,
+                            step_ms=_step_ms(summary, options)))
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  return results
+
+
+def _finished(model_dir, train_steps):
+  path = os.path.join(model_dir, trainer.SUMMARY)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  return summary if summary["steps"] >= train_steps else None
+
+
+def _step_ms(summary, options):
+  """Milliseconds per training step after compilation, from tokens/s."""
+  rate = summary["tokens_per_second"]
+  tokens = options.batch_size * options.sequence_length
+  return 1000.0 * tokens / rate if rate else float("nan")
+
+
+def attention_shape(variant, heads, d_model, length):
+  """The `thattn.complexity` shape of one attention layer of the grid."""
+  key_dim = None if variant == "general_bilinear" else d_model // heads
+  options = {
+      "multi_head": dict(variant="multi_head"),
+      "talking_heads": dict(variant="talking_heads"),
+      "project_logits": dict(variant="talking_heads", project_weights=False),
+      "project_weights": dict(variant="talking_heads", project_logits=False),
+      "dynamic": dict(variant="talking_heads", dynamic_projections=(
+          "x2l", "m2l", "x2w", "m2w")),
+      "general_bilinear": dict(variant="general_bilinear"),
+  }[variant]
+  return complexity.AttentionShape(
+      num_heads=heads, key_dim=key_dim, d_model=d_model,
+      query_length=length, memory_length=length, **options)
+
+
+def aggregate(results, grid, sequence_length):
+  """One row per (variant, heads): means and stds over seeds."""
+  rows = []
+  for variant in grid.variants:
+    for heads in grid.heads:
+      runs = [r for r in results if r["variant"] == variant and
+              r["heads"] == heads]
+      values = [r["held_out_ln_ppl_after"] for r in runs]
+      shape = attention_shape(variant, heads, grid.d_model, sequence_length)
+      rows.append({
+          "variant": variant, "heads": heads,
+          "d_k": grid.d_model // heads, "seeds": len(runs),
+          "ln_ppl_mean": statistics.mean(values),
+          "ln_ppl_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+          "step_ms": statistics.median(r["step_ms"] for r in runs),
+          "parameters": complexity.parameters(shape),
+          "multiplies": complexity.multiplies(shape),
+      })
+  return rows
+
+
+def markdown_table(rows):
+  lines = ["| variant | h | d_k | params / att. layer | multiplies / att. "
+           "layer | held-out ln(PPL) | step time (ms) |",
+           "|---|---:|---:|---:|---:|---|---:|"]
+  for row in rows:
+    lines.append(
+        f"| {row['variant']} | {row['heads']} | {row['d_k']} | "
+        f"{row['parameters']:,} | {row['multiplies']:,} | "
+        f"{row['ln_ppl_mean']:.3f} ± {row['ln_ppl_std']:.3f} "
+        f"(n={row['seeds']}) | {row['step_ms']:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def projections(model_dir):
+  """[(P_l, P_w)] per talking-heads layer, from model_dir's checkpoint."""
+  reader = tf.train.load_checkpoint(os.path.join(model_dir,
+                                                 trainer.CHECKPOINTS))
+  names = sorted(reader.get_variable_to_shape_map(), key=_natural)
+  layers = []
+  for name in names:
+    if "/pre_softmax_projection/" in name:
+      partner = name.replace("/pre_softmax_projection/",
+                             "/post_softmax_projection/")
+      if partner in names:
+        layers.append((reader.get_tensor(name), reader.get_tensor(partner)))
+  return layers
+
+
+def _natural(name):
+  """Sort key that puts layer_with_weights-10 after layer_with_weights-9."""
+  return [int(part) if part.isdigit() else part
+          for part in re.split(r"(\d+)", name)]
+
+
+def write_report(out_dir, results, grid, sequence_length, log=print):
+  """Writes table.md and, with matplotlib, the plot and heatmaps."""
+  rows = aggregate(results, grid, sequence_length)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(markdown_table(rows))
+  written = ["table.md"]
+  try:
+    from thattn.tasks import ablate_plots  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    log(f"No plots ({e}); pip install 'thattn[plot]' for them.")
+    return rows, written
+  written.append(ablate_plots.ln_ppl_vs_heads(out_dir, rows, grid))
+  if "talking_heads" in grid.variants:
+    for heads in grid.heads:
+      run = os.path.join(out_dir, "runs",
+                         run_name("talking_heads", heads, grid.seeds[0]))
+      layers = projections(run)
+      if layers:
+        written.append(ablate_plots.heatmaps(out_dir, heads, *layers[0]))
+  return rows, written
+
+
+def product(p_l, p_w):
+  """P_l x P_w [h_k, h_v]: logits heads mixed straight to value heads."""
+  return np.matmul(p_l, p_w)
