@@ -51,7 +51,7 @@ flags.DEFINE_string("preset", None, "Model preset (thattn.models.PRESETS). "
 flags.DEFINE_enum("attention", "talking_heads", list(variants.VARIANTS),
                   "Attention variant of every attention layer.")
 flags.DEFINE_enum("task", "mlm", list(trainer.TASKS), "Training task.")
-flags.DEFINE_integer("train_steps", 2400, "Total training steps.")
+flags.DEFINE_integer("train_steps", 1200, "Total training steps.")
 flags.DEFINE_integer("batch_size", 32, "Examples per step (all replicas).")
 flags.DEFINE_integer("sequence_length", None, "Tokens per example (T5: the "
                      "encoder input); default per task: "
@@ -83,10 +83,10 @@ flags.DEFINE_enum("on_overflow", "raise", ["raise", "truncate", "drop",
                   "Fine-tuning examples longer than --sequence_length: "
                   "raise, truncate (classification), window (squad) or drop.")
 # Evaluation, logging, checkpoints.
-flags.DEFINE_integer("eval_every", 800, "Steps between held-out "
+flags.DEFINE_integer("eval_every", 400, "Steps between held-out "
                      "evaluations (0: before and after only).")
 flags.DEFINE_integer("eval_steps", 20, "Held-out batches per evaluation.")
-flags.DEFINE_integer("log_every", 200, "Steps between progress lines.")
+flags.DEFINE_integer("log_every", 100, "Steps between progress lines.")
 flags.DEFINE_integer("checkpoint_every", 400, "Steps between checkpoints.")
 flags.DEFINE_string("init_checkpoint", None, "A checkpoint, or a model_dir, "
                     "whose backbone starts the run (fine-tuning).")
