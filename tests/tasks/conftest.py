@@ -28,6 +28,17 @@ def wordpiece(heldout_paragraphs):
 
 
 @pytest.fixture(scope="session")
-def sentencepiece(heldout_paragraphs):
+def sentencepiece_model(heldout_paragraphs):
+  """The serialized model, trained once per session."""
   return tokenizers.train_sentencepiece(heldout_paragraphs, 1000,
-                                        num_sentinels=100)
+                                        num_sentinels=100).model
+
+
+@pytest.fixture
+def sentencepiece(sentencepiece_model):
+  # A fresh tokenizer per test: tensorflow-text's SentencePiece resource is
+  # owned by its kernel, and tf.random.set_seed (which other tests call)
+  # clears TensorFlow's kernel cache, destroying it; a session-wide
+  # tokenizer then fails later with "Resource ... does not exist".
+  return tokenizers.SentencepieceTokenizer(sentencepiece_model,
+                                           num_sentinels=100)

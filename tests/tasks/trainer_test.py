@@ -12,6 +12,7 @@ import tf_keras
 from thattn.tasks import corpus
 from thattn.tasks import finetuning
 from thattn.tasks import objectives
+from thattn.tasks import tokenizers
 from thattn.tasks import trainer
 
 TINY_BERT = dict(d_model=32, num_layers=1, d_ff=64, num_heads=4,
@@ -23,12 +24,13 @@ class _Crash(Exception):
 
 
 @pytest.fixture(scope="module")
-def text_data(tmp_path_factory, corpus_cache, sentencepiece):
+def text_data(tmp_path_factory, corpus_cache, sentencepiece_model):
   """A small text corpus (the held-out split) and a saved tokenizer."""
   folder = tmp_path_factory.mktemp("text_data")
   documents = corpus.documents("heldout", corpus_cache)
   (folder / "train.txt").write_text("\n\n".join(documents[:40]))
-  sentencepiece.save(str(folder / "tokenizer"))
+  tokenizers.SentencepieceTokenizer(
+      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
   return objectives.DataOptions(train_files=str(folder / "train.txt"),
                                 tokenizer=str(folder / "tokenizer"))
 

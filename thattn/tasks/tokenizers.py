@@ -149,7 +149,14 @@ class WordpieceTokenizer(Tokenizer):
 
 
 class SentencepieceTokenizer(Tokenizer):
-  """`tensorflow_text.SentencepieceTokenizer` over a serialized model."""
+  """`tensorflow_text.SentencepieceTokenizer` over a serialized model.
+
+  Known pitfall (tensorflow-text 2.21): the SentencePiece resource is owned
+  by its op's kernel, and `tf.random.set_seed` or
+  `tf_keras.utils.set_random_seed` clear TensorFlow's kernel cache, which
+  destroys it. Create this tokenizer after seeding (as `thattn-train` does);
+  one created before fails with "Resource ... SentencepieceOp ... does not
+  exist"."""
 
   kind = "sentencepiece"
 
