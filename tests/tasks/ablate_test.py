@@ -52,6 +52,9 @@ def test_rows_count_parameters_and_multiplies_from_complexity():
   assert talking["multiplies"] > multi["multiplies"]
   assert multi["ln_ppl_mean"] == 5.5 and multi["step_ms"] == 10.5
   assert abs(multi["ln_ppl_std"] - 0.7071) < 1e-3
+  assert multi["difference_mean"] is None
+  assert talking["difference_mean"] == 0.0 and talking["difference_std"] == 0
+  assert "| talking_heads | 8 | 8 | " in ablate.markdown_table(rows)
 
 
 def test_grid_errors():

@@ -8,8 +8,9 @@ and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
 - `runs/<variant>_h<h>_s<seed>/`: each run's model_dir (a rerun skips the
   finished runs and resumes an interrupted one);
 - `results.json`: every run's summary;
-- `table.md`: held-out ln(PPL) mean +- std over seeds, step time, and the
-  parameters and multiplies per attention layer (`thattn.complexity`);
+- `table.md`: held-out ln(PPL) mean +- std over seeds, its difference from
+  multi-head attention paired by seed, step time, and the parameters and
+  multiplies per attention layer (`thattn.complexity`);
 - `ln_ppl_vs_heads.png`: ln(PPL) against heads, one line per variant;
 - `heatmaps_h<h>.png`: the learned P_l, P_w and P_l x P_w of the first
   talking-heads layer (seed 0), as in the paper's Figure 1.
@@ -150,6 +151,7 @@ def aggregate(results, grid, sequence_length):
       values = [r["held_out_ln_ppl_after"] for r in runs]
       shape = attention_shape(variant, heads, grid.d_model, sequence_length)
       rows.append({
+          **_paired_difference(results, variant, heads),
           "variant": variant, "heads": heads,
           "d_k": grid.d_model // heads, "seeds": len(runs),
           "ln_ppl_mean": statistics.mean(values),
@@ -161,16 +163,40 @@ def aggregate(results, grid, sequence_length):
   return rows
 
 
+def _paired_difference(results, variant, heads, baseline="multi_head"):
+  """ln(PPL) minus the baseline's at the same heads and seed: mean, std.
+
+  Runs with the same seed see the same batches and masks, so the paired
+  difference cancels most of the seed-to-seed spread.
+  """
+  if variant == baseline:
+    return {"difference_mean": None, "difference_std": None}
+  by_seed = {(r["variant"], r["seed"]): r["held_out_ln_ppl_after"]
+             for r in results if r["heads"] == heads}
+  differences = [value - by_seed[baseline, seed]
+                 for (name, seed), value in sorted(by_seed.items())
+                 if name == variant and (baseline, seed) in by_seed]
+  if not differences:
+    return {"difference_mean": None, "difference_std": None}
+  return {"difference_mean": statistics.mean(differences),
+          "difference_std": (statistics.stdev(differences)
+                             if len(differences) > 1 else 0.0)}
+
+
 def markdown_table(rows):
   lines = ["| variant | h | d_k | params / att. layer | multiplies / att. "
-           "layer | held-out ln(PPL) | step time (ms) |",
-           "|---|---:|---:|---:|---:|---|---:|"]
+           "layer | held-out ln(PPL) | minus multi_head, same seed | "
+           "step time (ms) |",
+           "|---|---:|---:|---:|---:|---|---|---:|"]
   for row in rows:
+    difference = ("" if row["difference_mean"] is None else
+                  f"{row['difference_mean']:+.3f} ± "
+                  f"{row['difference_std']:.3f}")
     lines.append(
         f"| {row['variant']} | {row['heads']} | {row['d_k']} | "
         f"{row['parameters']:,} | {row['multiplies']:,} | "
         f"{row['ln_ppl_mean']:.3f} ± {row['ln_ppl_std']:.3f} "
-        f"(n={row['seeds']}) | {row['step_ms']:.0f} |")
+        f"(n={row['seeds']}) | {difference} | {row['step_ms']:.0f} |")
   return "\n".join(lines) + "\n"
 
 

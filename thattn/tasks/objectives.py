@@ -363,6 +363,20 @@ class Recall(Objective):
   def tokens_per_step(self):
     return self.batch_size * self.config.sequence_length
 
+  def extra_eval_metrics(self, num_steps):
+    """Accuracy of the recalled values over the held-out queries."""
+    @tf.function
+    def correct(tokens, targets, weights):
+      hits = tf.cast(tf.equal(tf.argmax(self.backbone(tokens), -1,
+                                        output_type=tf.int32), targets),
+                     tf.float32)
+      return tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
+    hits = count = 0.0
+    for batch in self.eval_dataset(num_steps):
+      batch_hits, batch_count = correct(*batch)
+      hits, count = hits + float(batch_hits), count + float(batch_count)
+    return {"accuracy": hits / max(count, 1.0)}
+
   def run_config(self):
     return {"task": self.task, "preset": None,
             "overrides": dict(self.model_options.overrides),

@@ -137,7 +137,7 @@ def _make_objective(task, *, model_dir, model, data, options, finetune, log):
   return finetuning.Squad(finetune=finetune, **text)
 
 
-def _make_optimizer(options):
+def make_optimizer(options):
   schedule = optimizers.InverseSqrtSchedule(
       options.warmup_steps, options.train_steps,
       decay_fraction=options.decay_fraction,
@@ -210,7 +210,7 @@ def _check_run_config(model_dir, config):
     f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-class _Loop:
+class TrainLoop:
   """The compiled steps: distributed training and evaluation."""
 
   def __init__(self, strategy, objective, optimizer, loss_scaling):
@@ -222,7 +222,7 @@ class _Loop:
     self.train_step = tf.function(self._train_step)
     self.eval_step = tf.function(self._eval_step)
 
-  def _replica_train_step(self, batch):
+  def replica_train_step(self, batch):
     with tf.GradientTape() as tape:
       total, count = self.objective.loss(batch, training=True)
       # The mean over all replicas' positions: each replica's gradient is
@@ -244,7 +244,7 @@ class _Loop:
 
   def _train_step(self, iterator):
     total, count = self._reduce(self.strategy.run(
-        self._replica_train_step, args=(next(iterator),)))
+        self.replica_train_step, args=(next(iterator),)))
     return total / tf.maximum(count, 1.0)
 
   def _eval_step(self, batch):
@@ -311,7 +311,7 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
   _check_run_config(model_dir, run_config)
   with strategy.scope():
     objective.build()
-    optimizer, schedule = _make_optimizer(options)
+    optimizer, schedule = make_optimizer(options)
     optimizer.build(objective.trainable_variables)
   # Trainer state, outside the strategy: one copy, not one per replica.
   initial_eval = tf.Variable(float("nan"), trainable=False)
@@ -335,7 +335,7 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
     # Dropout's random state is not in the checkpoint (see the module).
     tf.random.set_seed(options.seed * 1_000_003 + start_step)
 
-  loop = _Loop(strategy, objective, optimizer,
+  loop = TrainLoop(strategy, objective, optimizer,
                loss_scaling=options.mixed_precision == "float16")
   eval_data = objective.eval_dataset(options.eval_steps)
   metric = objective.eval_metric
