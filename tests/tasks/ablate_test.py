@@ -54,7 +54,15 @@ def test_rows_count_parameters_and_multiplies_from_complexity():
   assert abs(multi["ln_ppl_std"] - 0.7071) < 1e-3
   assert multi["difference_mean"] is None
   assert talking["difference_mean"] == 0.0 and talking["difference_std"] == 0
-  assert "| talking_heads | 8 | 8 | " in ablate.markdown_table(rows)
+  table = ablate.markdown_table(rows)
+  assert "| talking_heads | 8 | 8 | " in table and "accuracy" not in table
+  # Recall reports accuracy too: the table gains a column for it.
+  for r in results:
+    r["held_out_accuracy"] = 0.25 + 0.5 * r["seed"]
+  rows = ablate.aggregate(results, grid, sequence_length=64)
+  assert rows[0]["accuracy_mean"] == 0.5
+  assert abs(rows[0]["accuracy_std"] - 0.3536) < 1e-3
+  assert "| 0.500 ± 0.354 | 10 |" in ablate.markdown_table(rows)
 
 
 def test_grid_errors():

@@ -156,11 +156,22 @@ def aggregate(results, grid, sequence_length):
           "d_k": grid.d_model // heads, "seeds": len(runs),
           "ln_ppl_mean": statistics.mean(values),
           "ln_ppl_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+          **_accuracy(runs),
           "step_ms": statistics.median(r["step_ms"] for r in runs),
           "parameters": complexity.parameters(shape),
           "multiplies": complexity.multiplies(shape),
       })
   return rows
+
+
+def _accuracy(runs):
+  """Held-out accuracy mean and std, for tasks that report it (recall)."""
+  values = [r["held_out_accuracy"] for r in runs if "held_out_accuracy" in r]
+  if not values or len(values) < len(runs):
+    return {}
+  return {"accuracy_mean": statistics.mean(values),
+          "accuracy_std": (statistics.stdev(values) if len(values) > 1
+                           else 0.0)}
 
 
 def _paired_difference(results, variant, heads, baseline="multi_head"):
@@ -184,19 +195,26 @@ def _paired_difference(results, variant, heads, baseline="multi_head"):
 
 
 def markdown_table(rows):
+  """The table.md text; an accuracy column when every row has one."""
+  with_accuracy = all("accuracy_mean" in row for row in rows)
+  accuracy_header = " held-out accuracy |" if with_accuracy else ""
   lines = ["| variant | h | d_k | params / att. layer | multiplies / att. "
-           "layer | held-out ln(PPL) | minus multi_head, same seed | "
-           "step time (ms) |",
-           "|---|---:|---:|---:|---:|---|---|---:|"]
+           "layer | held-out ln(PPL) | minus multi_head, same seed |"
+           f"{accuracy_header} step time (ms) |",
+           "|---|---:|---:|---:|---:|---|---|" +
+           ("---|" if with_accuracy else "") + "---:|"]
   for row in rows:
     difference = ("" if row["difference_mean"] is None else
                   f"{row['difference_mean']:+.3f} ± "
                   f"{row['difference_std']:.3f}")
+    accuracy = (f" {row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
+                if with_accuracy else "")
     lines.append(
         f"| {row['variant']} | {row['heads']} | {row['d_k']} | "
         f"{row['parameters']:,} | {row['multiplies']:,} | "
         f"{row['ln_ppl_mean']:.3f} ± {row['ln_ppl_std']:.3f} "
-        f"(n={row['seeds']}) | {difference} | {row['step_ms']:.0f} |")
+        f"(n={row['seeds']}) | {difference} |{accuracy} "
+        f"{row['step_ms']:.0f} |")
   return "\n".join(lines) + "\n"
 
 
