@@ -53,7 +53,14 @@ class TokenEmbedding(tf_keras.layers.Layer):
 
   def call(self, inputs, mode="embed"):
     if mode == "embed":
-      return tf.cast(tf.gather(self.embeddings, inputs), self.compute_dtype)
+      table = self.embeddings
+      # DTensor (TF 2.21) refuses ResourceGather from a table sharded along
+      # its first axis (a vocab:<mesh axis> rule), but lays out GatherV2 on
+      # the table's value (its gradient then comes back replicated). Only a
+      # DVariable has a `layout`; ordinary variables keep ResourceGather.
+      if getattr(table, "layout", None) is not None:
+        table = table.read_value()
+      return tf.cast(tf.gather(table, inputs), self.compute_dtype)
     if mode == "logits":
       # float32 logits, so the softmax and the loss never run in float16.
       scaled = tf.cast(inputs, tf.float32) * self.logits_scale

@@ -31,6 +31,7 @@ from thattn.sharding.dtensor_layouts import plan_weights
 from thattn.sharding.dtensor_layouts import shard
 from thattn.sharding.dtensor_layouts import ShardedBuild
 from thattn.sharding.dtensor_layouts import to_numpy
+from thattn.sharding.dtensor_layouts import variable_layout
 from thattn.sharding.dtensor_layouts import weight_layouts
 from thattn.sharding.rules import ACTIVATION_AXES
 from thattn.sharding.rules import BATCH

@@ -31,7 +31,17 @@ Known TensorFlow 2.21 DTensor pitfalls (measured on logical CPU devices):
   `dtensor.DVariable` keeps the layout.
 - `tf.gather(variable, ids)` (ResourceGather) refuses a table sharded on
   its first axis, so a vocab-sharded embedding must gather from
-  `variable.read_value()` (its gradient then comes back replicated).
+  `variable.read_value()` (its gradient then comes back replicated);
+  `thattn.models.embeddings.TokenEmbedding` does so for DVariables.
+- Stateful random ops (tf-keras Dropout) are refused: "Stateful random
+  operations are not supported in DTensor".
+- ResourceScatterAdd (tf-keras Adam's path for IndexedSlices gradients)
+  has no layout propagation, even on a replicated table: pass dense
+  gradients.
+- tf-keras Adam's weight updates are lost when `apply_gradients` runs in
+  the same tf.function that takes the gradients (its m and v update, the
+  weights do not); in a second tf.function they land. Adafactor is not
+  affected. `thattn.tasks.dtensor_training` works around all three.
 - tf_keras LayerNormalization with epsilon >= 1.001e-5 (the default is
   1e-3) runs FusedBatchNormV3, which DTensor cannot lay out; BERT's 1e-12
   takes the unfused path.
@@ -121,6 +131,16 @@ def to_numpy(value):
 
 
 # ---- weights ----------------------------------------------------------------
+def variable_layout(variable):
+  """A DVariable's layout, or None for an ordinary variable.
+
+  Read as an attribute rather than by isinstance, because under a mixed
+  precision policy tf-keras wraps each DVariable in an AutoCastVariable,
+  which passes attribute reads through to it.
+  """
+  return getattr(variable, "layout", None)
+
+
 def logical_axes_of(obj):
   """[(variable, logical axes or None)] for every variable of `obj`.
 
@@ -260,7 +280,7 @@ def build_sharded(build_fn, rules, mesh, strict=False):
                      f"weights the second time but {len(created)} the first; "
                      "it must be deterministic.")
   unsharded = [variable.name for variable in model.variables
-               if not isinstance(variable, dtensor.DVariable)]
+               if variable_layout(variable) is None]
   if unsharded:
     raise ValueError(
         f"weights {unsharded} were created after build_fn returned (e.g. on "
@@ -285,6 +305,6 @@ def copy_weights(source, target):
         f"{[(v.name, v.shape.as_list()) for v in target.variables]}.")
   for source_variable, target_variable in pairs:
     value = to_numpy(source_variable)
-    if isinstance(target_variable, dtensor.DVariable):
-      value = dtensor.copy_to_mesh(value, target_variable.layout)
+    if variable_layout(target_variable) is not None:
+      value = dtensor.copy_to_mesh(value, variable_layout(target_variable))
     target_variable.assign(value)

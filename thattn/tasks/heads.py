@@ -18,6 +18,7 @@ whose weight is nonzero: for a language model, ln(PPL).
 import tensorflow as tf
 import tf_keras
 
+from thattn import dims
 from thattn.models import embeddings
 
 # The activations of thattn.models.config.ACTIVATIONS.
@@ -67,6 +68,12 @@ class MaskedLMHead(tf_keras.layers.Layer):
     self.output_bias = self.add_weight(
         "output_bias", [self.embedding.vocab_size], initializer="zeros")
     super().build(input_shape)
+
+  @property
+  def logical_axes(self):
+    # The bias follows the tied table's vocab axis, so a vocab rule shards
+    # both alike; the transform (d_model -> embedding width) stays whole.
+    return {self.output_bias.name: (dims.VOCAB,)}
 
   def call(self, sequence_output, positions):
     hidden = tf.gather(sequence_output, positions, batch_dims=1)
