@@ -124,9 +124,9 @@ class _FinetuneObjective(objectives.Objective):
     """function(batch) over the eval features in order, once, concatenated."""
     count = len(self.eval_features["input_word_ids"])
     steps = math.ceil(count / self.batch_size)
-    outputs = [function(batch) for batch in self._batches(
+    outputs = [function(self.place_batch(batch)) for batch in self._batches(
         seed=0, start_step=0, num_steps=steps, train=False)]
-    return [np.concatenate([np.asarray(o[i]) for o in outputs])[:count]
+    return [np.concatenate([self.fetch(o[i]) for o in outputs])[:count]
             for i in range(len(outputs[0]))]
 
   def run_config(self):

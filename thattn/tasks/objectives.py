@@ -13,6 +13,11 @@ and head) and its loss. The trainer (`thattn.tasks.trainer`) only asks it:
   `--init_checkpoint` can load a pretrained backbone into a fine-tuning run;
 - `run_config()`: what `thattn-export` needs to rebuild the model.
 
+Metrics computed outside the loss (`extra_eval_metrics`) put their batches
+on the model's devices with `place_batch` and bring outputs back with
+`fetch`: as they are by default, onto and off a DTensor mesh when
+`thattn.tasks.dtensor_training` trains the objective.
+
 Pretraining tasks live here: masked LM (BERT/ALBERT presets), T5 span
 corruption, and the synthetic recall task. Fine-tuning tasks
 (classification, SQuAD) live in `thattn.tasks.finetuning`.
@@ -168,6 +173,8 @@ class Objective:
     self.seed = seed
     self.backbone = None
     self.head = None
+    self.place_batch = lambda batch: batch
+    self.fetch = np.asarray
 
   def checkpoint_items(self):
     items = {"backbone": self.backbone}
@@ -373,7 +380,7 @@ class Recall(Objective):
       return tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
     hits = count = 0.0
     for batch in self.eval_dataset(num_steps):
-      batch_hits, batch_count = correct(*batch)
+      batch_hits, batch_count = correct(*self.place_batch(batch))
       hits, count = hits + float(batch_hits), count + float(batch_count)
     return {"accuracy": hits / max(count, 1.0)}
 

@@ -6,14 +6,23 @@
 | mirrored               | MirroredStrategy over the local devices          |
 | multi_worker_mirrored  | MultiWorkerMirroredStrategy; workers from TF_CONFIG |
 | tpu                    | TPUStrategy on the TPU that `tpu` names           |
+| dtensor                | not a Strategy: see below                        |
 
-The trainer's loop is the same for all of them: it distributes the dataset
-and runs each step with `strategy.run`.
+The trainer's loop is the same for the four strategies: it distributes the
+dataset and runs each step with `strategy.run`.
+
+"dtensor" shards the weights themselves over a mesh (`--mesh_shape`,
+`--layout_rules`). TensorFlow 2.21's DTensor-backed strategies are private
+(`tensorflow.python.distribute.experimental`) and only mirror the weights,
+and a DTensor program is global (one logical batch, no replicas, no
+`strategy.run`), so the trainer runs it through
+`thattn.tasks.dtensor_training` rather than pretending it is a Strategy.
 """
 
 import tensorflow as tf
 
-STRATEGIES = ("default", "mirrored", "tpu", "multi_worker_mirrored")
+DTENSOR = "dtensor"
+STRATEGIES = ("default", "mirrored", "tpu", "multi_worker_mirrored", DTENSOR)
 
 
 def make_strategy(name, tpu=None):
@@ -25,6 +34,10 @@ def make_strategy(name, tpu=None):
   if name not in STRATEGIES:
     raise ValueError(f"Unknown strategy {name!r}; expected one of "
                      f"{STRATEGIES}.")
+  if name == DTENSOR:
+    raise ValueError("DTensor is not a tf.distribute.Strategy; train with "
+                     "thattn.tasks.dtensor_training.DTensorDevices (the "
+                     "trainer does this for --strategy=dtensor).")
   if tpu and name != "tpu":
     raise ValueError(f"--tpu={tpu!r} needs --strategy=tpu, got "
                      f"--strategy={name}.")

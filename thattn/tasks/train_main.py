@@ -14,6 +14,8 @@ Examples:
     thattn-train --task=classification --train_files=train.tsv \\
         --eval_files=dev.tsv --glue_task=sst2 --init_checkpoint=<mlm run>
     thattn-train --task=recall --sequence_length=64 --key_dim=4
+    thattn-train --strategy=dtensor --mesh_shape=batch:2,model:2 \
+        --layout_rules="batch:batch;heads:model;d_ff:model;vocab:model"
 """
 
 import os
@@ -28,6 +30,7 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.tasks import dtensor_training  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.tasks import finetuning  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.tasks import objectives  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.tasks import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -108,9 +111,23 @@ flags.DEFINE_integer("seed", 0, "Seed of initialization and data.")
 flags.DEFINE_bool("deterministic", False, "Deterministic ops, so that a "
                   "killed and rerun training matches an uninterrupted one.")
 flags.DEFINE_enum("strategy", "default", list(strategies.STRATEGIES),
-                  "Distribution strategy.")
+                  "Distribution strategy. dtensor shards the weights "
+                  "themselves over --mesh_shape by --layout_rules "
+                  "(thattn.tasks.dtensor_training).")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
+flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor: the mesh's "
+                    "axes and sizes, major to minor, e.g. batch:2,model:2 "
+                    "(4 devices). Required with dtensor; an error without it. "
+                    "Without a GPU, the CPU is split into that many logical "
+                    "devices.")
+flags.DEFINE_string("layout_rules", None, "--strategy=dtensor: logical axis "
+                    "-> mesh axis rules in Mesh TensorFlow's form; logical "
+                    "axes without a rule are replicated. Default: "
+                    f"{dtensor_training.DEFAULT_LAYOUT_RULES!r} (data "
+                    "parallel on batch; query/key and value heads, d_ff and "
+                    "vocab on model). Bad rules for the model (e.g. 12 heads "
+                    "on model:8) stop the run before any step.")
 # Export.
 flags.DEFINE_bool("export", True, "Export a SavedModel after training.")
 flags.DEFINE_string("export_dir", None, "Default: <model_dir>/export.")
@@ -157,7 +174,8 @@ def _options(task):
       checkpoint_every=FLAGS.checkpoint_every, seed=FLAGS.seed,
       deterministic=FLAGS.deterministic,
       mixed_precision=FLAGS.mixed_precision, strategy=FLAGS.strategy,
-      tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint)
+      tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint,
+      mesh_shape=FLAGS.mesh_shape, layout_rules=FLAGS.layout_rules)
 
 
 def main(argv):
@@ -170,6 +188,11 @@ def main(argv):
       "thattn_runs", "_".join(str(part) for part in (
           task, model.preset or "finetuned", FLAGS.attention)))
   try:
+    if FLAGS.strategy == strategies.DTENSOR and FLAGS.mesh_shape:
+      split = dtensor_training.split_cpu(FLAGS.mesh_shape)
+      if split:
+        _print_now(f"No GPU: the CPU runs the mesh as {split} logical "
+                   "devices, sharing its cores (sharded, not faster).")
     summary = trainer.train(
         model_dir=model_dir, task=task, model=model,
         data=objectives.DataOptions(

@@ -12,7 +12,11 @@ What a run leaves in `model_dir`:
 - `train/` and `eval/`: TensorBoard summaries (loss, learning rate,
   tokens/s; held-out ln(PPL) or loss, and task metrics).
 - `run_config.json`: the task, preset, overrides and sizes, which
-  `thattn-export` rebuilds the model from; a rerun must match it.
+  `thattn-export` rebuilds the model from; a rerun must match it. The
+  strategy and mesh are not in it: checkpoints do not depend on them, so a
+  rerun may resume on other devices (`thattn.tasks.dtensor_training`).
+- `dtensor_layouts.json` (--strategy=dtensor): each weight's and optimizer
+  slot's layout in the latest run.
 - `tokenizer/`: the tokenizer's files (none for recall).
 - `summary.json`: the final summary, also printed.
 
@@ -38,6 +42,7 @@ from tensorflow.core.framework import summary_pb2
 import tf_keras
 
 from thattn import optimizers
+from thattn.tasks import dtensor_training
 from thattn.tasks import finetuning
 from thattn.tasks import objectives
 from thattn.tasks import strategies
@@ -87,6 +92,10 @@ class TrainOptions:
   strategy: str = "default"
   tpu: str = None
   init_checkpoint: str = None
+  # --strategy=dtensor only (thattn.tasks.dtensor_training): the mesh, e.g.
+  # "batch:2,model:2", and the rules; None: DEFAULT_LAYOUT_RULES there.
+  mesh_shape: str = None
+  layout_rules: str = None
 
   def __post_init__(self):
     for name in ("train_steps", "batch_size", "sequence_length",
@@ -107,6 +116,10 @@ class TrainOptions:
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate must be positive, got "
                        f"{self.learning_rate}.")
+    # Flag mistakes fail here, before any device or data is touched.
+    dtensor_training.check_options(
+        strategy=self.strategy, mesh_shape=self.mesh_shape,
+        layout_rules=self.layout_rules, tpu=self.tpu)
 
   @property
   def peak_learning_rate(self):
@@ -137,15 +150,18 @@ def _make_objective(task, *, model_dir, model, data, options, finetune, log):
   return finetuning.Squad(finetune=finetune, **text)
 
 
-def make_optimizer(options):
+def make_optimizer(options, mesh=None):
+  """(optimizer, schedule); `mesh`: a DTensor mesh to keep the state on."""
+  # tf-keras optimizers take `mesh=` to make their slots DVariables.
+  on_mesh = {"mesh": mesh} if mesh is not None else {}
   schedule = optimizers.InverseSqrtSchedule(
       options.warmup_steps, options.train_steps,
       decay_fraction=options.decay_fraction,
       scale=options.peak_learning_rate * math.sqrt(options.warmup_steps))
   if options.optimizer == "adafactor":
-    optimizer = optimizers.Adafactor(schedule)
+    optimizer = optimizers.Adafactor(schedule, **on_mesh)
   else:
-    optimizer = tf_keras.optimizers.Adam(schedule)
+    optimizer = tf_keras.optimizers.Adam(schedule, **on_mesh)
   if options.mixed_precision == "float16":
     optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
   return optimizer, schedule
@@ -210,6 +226,37 @@ def _check_run_config(model_dir, config):
     f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+class StrategyDevices:
+  """A tf.distribute.Strategy: builds in its scope, runs with TrainLoop.
+
+  `dtensor_training.DTensorDevices` has the same methods for a DTensor mesh.
+  """
+
+  def __init__(self, strategy):
+    self.strategy = strategy
+
+  def describe(self):
+    return f"{self.strategy.num_replicas_in_sync} replica(s)"
+
+  def build(self, objective, make_optimizer_fn):
+    """Builds the objective and `make_optimizer_fn()` with all its slots."""
+    with self.strategy.scope():
+      objective.build()
+      optimizer, schedule = make_optimizer_fn()
+      optimizer.build(objective.trainable_variables)
+    return optimizer, schedule
+
+  def train_loop(self, objective, optimizer, loss_scaling):
+    return TrainLoop(self.strategy, objective, optimizer, loss_scaling)
+
+
+def _make_devices(options, model_dir):
+  if options.strategy == strategies.DTENSOR:
+    return dtensor_training.DTensorDevices(options, model_dir)
+  return StrategyDevices(strategies.make_strategy(options.strategy,
+                                                  options.tpu))
+
+
 class TrainLoop:
   """The compiled steps: distributed training and evaluation."""
 
@@ -251,9 +298,12 @@ class TrainLoop:
     return self._reduce(self.strategy.run(
         lambda b: self.objective.loss(b, training=False), args=(batch,)))
 
+  def distribute(self, dataset):
+    return self.strategy.experimental_distribute_dataset(dataset)
+
   def evaluate(self, dataset):
     total = count = 0.0
-    for batch in self.strategy.experimental_distribute_dataset(dataset):
+    for batch in self.distribute(dataset):
       batch_total, batch_count = self.eval_step(batch)
       total, count = total + float(batch_total), count + float(batch_count)
     return total / max(count, 1.0)
@@ -301,7 +351,7 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
 
 
 def _train(*, model_dir, task, model, data, options, finetune, log):
-  strategy = strategies.make_strategy(options.strategy, options.tpu)
+  devices = _make_devices(options, model_dir)
   tf.io.gfile.makedirs(model_dir)
   objective = _make_objective(task, model_dir=model_dir, model=model,
                               data=data, options=options, finetune=finetune,
@@ -309,10 +359,8 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
   run_config = dict(objective.run_config(), batch_size=options.batch_size,
                     seed=options.seed)
   _check_run_config(model_dir, run_config)
-  with strategy.scope():
-    objective.build()
-    optimizer, schedule = make_optimizer(options)
-    optimizer.build(objective.trainable_variables)
+  optimizer, schedule = devices.build(
+      objective, lambda **kwargs: make_optimizer(options, **kwargs))
   # Trainer state, outside the strategy: one copy, not one per replica.
   initial_eval = tf.Variable(float("nan"), trainable=False)
   checkpoint = tf.train.Checkpoint(optimizer=optimizer,
@@ -335,15 +383,14 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
     # Dropout's random state is not in the checkpoint (see the module).
     tf.random.set_seed(options.seed * 1_000_003 + start_step)
 
-  loop = TrainLoop(strategy, objective, optimizer,
-               loss_scaling=options.mixed_precision == "float16")
+  loop = devices.train_loop(objective, optimizer,
+                            loss_scaling=options.mixed_precision == "float16")
   eval_data = objective.eval_dataset(options.eval_steps)
   metric = objective.eval_metric
   log(f"{objective.describe()}; {len(loop.variables)} trained tensors, "
       f"{sum(v.shape.num_elements() for v in loop.variables):,} trained "
       f"parameters; {options.optimizer}, peak learning rate "
-      f"{options.peak_learning_rate:g}; {strategy.num_replicas_in_sync} "
-      "replica(s).")
+      f"{options.peak_learning_rate:g}; {devices.describe()}.")
   if math.isnan(float(initial_eval)):
     initial_eval.assign(loop.evaluate(eval_data))
   eval_before = float(initial_eval)
@@ -402,9 +449,7 @@ def _run_steps(loop, objective, options, schedule, manager, writers,
   remaining = options.train_steps - start_step
   if remaining <= 0:
     return 0, 0.0
-  dataset = loop.strategy.experimental_distribute_dataset(
-      objective.train_dataset(start_step))
-  iterator = iter(dataset)
+  iterator = iter(loop.distribute(objective.train_dataset(start_step)))
   window_start, window_losses = time.time(), []
   steady_start, steady_seconds = None, 0.0
   for index in range(remaining):
