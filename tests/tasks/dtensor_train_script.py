@@ -19,6 +19,9 @@ Each case prints one JSON line that the test asserts on:
 - `mesh_change:<mesh>/<mesh>` (Adam): an unsharded reference run, and a
   sharded run stopped after step 5 and continued on the second mesh;
   losses, both meshes' layouts, and the final checkpoints' distance.
+- `bfloat16:<mesh>` (Adafactor, --mixed_precision=bfloat16): an unsharded
+  and a sharded run of 3 steps; losses, held-out losses and the sharded
+  layouts (the weights stay float32 DVariables under the policy).
 - `error:<name>`: a run that must fail before any step; the message.
 """
 
@@ -279,6 +282,21 @@ ERRORS = {
 }
 
 
+def bfloat16_case(mesh, out_dir, data_dir):
+  """Mixed bfloat16, sharded against unsharded, 3 steps."""
+  runs = {name: os.path.join(out_dir, name) for name in ("unsharded",
+                                                          "sharded")}
+  summaries = {
+      name: _train(path, data_dir, mesh=mesh if name == "sharded" else None,
+                   train_steps=3, mixed_precision="bfloat16")[0]
+      for name, path in runs.items()}
+  return {"case": f"bfloat16:{mesh}",
+          "losses": {name: _losses(path) for name, path in runs.items()},
+          "held_out": {name: _summary_losses(summary)
+                       for name, summary in summaries.items()},
+          "layouts": _layouts(runs["sharded"])}
+
+
 def error_case(name, out_dir, data_dir):
   mesh, model, options = ERRORS[name]
   model_dir = os.path.join(out_dir, f"error_{name}")
@@ -300,8 +318,8 @@ def main(argv=None):
   parser.add_argument("--data_dir", required=True)
   parser.add_argument("--out_dir", required=True)
   parser.add_argument("--case", action="append", required=True,
-                      help="cross:<mesh>, mesh_change:<mesh>/<mesh> or "
-                      f"error:<{'|'.join(ERRORS)}>")
+                      help="cross:<mesh>, mesh_change:<mesh>/<mesh>, "
+                      f"bfloat16:<mesh> or error:<{'|'.join(ERRORS)}>")
   args = parser.parse_args(argv)
   _configure_devices(args.devices)  # first, before anything touches devices
   for case in args.case:
@@ -314,6 +332,8 @@ def main(argv=None):
     elif kind == "mesh_change":
       first, second = rest.split("/")
       result = mesh_change_case(first, second, out_dir, args.data_dir)
+    elif kind == "bfloat16":
+      result = bfloat16_case(rest, out_dir, args.data_dir)
     else:
       result = error_case(rest, out_dir, args.data_dir)
     print(json.dumps(result), flush=True)

@@ -247,8 +247,16 @@ def build_sharded(build_fn, rules, mesh, strict=False):
 
   with tf.variable_creator_scope(record):
     reference = build_fn()
-  planned = {variable.ref(): mesh_axes for variable, mesh_axes
-             in plan_weights(reference, rules, mesh, strict)}
+  # Keyed by name, not by variable: under a mixed precision policy the
+  # model's weights are AutoCastVariables that tf-keras wraps around what
+  # the creator made, so the recorded variables are not the model's.
+  planned = {}
+  for variable, mesh_axes in plan_weights(reference, rules, mesh, strict):
+    if planned.setdefault(variable.name, mesh_axes) != mesh_axes:
+      raise ValueError(
+          f"two weights are named {variable.name!r} but need layouts "
+          f"{list(planned[variable.name])} and {list(mesh_axes)}; name "
+          "their layers apart.")
   remaining = list(created)
 
   def create_sharded(next_creator, **kwargs):
@@ -267,7 +275,7 @@ def build_sharded(build_fn, rules, mesh, strict=False):
           f"build_fn is not deterministic: weight {index} was {probe.name!r}"
           f" {probe.shape} in the probe build but "
           f"{name!r} {shape} in the sharded build.")
-    mesh_axes = planned.get(probe.ref(), (None,) * probe.shape.rank)
+    mesh_axes = planned.get(probe.name, (None,) * probe.shape.rank)
     with tf.init_scope():
       initial = dtensor.copy_to_mesh(probe.read_value(),
                                      _layout(mesh, mesh_axes))
