@@ -54,11 +54,21 @@ def _deserialize_layers(config, names):
   return config
 
 
+# The functions behind thattn.models.config.ACTIVATIONS, for the blocks here
+# and the task heads (thattn.tasks.heads).
 _ACTIVATIONS = {
     "relu": tf.nn.relu,
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),
     "gelu_approximate": lambda x: tf.nn.gelu(x, approximate=True),
 }
+
+
+def activation_function(name):
+  """The function an activation name of config.ACTIVATIONS stands for."""
+  if name not in _ACTIVATIONS:
+    raise ValueError(f"Unknown activation {name!r}; expected one of "
+                     f"{tuple(_ACTIVATIONS)}.")
+  return _ACTIVATIONS[name]
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -111,9 +121,7 @@ class FeedForward(tf_keras.layers.Layer):
                dropout_rate=0.0, kernel_initializer="glorot_uniform",
                output_initializer=None, **kwargs):
     super().__init__(**kwargs)
-    if activation not in _ACTIVATIONS:
-      raise ValueError(f"Unknown activation {activation!r}; expected one of "
-                       f"{tuple(_ACTIVATIONS)}.")
+    activation_function(activation)  # fails early on an unknown name
     self.d_ff = d_ff
     self.activation = activation
     self.gated = gated
@@ -159,7 +167,7 @@ class FeedForward(tf_keras.layers.Layer):
     return axes
 
   def call(self, inputs, training=None):
-    hidden = _ACTIVATIONS[self.activation](self.input_dense(inputs))
+    hidden = activation_function(self.activation)(self.input_dense(inputs))
     if self.gate_dense is not None:
       hidden *= self.gate_dense(inputs)
     hidden = self._dropout(hidden, training=training)

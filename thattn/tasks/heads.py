@@ -19,14 +19,9 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn.models import blocks
 from thattn.models import embeddings
 
-# The activations of thattn.models.config.ACTIVATIONS.
-_ACTIVATIONS = {
-    "relu": tf.nn.relu,
-    "gelu": lambda x: tf.nn.gelu(x, approximate=False),
-    "gelu_approximate": lambda x: tf.nn.gelu(x, approximate=True),
-}
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -47,9 +42,7 @@ class MaskedLMHead(tf_keras.layers.Layer):
     if not isinstance(embedding, embeddings.TokenEmbedding):
       raise ValueError(f"embedding must be a TokenEmbedding, got "
                        f"{embedding!r}.")
-    if activation not in _ACTIVATIONS:
-      raise ValueError(f"Unknown activation {activation!r}; expected one of "
-                       f"{sorted(_ACTIVATIONS)}.")
+    blocks.activation_function(activation)  # fails early on an unknown name
     self.embedding = embedding
     self.activation = activation
     self.initializer_range = initializer_range
@@ -77,7 +70,8 @@ class MaskedLMHead(tf_keras.layers.Layer):
 
   def call(self, sequence_output, positions):
     hidden = tf.gather(sequence_output, positions, batch_dims=1)
-    hidden = self.norm(_ACTIVATIONS[self.activation](self.transform(hidden)))
+    activation = blocks.activation_function(self.activation)
+    hidden = self.norm(activation(self.transform(hidden)))
     logits = self.embedding(hidden, mode="logits")
     return logits + tf.cast(self.output_bias, tf.float32)
 
