@@ -50,6 +50,8 @@ import sys
 import sysconfig
 import unicodedata
 
+from thattn import paths
+
 BUILDER_VERSION = 1  # Bump when a change to this file changes the output.
 HELDOUT_MODULUS = 20
 SPLITS = ("train", "heldout")
@@ -254,14 +256,10 @@ def _write_atomically(path, data):
   os.replace(temporary, path)
 
 
-def cache_dir():
-  return os.environ.get("THATTN_CACHE_DIR") or os.path.join(
-      os.path.expanduser("~"), ".cache", "thattn")
-
-
 def corpus_dir(cache=None):
   """The cached corpus folder, built on first use (manifest written last)."""
-  directory = os.path.join(cache or cache_dir(), f"corpus-{fingerprint()}")
+  directory = os.path.join(cache or paths.cache_dir(),
+                           f"corpus-{fingerprint()}")
   if not os.path.exists(os.path.join(directory, "manifest.json")):
     build(directory)
   return directory
