@@ -34,6 +34,8 @@ setuptools.setup(
     version="0.1.0",
     description="Talking-heads attention and its relatives as tf-keras layers.",
     packages=setuptools.find_packages(include=["thattn", "thattn.*"]),
+    # Kernel sources, compiled against the installed TensorFlow on first use.
+    package_data={"thattn.kernels": ["*.cc"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -23,7 +23,10 @@ def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / "attention.json").read_text())
   names = set(report["results"])
-  assert {"thattn MHA h=12", "thattn TH h=12", "thattn TH h=12 chunked"} <= names
+  assert {"thattn MHA h=12", "thattn TH h=12", "thattn TH h=12 TF ops",
+          "thattn TH h=12 chunked"} <= names
+  # The talking-heads rows time the fused kernel, as users get it.
+  assert report["fused_kernel"] == "available"
   assert all(r["seconds"] > 0 and r["peak_bytes"] > 0
              for r in report["results"].values())
   assert "thattn TH / thattn MHA, h=12" in report["ratios"]

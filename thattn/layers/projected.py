@@ -12,15 +12,18 @@ the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
 `TalkingHeadsAttention` sets the static projections P_l and P_w (and adds
 its dynamic terms).
 
-Two implementations of the core give the same results: the plain one below,
-and `thattn.layers.chunked`, which works in query chunks and recomputes the
-scores in the backward pass (see `query_chunk_size`).
+Three implementations of the core give the same results: the plain one
+below, `thattn.layers.chunked`, which works in query chunks and recomputes
+the scores in the backward pass (see `query_chunk_size`), and, for talking
+heads on CPU, the fused kernel `thattn.kernels.talking_heads_softmax`, which
+does mix, softmax and mix in one op (see `use_fused_kernel`).
 """
 
 import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import chunked
@@ -137,6 +140,15 @@ class ProjectedAttention(base.AttentionLayer):
       return weights
     return attention_ops.mix_heads(weights, self._post_softmax_projection)
 
+  def use_fused_kernel(self, dot_products, position_bias):
+    """Whether the fused kernel computes U from J in this call.
+
+    Multi-head attention has no heads mixing to fuse; talking heads
+    overrides this.
+    """
+    del dot_products, position_bias
+    return False
+
   @property
   def supports_chunking(self):
     """Whether the chunked core computes this layer (no dynamic terms)."""
@@ -165,11 +177,16 @@ class ProjectedAttention(base.AttentionLayer):
                              memory_state["key"])
     shape = tf.shape(dot_products)
     mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
-    logits = self.mix_logits(dot_products, query_state, memory_state)
-    weights = tf.cast(
-        attention_ops.masked_softmax(logits, mask, position_bias),
-        self.compute_dtype)
-    value_weights = self.mix_weights(weights, query_state, memory_state)
+    if self.use_fused_kernel(dot_products, position_bias):
+      value_weights = talking_heads_softmax.talking_heads_softmax(
+          dot_products, self._pre_softmax_projection,
+          self._post_softmax_projection, mask)
+    else:
+      logits = self.mix_logits(dot_products, query_state, memory_state)
+      weights = tf.cast(
+          attention_ops.masked_softmax(logits, mask, position_bias),
+          self.compute_dtype)
+      value_weights = self.mix_weights(weights, query_state, memory_state)
     context = tf.einsum(attention_ops.WEIGHTED_VALUES,
                         self.dropout_weights(value_weights, training),
                         memory_state["value"])

@@ -54,6 +54,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import projected
@@ -145,6 +146,15 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       default, is the paper's layer with weights P_l[h_k, h], P_w[h, h_v].
       G=h with h_k = h = h_v is multi-head attention whose logits and
       weights are scaled by a learned scalar per head.
+    fused_kernel: whether J -> L -> W -> U runs as one fused CPU op
+      (`thattn.kernels.talking_heads_softmax`: same results to float32
+      rounding, faster, and the training step keeps neither L nor W).
+      None (default): wherever it can, i.e. float32, on CPU, no dynamic
+      projections, no head groups, no position bias, not under XLA,
+      DTensor or SavedModel tracing, and the kernel compiled (on first use,
+      needs a C++ compiler); otherwise TensorFlow ops. The chunked core of
+      `query_chunk_size`, where it runs, does not use it. False: never.
+      True: always, with a ValueError saying why when it cannot.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
@@ -153,7 +163,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
                use_bias=False, dropout_rate=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, query_chunk_size=None,
-               num_head_groups=1, **kwargs):
+               num_head_groups=1, fused_kernel=None, **kwargs):
     num_key_heads = num_heads if num_key_heads is None else num_key_heads
     num_value_heads = num_heads if num_value_heads is None else num_value_heads
     super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
@@ -188,6 +198,14 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         tf_keras.initializers.get(talking_heads_initializer))
+    if fused_kernel is not None and not isinstance(fused_kernel, bool):
+      raise ValueError(f"fused_kernel must be None, True or False, got "
+                       f"{fused_kernel!r}.")
+    if fused_kernel and query_chunk_size:
+      raise ValueError(
+          f"fused_kernel=True and query_chunk_size={query_chunk_size} ask "
+          f"for two different attention cores; pass one of them.")
+    self.fused_kernel = fused_kernel
 
   def _projection_initializer(self, fan_in):
     if self.talking_heads_initializer is not None:
@@ -242,6 +260,27 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def supports_chunking(self):
     return not self.dynamic_projections
 
+  def use_fused_kernel(self, dot_products, position_bias):
+    if self.fused_kernel is False:
+      return False
+    reason = self._fused_kernel_obstacle(dot_products, position_bias)
+    if reason is not None and self.fused_kernel:
+      raise ValueError(f"{self.name}: fused_kernel=True, but {reason}. Pass "
+                       f"fused_kernel=None to use TensorFlow ops instead.")
+    return reason is None
+
+  def _fused_kernel_obstacle(self, dot_products, position_bias):
+    """Why the fused kernel cannot compute this call, or None."""
+    if self.dynamic_projections:
+      return "the kernel has no dynamic projections"
+    if self.num_head_groups != 1:
+      return "the kernel has no head groups"
+    if position_bias is not None:
+      return "the kernel takes no position bias"
+    return talking_heads_softmax.unsupported_reason(
+        dot_products, self._pre_softmax_projection,
+        self._post_softmax_projection)
+
   def mix_logits(self, dot_products, query_state, memory_state):
     logits = super().mix_logits(dot_products, query_state, memory_state)
     for name, state in (("x2l", query_state), ("m2l", memory_state)):
@@ -279,6 +318,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
         "project_weights": self.project_weights,
         "dynamic_projections": list(self.dynamic_projections),
         "num_head_groups": self.num_head_groups,
+        "fused_kernel": self.fused_kernel,
         "talking_heads_initializer": (
             None if self.talking_heads_initializer is None else
             tf_keras.initializers.serialize(self.talking_heads_initializer)),

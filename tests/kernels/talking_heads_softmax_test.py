@@ -1,0 +1,179 @@
+"""The fused talking-heads softmax op against NumPy and TensorFlow ops.
+
+Forward: a float64 NumPy transcription of mix -> masked softmax -> mix.
+Gradients: TensorFlow's autodiff through the same computation written with
+TensorFlow ops, the path the layers take without the kernel. The kernel is
+expected to build here (CI has g++); a failure to build fails these tests.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from thattn.kernels import talking_heads_softmax as fused
+from thattn.layers import attention_ops
+
+# (batch, h_k, h, h_v, n, m)
+SHAPES = {
+    "square": (2, 4, 4, 4, 7, 9),
+    "non_square": (2, 3, 5, 2, 6, 11),
+    "one_query_one_memory": (1, 2, 3, 2, 1, 1),
+    "wide_heads": (1, 6, 24, 6, 5, 8),
+}
+
+
+def _numpy_reference(dots, pre, post, mask):
+  """U[b, h_v, n, m] in float64; mask [b, n, m] or None."""
+  logits = np.einsum("bknm,kh->bhnm", dots.astype(np.float64), pre)
+  if mask is not None:
+    logits = np.where(mask[:, None], logits, attention_ops.MASKED_LOGIT)
+  logits -= logits.max(axis=-1, keepdims=True)
+  weights = np.exp(logits)
+  weights /= weights.sum(axis=-1, keepdims=True)
+  return np.einsum("bhnm,hv->bvnm", weights, post)
+
+
+def _tensorflow_ops(dots, pre, post, mask):
+  logits = attention_ops.mix_heads(dots, pre)
+  weights = attention_ops.masked_softmax(logits, mask)
+  return attention_ops.mix_heads(weights, post)
+
+
+def _inputs(shape, masked, seed=0):
+  batch, key_heads, heads, value_heads, length, memory = shape
+  rng = np.random.default_rng(seed)
+  dots = rng.normal(size=(batch, key_heads, length, memory)).astype(np.float32)
+  pre = rng.normal(size=(key_heads, heads)).astype(np.float32)
+  post = rng.normal(size=(heads, value_heads)).astype(np.float32)
+  mask = None
+  if masked:
+    mask = rng.uniform(size=(batch, length, memory)) > 0.4
+    mask[:, 0, :] = False  # a fully masked query row: uniform, no NaN
+  return dots, pre, post, mask
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "mask"])
+@pytest.mark.parametrize("rows_per_block", [0, 1, 4])
+def test_forward_equals_numpy(shape, masked, rows_per_block):
+  dots, pre, post, mask = _inputs(shape, masked)
+  mixed = fused.talking_heads_softmax(
+      dots, pre, post, None if mask is None else mask[:, None],
+      rows_per_block=rows_per_block)
+  expected = _numpy_reference(dots, pre, post, mask)
+  np.testing.assert_allclose(mixed.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "mask"])
+@pytest.mark.parametrize("rows_per_block", [0, 3])
+def test_gradients_equal_tensorflow_ops(shape, masked, rows_per_block):
+  dots, pre, post, mask = _inputs(shape, masked, seed=1)
+  dots, pre, post = map(tf.constant, (dots, pre, post))
+  if mask is not None:
+    mask = tf.constant(mask[:, None])
+  upstream = tf.random.stateless_normal(
+      [shape[0], shape[3], shape[4], shape[5]], seed=[2, 3])
+
+  def gradients(function, **kwargs):
+    with tf.GradientTape() as tape:
+      tape.watch([dots, pre, post])
+      loss = tf.reduce_sum(function(dots, pre, post, mask, **kwargs) *
+                           upstream)
+    return tape.gradient(loss, [dots, pre, post])
+
+  actual = gradients(fused.talking_heads_softmax,
+                     rows_per_block=rows_per_block)
+  expected = gradients(_tensorflow_ops)
+  for name, a, e in zip(("dJ", "dP_l", "dP_w"), actual, expected):
+    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+
+
+def test_masked_positions_get_no_gradient_and_rows_are_distributions():
+  dots, pre, post, mask = _inputs(SHAPES["square"], masked=True, seed=4)
+  dots = tf.constant(dots)
+  identity = np.eye(4, dtype=np.float32)
+  with tf.GradientTape() as tape:
+    tape.watch(dots)
+    weights = fused.talking_heads_softmax(dots, identity, identity,
+                                          mask[:, None])
+    loss = tf.reduce_sum(weights * tf.random.normal(weights.shape))
+  np.testing.assert_allclose(tf.reduce_sum(weights, -1).numpy(), 1.0,
+                             rtol=1e-6)
+  partly_masked = mask.any(axis=-1, keepdims=True) & ~mask
+  assert np.all(weights.numpy()[np.broadcast_to(
+      partly_masked[:, None], weights.shape)] == 0.0)
+  gradient = tape.gradient(loss, dots).numpy()
+  assert np.all(gradient[np.broadcast_to(~mask[:, None], gradient.shape)]
+                == 0.0)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 9), (1, 1, 7, 9), (7, 9)])
+def test_broadcast_masks(mask_shape):
+  dots, pre, post, _ = _inputs(SHAPES["square"], masked=False, seed=5)
+  mask = np.random.default_rng(6).uniform(size=mask_shape) > 0.3
+  full = np.broadcast_to(mask, (2, 1, 7, 9))
+  np.testing.assert_allclose(
+      fused.talking_heads_softmax(dots, pre, post, mask).numpy(),
+      _numpy_reference(dots, pre, post, full[:, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_none_projection_means_identity():
+  dots, pre, post, mask = _inputs((2, 3, 3, 3, 5, 6), masked=True, seed=7)
+  identity = np.eye(3)
+  np.testing.assert_allclose(
+      fused.talking_heads_softmax(dots, None, post, mask[:, None]).numpy(),
+      _numpy_reference(dots, identity, post, mask), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      fused.talking_heads_softmax(dots, pre, None, mask[:, None]).numpy(),
+      _numpy_reference(dots, pre, identity, mask), rtol=1e-5, atol=1e-5)
+
+
+def test_inside_tf_function_with_unknown_shapes():
+  dots, pre, post, mask = _inputs(SHAPES["non_square"], masked=True, seed=8)
+  function = tf.function(
+      fused.talking_heads_softmax,
+      input_signature=[tf.TensorSpec([None, 3, None, None]),
+                       tf.TensorSpec([3, 5]), tf.TensorSpec([5, 2]),
+                       tf.TensorSpec([None, 1, None, None], tf.bool)])
+  np.testing.assert_allclose(
+      function(dots, pre, post, mask[:, None]).numpy(),
+      _numpy_reference(dots, pre, post, mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pre_shape, post_shape, message", [
+    ((3, 4), (4, 4), r"pre must be \[h_k, h\] with h_k = 4"),
+    ((4, 4), (3, 4), r"post must be \[h, h_v\] with h = 4"),
+])
+def test_mismatched_projections_are_rejected(pre_shape, post_shape, message):
+  dots = tf.zeros([2, 4, 7, 9])
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                     match=message):
+    fused.talking_heads_softmax(dots, tf.zeros(pre_shape),
+                                tf.zeros(post_shape))
+
+
+def test_mask_of_the_wrong_shape_is_rejected():
+  ops = fused.build.load(fused.KERNEL)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"mask must be \[b, n, m\] = \[2, 7, 9\]"):
+    ops.thattn_talking_heads_softmax(tf.zeros([2, 4, 7, 9]), tf.eye(4),
+                                     tf.eye(4), tf.ones([2, 7, 8], tf.bool))
+
+
+def test_unsupported_reasons():
+  dots = tf.zeros([1, 2, 3, 3])
+  assert fused.unsupported_reason(dots) is None
+  assert "float32 only" in fused.unsupported_reason(
+      tf.zeros([1, 2, 3, 3], tf.bfloat16))
+
+  traced_reasons = []
+
+  @tf.function(jit_compile=True)
+  def under_xla(dots):
+    traced_reasons.append(fused.unsupported_reason(dots))
+    return dots + 1
+
+  under_xla(dots)
+  assert "XLA" in traced_reasons[0]

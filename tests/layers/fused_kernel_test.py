@@ -1,0 +1,203 @@
+"""TalkingHeadsAttention with and without the fused kernel: same results.
+
+The layer uses `thattn.kernels.talking_heads_softmax` by default where it can
+(fused_kernel=None). These tests check that it really does here, that it
+gives the TensorFlow-ops path's outputs and gradients, and that it steps
+aside (or, with fused_kernel=True, says why it cannot run) under XLA, mixed
+precision, dynamic projections, head groups, a position bias and SavedModel
+tracing. The kernel itself is tested in tests/kernels.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from thattn import layers
+
+FUSED_OP = "ThattnTalkingHeadsSoftmax"
+FUSED_GRADIENT_OP = "ThattnTalkingHeadsSoftmaxGrad"
+BATCH, LENGTH, WIDTH = 2, 7, 12
+
+VARIANTS = {
+    "square": lambda **kw: layers.TalkingHeadsAttention(4, 3, **kw),
+    "non_square": lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, value_dim=5, num_key_heads=2, num_value_heads=6, **kw),
+    "logits_only": lambda **kw: layers.TalkingHeadsAttention(
+        3, 4, project_weights=False, **kw),
+    "weights_only": lambda **kw: layers.TalkingHeadsAttention(
+        3, 4, project_logits=False, num_value_heads=2, **kw),
+}
+
+
+def _op_types(function, *args):
+  """Types of the ops in `function`'s graph, including nested functions."""
+  graph = tf.function(function).get_concrete_function(*args).graph
+  types = {op.type for op in graph.get_operations()}
+  for nested in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in nested.cached_definition.node_def}
+  return types
+
+
+def _outputs_and_gradients(layer, query, **kwargs):
+  with tf.GradientTape() as tape:
+    tape.watch(query)
+    output = layer(query, query, **kwargs)
+    loss = tf.reduce_sum(output * tf.sin(output))
+  return [output] + tape.gradient(loss, [query] + layer.trainable_variables)
+
+
+def _twin_layers(make_layer):
+  """(fused by default, fused_kernel=False), built, with equal weights."""
+  default, plain = make_layer(), make_layer(fused_kernel=False)
+  query = tf.zeros([1, LENGTH, WIDTH])
+  default(query, query)
+  plain(query, query)
+  plain.set_weights(default.get_weights())
+  return default, plain
+
+
+@pytest.mark.parametrize("make_layer", VARIANTS.values(), ids=VARIANTS.keys())
+@pytest.mark.parametrize("masking", ["none", "padding", "causal"])
+def test_fused_equals_tensorflow_ops(make_layer, masking):
+  default, plain = _twin_layers(make_layer)
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[1, 2])
+  kwargs = {}
+  if masking == "padding":
+    kwargs["attention_mask"] = tf.sequence_mask([LENGTH, 3], LENGTH)[:, None]
+  if masking == "causal":
+    kwargs["use_causal_mask"] = True
+  fused_results = tf.function(_outputs_and_gradients)(default, query,
+                                                      **kwargs)
+  assert FUSED_GRADIENT_OP in _op_types(
+      lambda q: _outputs_and_gradients(default, q, **kwargs), query)
+  assert FUSED_OP not in _op_types(lambda q: plain(q, q, **kwargs), query)
+  plain_results = _outputs_and_gradients(plain, query, **kwargs)
+  assert len(fused_results) == len(plain_results)
+  for fused_value, plain_value in zip(fused_results, plain_results):
+    np.testing.assert_allclose(fused_value.numpy(), plain_value.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_fused_attention_scores_equal_tensorflow_ops():
+  default, plain = _twin_layers(VARIANTS["non_square"])
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[3, 4])
+  _, fused_scores = default(query, query, return_attention_scores=True)
+  _, plain_scores = plain(query, query, return_attention_scores=True)
+  np.testing.assert_allclose(fused_scores.numpy(), plain_scores.numpy(),
+                             rtol=1e-5, atol=1e-6)
+
+
+FALLBACKS = {
+    "dynamic_projections": (
+        lambda **kw: layers.TalkingHeadsAttention(
+            4, 3, dynamic_projections=["x2l"], **kw),
+        {}, "no dynamic projections"),
+    "head_groups": (
+        lambda **kw: layers.TalkingHeadsAttention(
+            4, 3, num_head_groups=2, **kw),
+        {}, "no head groups"),
+    "position_bias": (
+        lambda **kw: layers.TalkingHeadsAttention(4, 3, **kw),
+        {"position_bias": tf.ones([1, 4, LENGTH, LENGTH])},
+        "no position bias"),
+}
+
+
+@pytest.mark.parametrize("case", FALLBACKS.values(), ids=FALLBACKS.keys())
+def test_falls_back_where_the_kernel_cannot_run(case):
+  make_layer, kwargs, reason = case
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[5, 6])
+  default, plain = _twin_layers(make_layer)
+  assert FUSED_OP not in _op_types(lambda q: default(q, q, **kwargs), query)
+  np.testing.assert_allclose(default(query, query, **kwargs).numpy(),
+                             plain(query, query, **kwargs).numpy())
+  required = make_layer(fused_kernel=True)
+  with pytest.raises(ValueError, match=f"fused_kernel=True, but .*{reason}"):
+    required(query, query, **kwargs)
+
+
+def test_falls_back_under_mixed_precision():
+  tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    layer = layers.TalkingHeadsAttention(4, 3)
+    query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[7, 8])
+    assert FUSED_OP not in _op_types(lambda q: layer(q, q), query)
+    with pytest.raises(ValueError, match="float32 only"):
+      layers.TalkingHeadsAttention(4, 3, fused_kernel=True)(query, query)
+  finally:
+    tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def test_falls_back_under_xla_with_equal_results():
+  default, plain = _twin_layers(VARIANTS["square"])
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[9, 10])
+  compiled = tf.function(lambda q: _outputs_and_gradients(default, q),
+                         jit_compile=True)
+  for xla_value, plain_value in zip(compiled(query),
+                                    _outputs_and_gradients(plain, query)):
+    np.testing.assert_allclose(xla_value.numpy(), plain_value.numpy(),
+                               rtol=1e-5, atol=1e-6)
+  required = layers.TalkingHeadsAttention(4, 3, fused_kernel=True)
+  with pytest.raises(ValueError, match="XLA"):
+    tf.function(lambda q: required(q, q), jit_compile=True)(query)
+
+
+def test_saved_model_holds_no_fused_op_and_reloads(tmp_path):
+  inputs = tf_keras.Input([LENGTH, WIDTH])
+  model = tf_keras.Model(
+      inputs, layers.TalkingHeadsAttention(4, 3)(inputs, inputs))
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[11, 12])
+  expected = model(query)  # traced with the fused op before saving
+  model.save(str(tmp_path / "model"), save_format="tf")
+  saved = (tmp_path / "model" / "saved_model.pb").read_bytes()
+  assert b"talking_heads_attention" in saved  # the layer is in there
+  assert FUSED_OP.encode() not in saved
+  reloaded = tf.saved_model.load(str(tmp_path / "model"))
+  np.testing.assert_allclose(reloaded(query).numpy(), expected.numpy(),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_config_round_trip_and_bad_values():
+  layer = layers.TalkingHeadsAttention(4, 3, fused_kernel=False)
+  assert layer.get_config()["fused_kernel"] is False
+  copy = layers.TalkingHeadsAttention.from_config(layer.get_config())
+  assert copy.fused_kernel is False
+  with pytest.raises(ValueError, match="fused_kernel must be None, True or "
+                     "False, got 'yes'"):
+    layers.TalkingHeadsAttention(4, 3, fused_kernel="yes")
+  with pytest.raises(ValueError, match="query_chunk_size=16"):
+    layers.TalkingHeadsAttention(4, 3, fused_kernel=True,
+                                 query_chunk_size=16)
+
+
+def test_switched_off_by_environment(tmp_path):
+  """THATTN_FUSED_KERNELS=0: TensorFlow ops, and True says why it cannot."""
+  script = textwrap.dedent("""
+      import tensorflow as tf
+      from thattn import layers
+      query = tf.ones([1, 3, 8])
+      layer = layers.TalkingHeadsAttention(2, 4)
+      graph = tf.function(lambda q: layer(q, q)).get_concrete_function(
+          query).graph
+      assert "ThattnTalkingHeadsSoftmax" not in {
+          op.type for op in graph.get_operations()}
+      try:
+        layers.TalkingHeadsAttention(2, 4, fused_kernel=True)(query, query)
+      except ValueError as error:
+        print("REFUSED:", error)
+      """)
+  env = dict(os.environ, THATTN_FUSED_KERNELS="0",
+             THATTN_CACHE_DIR=str(tmp_path))
+  result = subprocess.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "REFUSED:" in result.stdout
+  assert "THATTN_FUSED_KERNELS=0 turns the kernels off" in result.stdout
+  assert not (tmp_path / "kernels").exists()

@@ -1,0 +1,7 @@
+"""Compiled CPU kernels for thattn's layers.
+
+The kernels are C++ TensorFlow ops, compiled from the sources in this folder
+against the installed TensorFlow on first use and cached (see `build`). The
+layers fall back to plain TensorFlow ops wherever a kernel cannot run, so a
+machine without a C++ compiler loses speed, not results.
+"""

@@ -1,0 +1,392 @@
+// Fused talking-heads softmax for CPU: mix, softmax and mix again while a
+// block of query rows is in cache.
+//
+// Letters as in thattn/dims.py. Per example and query row n:
+//   L[h, n, m]   = einsum(J[h_k, n, m], P_l[h_k, h])
+//   W[h, n, m]   = softmax over m of (mask ? L : -1e9)
+//   U[h_v, n, m] = einsum(W[h, n, m], P_w[h, h_v])
+//
+// Why a kernel: done as TensorFlow ops, each of these steps reads and writes
+// a whole [b, heads, n, m] tensor, and on CPU those passes are bound by
+// memory traffic, not multiplies (benchmarks/RESULTS.md, issue 3). Here a
+// block of query rows goes through all three steps in cache and only U is
+// written. The gradient op recomputes L and W from J the same way, so the
+// forward pass keeps neither: a training step stores J and U only.
+//
+// Ops (thattn/kernels/talking_heads_softmax.py wraps them and registers the
+// gradient):
+//   ThattnTalkingHeadsSoftmax(dots J, pre P_l, post P_w, mask) -> U
+//   ThattnTalkingHeadsSoftmaxGrad(J, P_l, P_w, mask, dU) -> dJ, dP_l, dP_w
+// `mask` is boolean [b, n, m] (true: may attend) or has no elements (no
+// mask). Float32 only; the Python side falls back to TensorFlow ops for
+// other dtypes.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "Eigen/Core"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/lib/core/threadpool.h"
+
+namespace thattn {
+namespace {
+
+namespace tf = ::tensorflow;
+
+using Matrix =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// One block of a [b, heads, n, m] tensor: `heads` rows of rows*m floats, each
+// row a contiguous run of one head's query rows, n*m floats apart.
+using BlockView = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
+using ConstBlockView = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
+using ConstMatrixView = Eigen::Map<const Matrix>;
+
+// The same constant as thattn.layers.attention_ops.MASKED_LOGIT, so a fully
+// masked row is uniform exactly as in the TensorFlow-ops path.
+constexpr float kMaskedLogit = -1e9f;
+
+// Aim for blocks whose widest score matrix stays within this many floats
+// (64 KiB * 4 bytes = 256 KiB, about half of a core's L2 on recent x86).
+constexpr int64_t kBlockFloats = 64 * 1024;
+
+struct Geometry {
+  int64_t batch, key_heads, heads, value_heads, length, memory;
+  int64_t rows_per_block, blocks_per_example;
+
+  int64_t num_blocks() const { return batch * blocks_per_example; }
+};
+
+// Reads the shapes, checks them against each other, and picks the block size.
+// On a mismatch it sets the context's status (and the caller returns).
+void ReadGeometry(tf::OpKernelContext* context, int64_t rows_per_block_attr,
+                  Geometry* geometry) {
+  const tf::Tensor& dots = context->input(0);
+  const tf::Tensor& pre = context->input(1);
+  const tf::Tensor& post = context->input(2);
+  const tf::Tensor& mask = context->input(3);
+  OP_REQUIRES(context, dots.dims() == 4,
+              tf::errors::InvalidArgument(
+                  "dots must be [b, h_k, n, m], got shape ",
+                  dots.shape().DebugString()));
+  OP_REQUIRES(context, pre.dims() == 2 && post.dims() == 2,
+              tf::errors::InvalidArgument(
+                  "pre and post must be matrices, got shapes ",
+                  pre.shape().DebugString(), " and ",
+                  post.shape().DebugString()));
+  Geometry& g = *geometry;
+  g.batch = dots.dim_size(0);
+  g.key_heads = dots.dim_size(1);
+  g.length = dots.dim_size(2);
+  g.memory = dots.dim_size(3);
+  g.heads = pre.dim_size(1);
+  g.value_heads = post.dim_size(1);
+  OP_REQUIRES(context, pre.dim_size(0) == g.key_heads,
+              tf::errors::InvalidArgument(
+                  "pre must be [h_k, h] with h_k = ", g.key_heads,
+                  " (dots' dimension 1), got shape ",
+                  pre.shape().DebugString()));
+  OP_REQUIRES(context, post.dim_size(0) == g.heads,
+              tf::errors::InvalidArgument(
+                  "post must be [h, h_v] with h = ", g.heads,
+                  " (pre's dimension 1), got shape ",
+                  post.shape().DebugString()));
+  const bool mask_ok =
+      mask.NumElements() == 0 ||
+      (mask.dims() == 3 && mask.dim_size(0) == g.batch &&
+       mask.dim_size(1) == g.length && mask.dim_size(2) == g.memory);
+  OP_REQUIRES(context, mask_ok,
+              tf::errors::InvalidArgument(
+                  "mask must be [b, n, m] = [", g.batch, ", ", g.length, ", ",
+                  g.memory, "] or empty, got shape ",
+                  mask.shape().DebugString()));
+  const int64_t widest = std::max({g.key_heads, g.heads, g.value_heads});
+  g.rows_per_block =
+      rows_per_block_attr > 0
+          ? rows_per_block_attr
+          : std::max<int64_t>(1, kBlockFloats / std::max<int64_t>(
+                                     1, widest * g.memory));
+  g.rows_per_block = std::min(g.rows_per_block, std::max<int64_t>(1, g.length));
+  g.blocks_per_example =
+      (g.length + g.rows_per_block - 1) / g.rows_per_block;
+}
+
+// Where one block of query rows sits.
+struct Block {
+  int64_t example, first_row, rows;
+
+  Block(const Geometry& g, int64_t index)
+      : example(index / g.blocks_per_example),
+        first_row((index % g.blocks_per_example) * g.rows_per_block),
+        rows(std::min(g.rows_per_block, g.length - first_row)) {}
+
+  // Offset of [example, head 0, first_row, 0] in a [b, heads, n, m] tensor.
+  int64_t Offset(const Geometry& g, int64_t heads) const {
+    return ((example * heads) * g.length + first_row) * g.memory;
+  }
+};
+
+// W for one block: L = P_l^T J, masked, softmax over each row of m.
+// `weights` is [h, rows_per_block * m]; its first rows*m columns are written.
+void ComputeWeights(const Geometry& g, const Block& block, const float* dots,
+                    const Matrix& pre_transposed, const bool* mask,
+                    Matrix* weights) {
+  const int64_t columns = block.rows * g.memory;
+  ConstBlockView dots_block(dots + block.Offset(g, g.key_heads), g.key_heads,
+                            columns, Eigen::OuterStride<>(g.length * g.memory));
+  weights->leftCols(columns).noalias() = pre_transposed * dots_block;
+  const bool* mask_block =
+      mask == nullptr
+          ? nullptr
+          : mask + (block.example * g.length + block.first_row) * g.memory;
+  for (int64_t head = 0; head < g.heads; ++head) {
+    float* row_start = weights->row(head).data();
+    for (int64_t row = 0; row < block.rows; ++row) {
+      float* logits = row_start + row * g.memory;
+      if (mask_block != nullptr) {
+        const bool* allowed = mask_block + row * g.memory;
+        for (int64_t j = 0; j < g.memory; ++j) {
+          if (!allowed[j]) logits[j] = kMaskedLogit;
+        }
+      }
+      Eigen::Map<Eigen::ArrayXf> values(logits, g.memory);
+      values = (values - values.maxCoeff()).exp();
+      values *= 1.0f / values.sum();
+    }
+  }
+}
+
+// Runs `work(slice, first_block, end_block)` over all blocks, split into at
+// most `max_slices` contiguous slices on TensorFlow's CPU thread pool. Slices
+// are numbered so that callers can keep one accumulator per slice.
+void ForEachSlice(tf::OpKernelContext* context, const Geometry& g,
+                  int64_t max_slices,
+                  const std::function<void(int64_t, int64_t, int64_t)>& work) {
+  const int64_t blocks = g.num_blocks();
+  const int64_t slices = std::max<int64_t>(1, std::min(blocks, max_slices));
+  auto run = [&](int64_t first_slice, int64_t end_slice) {
+    for (int64_t slice = first_slice; slice < end_slice; ++slice) {
+      work(slice, blocks * slice / slices, blocks * (slice + 1) / slices);
+    }
+  };
+  auto* threads = context->device()->tensorflow_cpu_worker_threads();
+  // A large cost per slice: each slice is worth its own task.
+  threads->workers->ParallelFor(slices, /*cost_per_unit=*/1 << 30, run);
+}
+
+int64_t SliceCount(tf::OpKernelContext* context) {
+  // A few slices per thread balance uneven progress without many partial
+  // accumulators to add up afterwards.
+  return 4 * context->device()->tensorflow_cpu_worker_threads()->num_threads;
+}
+
+const bool* MaskOrNull(const tf::Tensor& mask) {
+  return mask.NumElements() == 0 ? nullptr : mask.flat<bool>().data();
+}
+
+class TalkingHeadsSoftmaxOp : public tf::OpKernel {
+ public:
+  explicit TalkingHeadsSoftmaxOp(tf::OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("rows_per_block", &rows_per_block_));
+  }
+
+  void Compute(tf::OpKernelContext* context) override {
+    Geometry g;
+    ReadGeometry(context, rows_per_block_, &g);
+    if (!context->status().ok()) return;
+    tf::Tensor* mixed = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0,
+                                tf::TensorShape({g.batch, g.value_heads,
+                                                 g.length, g.memory}),
+                                &mixed));
+    if (mixed->NumElements() == 0) return;
+    const float* dots = context->input(0).flat<float>().data();
+    const Matrix pre_transposed =
+        ConstMatrixView(context->input(1).flat<float>().data(), g.key_heads,
+                        g.heads)
+            .transpose();
+    const Matrix post_transposed =
+        ConstMatrixView(context->input(2).flat<float>().data(), g.heads,
+                        g.value_heads)
+            .transpose();
+    const bool* mask = MaskOrNull(context->input(3));
+    float* output = mixed->flat<float>().data();
+    ForEachSlice(context, g, SliceCount(context),
+                 [&](int64_t, int64_t first_block, int64_t end_block) {
+      Matrix weights(g.heads, g.rows_per_block * g.memory);
+      for (int64_t index = first_block; index < end_block; ++index) {
+        const Block block(g, index);
+        const int64_t columns = block.rows * g.memory;
+        ComputeWeights(g, block, dots, pre_transposed, mask, &weights);
+        BlockView mixed_block(output + block.Offset(g, g.value_heads),
+                              g.value_heads, columns,
+                              Eigen::OuterStride<>(g.length * g.memory));
+        mixed_block.noalias() = post_transposed * weights.leftCols(columns);
+      }
+    });
+  }
+
+ private:
+  int64_t rows_per_block_;
+};
+
+class TalkingHeadsSoftmaxGradOp : public tf::OpKernel {
+ public:
+  explicit TalkingHeadsSoftmaxGradOp(tf::OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context,
+                   context->GetAttr("rows_per_block", &rows_per_block_));
+  }
+
+  void Compute(tf::OpKernelContext* context) override {
+    Geometry g;
+    ReadGeometry(context, rows_per_block_, &g);
+    if (!context->status().ok()) return;
+    const tf::Tensor& grad_mixed = context->input(4);
+    OP_REQUIRES(
+        context,
+        grad_mixed.shape() == tf::TensorShape({g.batch, g.value_heads,
+                                               g.length, g.memory}),
+        tf::errors::InvalidArgument("grad_mixed must be [b, h_v, n, m], got ",
+                                    grad_mixed.shape().DebugString()));
+    tf::Tensor* grad_dots = nullptr;
+    tf::Tensor* grad_pre = nullptr;
+    tf::Tensor* grad_post = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, context->input(0).shape(), &grad_dots));
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                1, context->input(1).shape(), &grad_pre));
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                2, context->input(2).shape(), &grad_post));
+    const float* dots = context->input(0).flat<float>().data();
+    const ConstMatrixView pre(context->input(1).flat<float>().data(),
+                              g.key_heads, g.heads);
+    const ConstMatrixView post(context->input(2).flat<float>().data(),
+                               g.heads, g.value_heads);
+    const Matrix pre_transposed = pre.transpose();
+    const bool* mask = MaskOrNull(context->input(3));
+    const float* d_mixed = grad_mixed.flat<float>().data();
+    float* d_dots = grad_dots->flat<float>().data();
+
+    // dP_l and dP_w sum over every position: one partial sum per slice,
+    // added up below, so no two threads write the same accumulator.
+    const int64_t slices = std::max<int64_t>(
+        1, std::min(g.num_blocks(), SliceCount(context)));
+    std::vector<Matrix> pre_partials(slices,
+                                     Matrix::Zero(g.key_heads, g.heads));
+    std::vector<Matrix> post_partials(slices,
+                                      Matrix::Zero(g.heads, g.value_heads));
+    const int64_t stride = g.length * g.memory;
+    ForEachSlice(context, g, slices,
+                 [&](int64_t slice, int64_t first_block, int64_t end_block) {
+      Matrix weights(g.heads, g.rows_per_block * g.memory);
+      Matrix d_weights(g.heads, g.rows_per_block * g.memory);
+      for (int64_t index = first_block; index < end_block; ++index) {
+        const Block block(g, index);
+        const int64_t columns = block.rows * g.memory;
+        ComputeWeights(g, block, dots, pre_transposed, mask, &weights);
+        ConstBlockView d_mixed_block(d_mixed + block.Offset(g, g.value_heads),
+                                     g.value_heads, columns,
+                                     Eigen::OuterStride<>(stride));
+        auto w = weights.leftCols(columns);
+        auto d_w = d_weights.leftCols(columns);
+        // U = P_w^T W:  dW = P_w dU,  dP_w += W dU^T.
+        d_w.noalias() = post * d_mixed_block;
+        post_partials[slice].noalias() += w * d_mixed_block.transpose();
+        // Softmax: dL = W * (dW - sum_m W dW); masked logits were replaced
+        // by a constant, so they get no gradient.
+        for (int64_t head = 0; head < g.heads; ++head) {
+          for (int64_t row = 0; row < block.rows; ++row) {
+            const int64_t start = row * g.memory;
+            auto probabilities = w.row(head).segment(start, g.memory).array();
+            auto gradient = d_w.row(head).segment(start, g.memory).array();
+            const float weighted_sum = (probabilities * gradient).sum();
+            gradient = probabilities * (gradient - weighted_sum);
+            if (mask != nullptr) {
+              const bool* allowed =
+                  mask + (block.example * g.length + block.first_row + row) *
+                             g.memory;
+              for (int64_t j = 0; j < g.memory; ++j) {
+                if (!allowed[j]) gradient[j] = 0.0f;
+              }
+            }
+          }
+        }
+        // L = P_l^T J:  dJ = P_l dL,  dP_l += J dL^T.
+        ConstBlockView dots_block(dots + block.Offset(g, g.key_heads),
+                                  g.key_heads, columns,
+                                  Eigen::OuterStride<>(stride));
+        BlockView d_dots_block(d_dots + block.Offset(g, g.key_heads),
+                               g.key_heads, columns,
+                               Eigen::OuterStride<>(stride));
+        d_dots_block.noalias() = pre * d_w;
+        pre_partials[slice].noalias() += dots_block * d_w.transpose();
+      }
+    });
+    Eigen::Map<Matrix> d_pre(grad_pre->flat<float>().data(), g.key_heads,
+                             g.heads);
+    Eigen::Map<Matrix> d_post(grad_post->flat<float>().data(), g.heads,
+                              g.value_heads);
+    d_pre.setZero();
+    d_post.setZero();
+    for (int64_t slice = 0; slice < slices; ++slice) {
+      d_pre += pre_partials[slice];
+      d_post += post_partials[slice];
+    }
+  }
+
+ private:
+  int64_t rows_per_block_;
+};
+
+tf::Status SameShapeAsInputs(tf::shape_inference::InferenceContext* context) {
+  for (int i = 0; i < 3; ++i) context->set_output(i, context->input(i));
+  return tf::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("ThattnTalkingHeadsSoftmax")
+    .Input("dots: float")  // J[b, h_k, n, m]
+    .Input("pre: float")   // P_l[h_k, h]
+    .Input("post: float")  // P_w[h, h_v]
+    .Input("mask: bool")   // [b, n, m], or no elements for no mask
+    .Output("mixed: float")  // U[b, h_v, n, m]
+    .Attr("rows_per_block: int = 0")  // 0: chosen from the sizes
+    .SetShapeFn([](tf::shape_inference::InferenceContext* context) {
+      tf::shape_inference::ShapeHandle dots, pre, post;
+      TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 4, &dots));
+      TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &pre));
+      TF_RETURN_IF_ERROR(context->WithRank(context->input(2), 2, &post));
+      context->set_output(
+          0, context->MakeShape({context->Dim(dots, 0), context->Dim(post, 1),
+                                 context->Dim(dots, 2),
+                                 context->Dim(dots, 3)}));
+      return tf::OkStatus();
+    });
+
+REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
+    .Input("dots: float")
+    .Input("pre: float")
+    .Input("post: float")
+    .Input("mask: bool")
+    .Input("grad_mixed: float")  // dU[b, h_v, n, m]
+    .Output("grad_dots: float")  // dJ[b, h_k, n, m]
+    .Output("grad_pre: float")   // dP_l[h_k, h]
+    .Output("grad_post: float")  // dP_w[h, h_v]
+    .Attr("rows_per_block: int = 0")
+    .SetShapeFn(SameShapeAsInputs);
+
+REGISTER_KERNEL_BUILDER(
+    Name("ThattnTalkingHeadsSoftmax").Device(tf::DEVICE_CPU),
+    TalkingHeadsSoftmaxOp);
+REGISTER_KERNEL_BUILDER(
+    Name("ThattnTalkingHeadsSoftmaxGrad").Device(tf::DEVICE_CPU),
+    TalkingHeadsSoftmaxGradOp);
+
+}  // namespace thattn

@@ -1,0 +1,108 @@
+"""The fused talking-heads softmax: one CPU op for mix, softmax and mix.
+
+    U[b, h_v, n, m] = einsum(softmax_m(mask ? einsum(J, P_l) : -1e9), P_w)
+
+with J[b, h_k, n, m], P_l[h_k, h] and P_w[h, h_v], exactly what
+`thattn.layers.ProjectedAttention` computes with TensorFlow ops between the
+dot products and the values. The op works on blocks of query rows that stay
+in cache, so the logits L and weights W are never written to memory; its
+gradient op recomputes them from J (talking_heads_softmax.cc says why and
+how). Results equal the TensorFlow ops to float32 rounding
+(tests/kernels/talking_heads_softmax_test.py).
+
+Limits, checked by `unsupported_reason` so that callers can fall back:
+float32 only, CPU only, no XLA (`jit_compile`) and no DTensor, since neither
+knows this op, and not while a SavedModel is traced, so that exports load
+without thattn. It is not differentiable twice.
+"""
+
+import tensorflow as tf
+# in_save_context: true while tf.saved_model.save (and so tf-keras's
+# SavedModel format) traces the functions it writes.
+from tensorflow.python.saved_model import save_context
+# GraphOrParentsInXlaContext: tf-keras's own test for "traced under
+# jit_compile", which it uses to pick between its kernels the same way.
+from tf_keras.src.utils import control_flow_util
+
+from thattn.kernels import build
+
+KERNEL = "talking_heads_softmax"
+
+
+def unsupported_reason(dots, *projections):
+  """Why the fused op cannot run on these inputs here, or None if it can.
+
+  Args:
+    dots: J, the `[b, h_k, n, m]` dot products.
+    *projections: the P_l and P_w variables or tensors (None for identity).
+  """
+  if dots.dtype != tf.float32:
+    return f"the scores are {dots.dtype.name}; the kernel is float32 only"
+  if save_context.in_save_context():
+    # A SavedModel must load where thattn's kernel is not installed.
+    return "SavedModel tracing must not record a custom op"
+  if control_flow_util.GraphOrParentsInXlaContext(
+      tf.compat.v1.get_default_graph()):
+    return "XLA (jit_compile) cannot compile a custom op"
+  if any(_is_dtensor_variable(p) for p in projections if p is not None):
+    return "DTensor has no layout rule for a custom op"
+  if tf.config.list_logical_devices("GPU"):
+    return "the kernel runs on CPU only and a GPU is visible"
+  try:
+    build.load(KERNEL)
+  except build.KernelUnavailable as error:
+    return str(error)
+  return None
+
+
+def _is_dtensor_variable(variable):
+  # Under a mixed precision policy tf-keras wraps each weight in an
+  # AutoCastVariable, which keeps the real one in `_variable`.
+  variable = getattr(variable, "_variable", variable)
+  return isinstance(variable, tf.experimental.dtensor.DVariable)
+
+
+def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
+                          rows_per_block=0):
+  """U = einsum(softmax(einsum(J, P_l), masked), P_w), fused.
+
+  Args:
+    dots: J, float32 `[b, h_k, n, m]`.
+    pre_softmax: P_l, `[h_k, h]`; None means identity (h = h_k).
+    post_softmax: P_w, `[h, h_v]`; None means identity (h_v = h).
+    mask: optional boolean tensor broadcastable to `[b, 1, n, m]`; True
+      means "may attend". A fully masked row is uniform, as in
+      `thattn.layers.attention_ops.masked_softmax`.
+    rows_per_block: query rows per cache block; 0 picks from the sizes.
+
+  Returns:
+    U, float32 `[b, h_v, n, m]`.
+
+  Raises:
+    build.KernelUnavailable: the kernel cannot be built or loaded here.
+  """
+  ops = build.load(KERNEL)
+  shape = tf.shape(dots)
+  if pre_softmax is None:
+    pre_softmax = tf.eye(shape[1])
+  if post_softmax is None:
+    post_softmax = tf.eye(tf.shape(pre_softmax)[1])
+  if mask is None:
+    mask = tf.zeros([0], tf.bool)  # the op reads "no elements" as no mask
+  else:
+    # The op takes one mask row per (example, query): [b, n, m], at most
+    # b*n*m bytes, small next to the [b, heads, n, m] float scores.
+    batch, length, memory = shape[0], shape[2], shape[3]
+    mask = tf.reshape(tf.broadcast_to(mask, [batch, 1, length, memory]),
+                      [batch, length, memory])
+  return ops.thattn_talking_heads_softmax(
+      dots, pre_softmax, post_softmax, mask, rows_per_block=rows_per_block)
+
+
+@tf.RegisterGradient("ThattnTalkingHeadsSoftmax")
+def _talking_heads_softmax_gradient(op, grad_mixed):
+  """dJ, dP_l, dP_w from the gradient op; the mask gets none."""
+  ops = build.load(KERNEL)
+  grad_dots, grad_pre, grad_post = ops.thattn_talking_heads_softmax_grad(
+      *op.inputs, grad_mixed, rows_per_block=op.get_attr("rows_per_block"))
+  return grad_dots, grad_pre, grad_post, None
