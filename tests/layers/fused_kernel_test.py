@@ -52,9 +52,10 @@ def _outputs_and_gradients(layer, query, **kwargs):
   return [output] + tape.gradient(loss, [query] + layer.trainable_variables)
 
 
-def _twin_layers(make_layer):
+def _twin_layers(make_layer, **default_kwargs):
   """(fused by default, fused_kernel=False), built, with equal weights."""
-  default, plain = make_layer(), make_layer(fused_kernel=False)
+  default = make_layer(**default_kwargs)
+  plain = make_layer(fused_kernel=False)
   query = tf.zeros([1, LENGTH, WIDTH])
   default(query, query)
   plain(query, query)
@@ -81,6 +82,23 @@ def test_fused_equals_tensorflow_ops(make_layer, masking):
   assert len(fused_results) == len(plain_results)
   for fused_value, plain_value in zip(fused_results, plain_results):
     np.testing.assert_allclose(fused_value.numpy(), plain_value.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make_layer", VARIANTS.values(), ids=VARIANTS.keys())
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_chunked_fused_equals_plain_tensorflow_ops(make_layer, masking):
+  """The chunked core with the kernel per chunk (chunks of 3 over 7 rows)."""
+  chunked, plain = _twin_layers(make_layer, query_chunk_size=3)
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[13, 14])
+  kwargs = ({"use_causal_mask": True} if masking == "causal" else
+            {"attention_mask": tf.sequence_mask([LENGTH, 3], LENGTH)[:, None]})
+  assert FUSED_GRADIENT_OP in _op_types(
+      lambda q: _outputs_and_gradients(chunked, q, **kwargs), query)
+  for chunked_value, plain_value in zip(
+      tf.function(_outputs_and_gradients)(chunked, query, **kwargs),
+      _outputs_and_gradients(plain, query, **kwargs)):
+    np.testing.assert_allclose(chunked_value.numpy(), plain_value.numpy(),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -171,9 +189,6 @@ def test_config_round_trip_and_bad_values():
   with pytest.raises(ValueError, match="fused_kernel must be None, True or "
                      "False, got 'yes'"):
     layers.TalkingHeadsAttention(4, 3, fused_kernel="yes")
-  with pytest.raises(ValueError, match="query_chunk_size=16"):
-    layers.TalkingHeadsAttention(4, 3, fused_kernel=True,
-                                 query_chunk_size=16)
 
 
 def test_switched_off_by_environment(tmp_path):

@@ -40,6 +40,9 @@ def enabled():
   return os.environ.get("THATTN_FUSED_KERNELS", "1") != "0"
 
 
+# The first load often happens while a layer is traced inside a tf.function;
+# AutoGraph must not try to convert the file and process handling below.
+@tf.autograph.experimental.do_not_convert
 def load(name):
   """The op module of kernel `name` (`<name>.cc` in this folder).
 
@@ -49,10 +52,14 @@ def load(name):
   """
   if name not in _loaded:
     try:
-      _loaded[name] = tf.load_op_library(_library(name))
+      _loaded[name] = tf.load_op_library(library_path(name))
     except (KernelUnavailable, tf.errors.NotFoundError, OSError) as error:
       reason = error if isinstance(error, KernelUnavailable) else (
           KernelUnavailable(f"loading the {name} kernel failed: {error}"))
+      if enabled():  # else the user asked for this; no need to warn
+        logging.warning("thattn's %s kernel is unavailable, so TensorFlow "
+                        "ops run instead (slower, same results): %s", name,
+                        reason)
       _loaded[name] = reason
   result = _loaded[name]
   if isinstance(result, KernelUnavailable):
@@ -60,8 +67,12 @@ def load(name):
   return result
 
 
-def _library(name):
-  """Path of the compiled library, compiling it if it is not cached."""
+@tf.autograph.experimental.do_not_convert
+def library_path(name):
+  """Path of kernel `name`'s compiled library, compiling it if not cached.
+
+  Raises `KernelUnavailable` as `load` does (without remembering it).
+  """
   if not enabled():
     raise KernelUnavailable("THATTN_FUSED_KERNELS=0 turns the kernels off")
   compiler = shutil.which(os.environ.get("CXX", "g++"))

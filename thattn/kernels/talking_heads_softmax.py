@@ -33,7 +33,7 @@ def unsupported_reason(dots, *projections):
   """Why the fused op cannot run on these inputs here, or None if it can.
 
   Args:
-    dots: J, the `[b, h_k, n, m]` dot products.
+    dots: J, the `[b, h_k, n, m]` dot products, or a tensor of J's dtype.
     *projections: the P_l and P_w variables or tensors (None for identity).
   """
   if dots.dtype != tf.float32:
@@ -82,6 +82,29 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
     build.KernelUnavailable: the kernel cannot be built or loaded here.
   """
   ops = build.load(KERNEL)
+  return ops.thattn_talking_heads_softmax(
+      *_op_inputs(dots, pre_softmax, post_softmax, mask),
+      rows_per_block=rows_per_block)
+
+
+def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
+                                   grad_mixed, mask=None, rows_per_block=0):
+  """dJ, dP_l, dP_w of `talking_heads_softmax` given dU, in one pass.
+
+  For callers that write their own backward pass (the query-chunked core);
+  autodiff of `talking_heads_softmax` uses the same op. dP_l (dP_w) is None
+  when P_l (P_w) is None.
+  """
+  ops = build.load(KERNEL)
+  grad_dots, grad_pre, grad_post = ops.thattn_talking_heads_softmax_grad(
+      *_op_inputs(dots, pre_softmax, post_softmax, mask), grad_mixed,
+      rows_per_block=rows_per_block)
+  return (grad_dots, None if pre_softmax is None else grad_pre,
+          None if post_softmax is None else grad_post)
+
+
+def _op_inputs(dots, pre_softmax, post_softmax, mask):
+  """The op's (J, P_l, P_w, mask): identities for None, mask as [b, n, m]."""
   shape = tf.shape(dots)
   if pre_softmax is None:
     pre_softmax = tf.eye(shape[1])
@@ -95,8 +118,7 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
     batch, length, memory = shape[0], shape[2], shape[3]
     mask = tf.reshape(tf.broadcast_to(mask, [batch, 1, length, memory]),
                       [batch, length, memory])
-  return ops.thattn_talking_heads_softmax(
-      dots, pre_softmax, post_softmax, mask, rows_per_block=rows_per_block)
+  return dots, pre_softmax, post_softmax, mask
 
 
 @tf.RegisterGradient("ThattnTalkingHeadsSoftmax")

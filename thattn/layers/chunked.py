@@ -23,6 +23,10 @@ them chunk by chunk. Two things follow:
   head-mixing steps are memory-bound, and a chunk's score tensors stay in
   cache while each is produced and consumed (benchmarks/RESULTS.md).
 
+With `fused=True` the kernel `thattn.kernels.talking_heads_softmax` takes
+each chunk from J to U (and its gradient op from dU to dJ, dP_l and dP_w),
+so L and W are not materialized even per chunk.
+
 The causal mask is generated per chunk from positions, never materialized at
 [n, m]. The result equals the plain computation to float32 rounding
 (tests/layers/chunked_test.py). Not covered here: attention dropout (its
@@ -32,6 +36,7 @@ and dynamic projections; layers use the plain path for those.
 
 import tensorflow as tf
 
+from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
 
 # Per chunk: J[h_k, c, m] = einsum(Q[c, h_k, d_k], K[m, h_k, d_k])
@@ -115,7 +120,7 @@ def _from_chunks(chunks, batch, length):
 
 def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
                    mask=None, causal_offset=None, bias=None,
-                   chunk_size=128, parallel_chunks=2):
+                   chunk_size=128, parallel_chunks=2, fused=False):
   """O[b, n, h_v, d_v], computed in query chunks with recomputation.
 
   Args:
@@ -137,6 +142,9 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     chunk_size: queries per chunk, c.
     parallel_chunks: chunks in flight at once (one per core is a good
       choice on CPU).
+    fused: compute J -> U per chunk with the fused talking-heads kernel.
+      Needs float32, no `bias` and ungrouped (or None) projections; the
+      caller checks `talking_heads_softmax.unsupported_reason` first.
 
   Returns:
     O[b, n, h_v, d_v] in the dtype of `value`.
@@ -150,12 +158,18 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     mask = tf.broadcast_to(
         mask, tf.concat([tf.shape(mask)[:2], [tf.shape(mask)[2]],
                          tf.shape(key)[1:2]], 0))
+  if fused and (bias is not None or any(
+      p is not None and p.shape.rank != 2 for p in (pre_softmax,
+                                                    post_softmax))):
+    raise ValueError("fused=True takes no bias and no grouped projections.")
   names = sorted(tensors)
-  core = _make_core(names, mask, causal_offset, chunk_size, parallel_chunks)
+  core = _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
+                    fused)
   return core(*[tensors[name] for name in names])
 
 
-def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
+def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
+               fused):
   """A custom-gradient function of the tensors in `names` (sorted)."""
 
   @tf.custom_gradient
@@ -178,12 +192,8 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
       rows = tf.minimum(start + tf.range(chunk_size), length - 1)
       return tf.gather(per_example, rows, axis=1)
 
-    def weights(item, query_chunk, keys):
-      """(J, W, allowed) for one chunk; W in float32, allowed may be None."""
-      dots = tf.einsum(_CHUNK_DOT, query_chunk, keys)
-      logits = tf.cast(dots if pre is None else _mix(dots, pre), tf.float32)
-      if bias is not None:
-        logits += tf.cast(chunk_rows(bias, item), tf.float32)
+    def allowed_positions(item, keys):
+      """The chunk's boolean mask, broadcastable to [c, m], or None."""
       allowed = None
       if mask is not None:
         allowed = chunk_rows(mask, item)
@@ -193,17 +203,55 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
                                            start)
         allowed = causal if allowed is None else tf.logical_and(allowed,
                                                                 causal)
+      return allowed
+
+    def weights(item, query_chunk, keys):
+      """(J, W, allowed) for one chunk; W in float32, allowed may be None."""
+      dots = tf.einsum(_CHUNK_DOT, query_chunk, keys)
+      logits = tf.cast(dots if pre is None else _mix(dots, pre), tf.float32)
+      if bias is not None:
+        logits += tf.cast(chunk_rows(bias, item), tf.float32)
+      allowed = allowed_positions(item, keys)
       if allowed is not None:
         logits = tf.where(allowed, logits, attention_ops.MASKED_LOGIT)
       return dots, tf.nn.softmax(logits, axis=-1), allowed
 
+    def fused_mixed_weights(item, query_chunk, keys):
+      """(J[1, h_k, c, m], U[1, h_v, c, m], allowed) from the kernel."""
+      dots = tf.expand_dims(tf.einsum(_CHUNK_DOT, query_chunk, keys), 0)
+      allowed = allowed_positions(item, keys)
+      mixed = talking_heads_softmax.talking_heads_softmax(dots, pre, post,
+                                                          allowed)
+      return dots, mixed, allowed
+
     def forward_chunk(args):
       query_chunk, item = args
       example = item // num_chunks
+      if fused:
+        _, mixed, _ = fused_mixed_weights(item, query_chunk, key[example])
+        return tf.einsum(_CHUNK_CONTEXT, mixed[0], value[example])
       _, probabilities, _ = weights(item, query_chunk, key[example])
       probabilities = tf.cast(probabilities, value.dtype)
       mixed = probabilities if post is None else _mix(probabilities, post)
       return tf.einsum(_CHUNK_CONTEXT, mixed, value[example])
+
+    def fused_backward_chunk(query_chunk, d_context, item):
+      """As `backward_chunk`, with the kernel from J to U and back."""
+      example = item // num_chunks
+      keys, values = key[example], value[example]
+      dots, mixed, allowed = fused_mixed_weights(item, query_chunk, keys)
+      d_mixed = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
+      grads = {"value": tf.einsum(_CHUNK_D_VALUE, mixed[0], d_context)}
+      d_dots, d_pre, d_post = (
+          talking_heads_softmax.talking_heads_softmax_gradient(
+              dots, pre, post, tf.expand_dims(d_mixed, 0), allowed))
+      if pre is not None:
+        grads["pre_softmax"] = d_pre
+      if post is not None:
+        grads["post_softmax"] = d_post
+      grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_dots[0], keys)
+      grads["key"] = tf.einsum(_CHUNK_D_KEY, d_dots[0], query_chunk)
+      return grads
 
     context = tf.map_fn(
         forward_chunk, (query_chunks, items),
@@ -216,6 +264,8 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks):
 
       def backward_chunk(args):
         query_chunk, d_context, item = args
+        if fused:
+          return fused_backward_chunk(query_chunk, d_context, item)
         example = item // num_chunks
         keys, values = key[example], value[example]
         dots, probabilities, allowed = weights(item, query_chunk, keys)

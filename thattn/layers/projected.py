@@ -12,11 +12,11 @@ the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
 `TalkingHeadsAttention` sets the static projections P_l and P_w (and adds
 its dynamic terms).
 
-Three implementations of the core give the same results: the plain one
-below, `thattn.layers.chunked`, which works in query chunks and recomputes
-the scores in the backward pass (see `query_chunk_size`), and, for talking
-heads on CPU, the fused kernel `thattn.kernels.talking_heads_softmax`, which
-does mix, softmax and mix in one op (see `use_fused_kernel`).
+Two implementations of the core give the same results: the plain one below
+and `thattn.layers.chunked`, which works in query chunks and recomputes the
+scores in the backward pass (see `query_chunk_size`). In both, talking heads
+on CPU can do mix, softmax and mix in one fused op,
+`thattn.kernels.talking_heads_softmax` (see `use_fused_kernel`).
 """
 
 import tensorflow as tf
@@ -140,13 +140,14 @@ class ProjectedAttention(base.AttentionLayer):
       return weights
     return attention_ops.mix_heads(weights, self._post_softmax_projection)
 
-  def use_fused_kernel(self, dot_products, position_bias):
+  def use_fused_kernel(self, scores_like, position_bias):
     """Whether the fused kernel computes U from J in this call.
 
-    Multi-head attention has no heads mixing to fuse; talking heads
-    overrides this.
+    `scores_like` is J, or a tensor of J's dtype (the chunked core asks
+    before it has J). Multi-head attention has no heads mixing to fuse;
+    talking heads overrides this.
     """
-    del dot_products, position_bias
+    del scores_like, position_bias
     return False
 
   @property
@@ -171,7 +172,8 @@ class ProjectedAttention(base.AttentionLayer):
           query_state["query"], memory_state["key"], memory_state["value"],
           pre_softmax=projections[0], post_softmax=projections[1],
           mask=mask, causal_offset=causal_offset, bias=position_bias,
-          chunk_size=self.query_chunk_size)
+          chunk_size=self.query_chunk_size,
+          fused=self.use_fused_kernel(query_state["query"], position_bias))
       return self._output_dense(context), None
     dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query_state["query"],
                              memory_state["key"])

@@ -152,9 +152,9 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       None (default): wherever it can, i.e. float32, on CPU, no dynamic
       projections, no head groups, no position bias, not under XLA,
       DTensor or SavedModel tracing, and the kernel compiled (on first use,
-      needs a C++ compiler); otherwise TensorFlow ops. The chunked core of
-      `query_chunk_size`, where it runs, does not use it. False: never.
-      True: always, with a ValueError saying why when it cannot.
+      needs a C++ compiler); otherwise TensorFlow ops. The plain and the
+      chunked (`query_chunk_size`) core both use it. False: never. True:
+      always, with a ValueError saying why when it cannot.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
@@ -201,10 +201,6 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     if fused_kernel is not None and not isinstance(fused_kernel, bool):
       raise ValueError(f"fused_kernel must be None, True or False, got "
                        f"{fused_kernel!r}.")
-    if fused_kernel and query_chunk_size:
-      raise ValueError(
-          f"fused_kernel=True and query_chunk_size={query_chunk_size} ask "
-          f"for two different attention cores; pass one of them.")
     self.fused_kernel = fused_kernel
 
   def _projection_initializer(self, fan_in):
@@ -260,16 +256,16 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def supports_chunking(self):
     return not self.dynamic_projections
 
-  def use_fused_kernel(self, dot_products, position_bias):
+  def use_fused_kernel(self, scores_like, position_bias):
     if self.fused_kernel is False:
       return False
-    reason = self._fused_kernel_obstacle(dot_products, position_bias)
+    reason = self._fused_kernel_obstacle(scores_like, position_bias)
     if reason is not None and self.fused_kernel:
       raise ValueError(f"{self.name}: fused_kernel=True, but {reason}. Pass "
                        f"fused_kernel=None to use TensorFlow ops instead.")
     return reason is None
 
-  def _fused_kernel_obstacle(self, dot_products, position_bias):
+  def _fused_kernel_obstacle(self, scores_like, position_bias):
     """Why the fused kernel cannot compute this call, or None."""
     if self.dynamic_projections:
       return "the kernel has no dynamic projections"
@@ -278,7 +274,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     if position_bias is not None:
       return "the kernel takes no position bias"
     return talking_heads_softmax.unsupported_reason(
-        dot_products, self._pre_softmax_projection,
+        scores_like, self._pre_softmax_projection,
         self._post_softmax_projection)
 
   def mix_logits(self, dot_products, query_state, memory_state):
