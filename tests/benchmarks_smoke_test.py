@@ -31,3 +31,16 @@ def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
              for r in report["results"].values())
   assert "thattn TH / thattn MHA, h=12" in report["ratios"]
   assert "| ratio | value |" in (tmp_path / "attention.md").read_text()
+
+
+def test_fused_kernel_benchmark_quick_run_prints_its_table():
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "fused_kernel.py"),
+       "--heads", "2,3", "--batch", "1", "--length", "16", "--repeats", "1"],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [line for line in result.stdout.splitlines()
+          if line.startswith("| 2 |") or line.startswith("| 3 |")]
+  assert len(rows) == 2
+  assert all(row.rstrip().endswith("x |") for row in rows)

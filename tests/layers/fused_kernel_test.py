@@ -19,6 +19,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import layers
+from thattn.layers import chunked
 
 FUSED_OP = "ThattnTalkingHeadsSoftmax"
 FUSED_GRADIENT_OP = "ThattnTalkingHeadsSoftmaxGrad"
@@ -216,3 +217,15 @@ def test_switched_off_by_environment(tmp_path):
   assert "REFUSED:" in result.stdout
   assert "THATTN_FUSED_KERNELS=0 turns the kernels off" in result.stdout
   assert not (tmp_path / "kernels").exists()
+
+
+def test_chunked_core_refuses_what_the_kernel_cannot_take():
+  query = tf.zeros([1, 4, 2, 3])
+  with pytest.raises(ValueError, match=r"got bias given and projection ranks "
+                     r"\[2, None\]"):
+    chunked.attention_core(query, query, query, pre_softmax=tf.eye(2),
+                           bias=tf.zeros([1, 2, 4, 4]), fused=True)
+  with pytest.raises(ValueError, match=r"got bias None and projection ranks "
+                     r"\[3, None\]"):
+    chunked.attention_core(query, query, query,
+                           pre_softmax=tf.ones([2, 1, 1]), fused=True)

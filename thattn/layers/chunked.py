@@ -158,10 +158,14 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     mask = tf.broadcast_to(
         mask, tf.concat([tf.shape(mask)[:2], [tf.shape(mask)[2]],
                          tf.shape(key)[1:2]], 0))
-  if fused and (bias is not None or any(
-      p is not None and p.shape.rank != 2 for p in (pre_softmax,
-                                                    post_softmax))):
-    raise ValueError("fused=True takes no bias and no grouped projections.")
+  if fused:
+    ranks = [None if p is None else p.shape.rank
+             for p in (pre_softmax, post_softmax)]
+    if bias is not None or any(rank not in (None, 2) for rank in ranks):
+      raise ValueError(
+          f"fused=True needs no bias and [f, g] (rank-2) or no projections; "
+          f"got bias {'given' if bias is not None else 'None'} and "
+          f"projection ranks {ranks}.")
   names = sorted(tensors)
   core = _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
                     fused)
