@@ -61,8 +61,8 @@ struct Geometry {
 
 // Reads the shapes, checks them against each other, and picks the block size.
 // On a mismatch it sets the context's status (and the caller returns).
-void ReadGeometry(tf::OpKernelContext* context, int64_t rows_per_block_attr,
-                  Geometry* geometry) {
+void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
+                Geometry* geometry) {
   const tf::Tensor& dots = context->input(0);
   const tf::Tensor& pre = context->input(1);
   const tf::Tensor& post = context->input(2);
@@ -186,18 +186,33 @@ const bool* MaskOrNull(const tf::Tensor& mask) {
   return mask.NumElements() == 0 ? nullptr : mask.flat<bool>().data();
 }
 
-class TalkingHeadsSoftmaxOp : public tf::OpKernel {
+// What both ops share: the same first four inputs and the block-size attr.
+class BlockedKernel : public tf::OpKernel {
  public:
-  explicit TalkingHeadsSoftmaxOp(tf::OpKernelConstruction* context)
+  explicit BlockedKernel(tf::OpKernelConstruction* context)
       : OpKernel(context) {
     OP_REQUIRES_OK(context,
                    context->GetAttr("rows_per_block", &rows_per_block_));
   }
 
+ protected:
+  // False, with the context's status set, when the inputs do not fit.
+  bool Plan(tf::OpKernelContext* context, Geometry* geometry) const {
+    PlanBlocks(context, rows_per_block_, geometry);
+    return context->status().ok();
+  }
+
+ private:
+  int64_t rows_per_block_;
+};
+
+class TalkingHeadsSoftmaxOp : public BlockedKernel {
+ public:
+  using BlockedKernel::BlockedKernel;
+
   void Compute(tf::OpKernelContext* context) override {
     Geometry g;
-    ReadGeometry(context, rows_per_block_, &g);
-    if (!context->status().ok()) return;
+    if (!Plan(context, &g)) return;
     tf::Tensor* mixed = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0,
@@ -230,23 +245,15 @@ class TalkingHeadsSoftmaxOp : public tf::OpKernel {
       }
     });
   }
-
- private:
-  int64_t rows_per_block_;
 };
 
-class TalkingHeadsSoftmaxGradOp : public tf::OpKernel {
+class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
  public:
-  explicit TalkingHeadsSoftmaxGradOp(tf::OpKernelConstruction* context)
-      : OpKernel(context) {
-    OP_REQUIRES_OK(context,
-                   context->GetAttr("rows_per_block", &rows_per_block_));
-  }
+  using BlockedKernel::BlockedKernel;
 
   void Compute(tf::OpKernelContext* context) override {
     Geometry g;
-    ReadGeometry(context, rows_per_block_, &g);
-    if (!context->status().ok()) return;
+    if (!Plan(context, &g)) return;
     const tf::Tensor& grad_mixed = context->input(4);
     OP_REQUIRES(
         context,
@@ -339,9 +346,6 @@ class TalkingHeadsSoftmaxGradOp : public tf::OpKernel {
       d_post += post_partials[slice];
     }
   }
-
- private:
-  int64_t rows_per_block_;
 };
 
 tf::Status SameShapeAsInputs(tf::shape_inference::InferenceContext* context) {
