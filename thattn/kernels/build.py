@@ -130,8 +130,9 @@ def _cpu_flags():
 def _compile(command, library, name):
   """Runs the compiler into a temporary file, then renames it into place."""
   temporary = f"{library}.tmp{os.getpid()}"
-  logging.info("Compiling thattn's %s kernel into %s (once per machine).",
-               name, library)
+  # A warning so that it shows by default: it explains a pause of ~15 s.
+  logging.warning("Compiling thattn's %s kernel (once per machine, about "
+                  "15 s) into %s", name, library)
   try:
     result = subprocess.run([*command, "-o", temporary], capture_output=True,
                             text=True, check=False,
