@@ -22,9 +22,11 @@ SHAPES = {
 }
 
 
-def _numpy_reference(dots, pre, post, mask):
-  """U[b, h_v, n, m] in float64; mask [b, n, m] or None."""
+def _numpy_reference(dots, pre, post, mask, bias=None):
+  """U[b, h_v, n, m] in float64; mask [b, n, m] or None; bias as B."""
   logits = np.einsum("bknm,kh->bhnm", dots.astype(np.float64), pre)
+  if bias is not None:
+    logits = logits + bias
   if mask is not None:
     logits = np.where(mask[:, None], logits, attention_ops.MASKED_LOGIT)
   logits -= logits.max(axis=-1, keepdims=True)
@@ -33,9 +35,9 @@ def _numpy_reference(dots, pre, post, mask):
   return np.einsum("bhnm,hv->bvnm", weights, post)
 
 
-def _tensorflow_ops(dots, pre, post, mask):
+def _tensorflow_ops(dots, pre, post, mask, bias=None):
   logits = attention_ops.mix_heads(dots, pre)
-  weights = attention_ops.masked_softmax(logits, mask)
+  weights = attention_ops.masked_softmax(logits, mask, bias)
   return attention_ops.mix_heads(weights, post)
 
 
@@ -109,6 +111,48 @@ def test_masked_positions_get_no_gradient_and_rows_are_distributions():
                 == 0.0)
 
 
+# B shapes: T5's shared [1, h, n, m], per example, one row broadcast over
+# the queries, and rank 3 (broadcast over the batch).
+BIAS_SHAPES = [(1, 5, 6, 11), (2, 5, 6, 11), (1, 5, 1, 11), (5, 6, 11)]
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES, ids=str)
+def test_bias_forward_and_gradients(bias_shape):
+  dots, pre, post, mask = _inputs(SHAPES["non_square"], masked=True, seed=9)
+  bias = np.random.default_rng(10).normal(size=bias_shape).astype(np.float32)
+  np.testing.assert_allclose(
+      fused.talking_heads_softmax(dots, pre, post, mask[:, None],
+                                  bias).numpy(),
+      _numpy_reference(dots, pre, post, mask, bias), rtol=1e-5, atol=1e-5)
+  tensors = [tf.constant(t) for t in (dots, pre, post, bias)]
+  mask = tf.constant(mask[:, None])
+  upstream = tf.random.stateless_normal([2, 2, 6, 11], seed=[11, 12])
+
+  def gradients(function):
+    with tf.GradientTape() as tape:
+      tape.watch(tensors)
+      dots, pre, post, bias = tensors
+      loss = tf.reduce_sum(function(dots, pre, post, mask, bias) * upstream)
+    return tape.gradient(loss, tensors)
+
+  actual = gradients(fused.talking_heads_softmax)
+  expected = gradients(_tensorflow_ops)
+  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
+    assert a.shape == e.shape, name
+    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+
+
+def test_bias_of_the_wrong_shape_is_rejected():
+  ops = fused.build.load(fused.KERNEL)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"bias must be \[1 or b, h, n, m\] with b = 2, "
+                     r"h = 4, n = 7, m = 9"):
+    ops.thattn_talking_heads_softmax(
+        tf.zeros([2, 4, 7, 9]), tf.eye(4), tf.eye(4), tf.zeros([0], tf.bool),
+        tf.zeros([3, 4, 7, 9]))
+
+
 @pytest.mark.parametrize("mask_shape", [(2, 1, 1, 9), (1, 1, 7, 9), (7, 9)])
 def test_broadcast_masks(mask_shape):
   dots, pre, post, _ = _inputs(SHAPES["square"], masked=False, seed=5)
@@ -159,7 +203,8 @@ def test_mask_of_the_wrong_shape_is_rejected():
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"mask must be \[b, n, m\] = \[2, 7, 9\]"):
     ops.thattn_talking_heads_softmax(tf.zeros([2, 4, 7, 9]), tf.eye(4),
-                                     tf.eye(4), tf.ones([2, 7, 8], tf.bool))
+                                     tf.eye(4), tf.ones([2, 7, 8], tf.bool),
+                                     tf.zeros([0]))
 
 
 def test_unsupported_reasons():

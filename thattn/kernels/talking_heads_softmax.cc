@@ -2,7 +2,7 @@
 // block of query rows is in cache.
 //
 // Letters as in thattn/dims.py. Per example and query row n:
-//   L[h, n, m]   = einsum(J[h_k, n, m], P_l[h_k, h])
+//   L[h, n, m]   = einsum(J[h_k, n, m], P_l[h_k, h]) + B[h, n, m]
 //   W[h, n, m]   = softmax over m of (mask ? L : -1e9)
 //   U[h_v, n, m] = einsum(W[h, n, m], P_w[h, h_v])
 //
@@ -15,11 +15,14 @@
 //
 // Ops (thattn/kernels/talking_heads_softmax.py wraps them and registers the
 // gradient):
-//   ThattnTalkingHeadsSoftmax(dots J, pre P_l, post P_w, mask) -> U
-//   ThattnTalkingHeadsSoftmaxGrad(J, P_l, P_w, mask, dU) -> dJ, dP_l, dP_w
+//   ThattnTalkingHeadsSoftmax(dots J, pre P_l, post P_w, mask, bias B) -> U
+//   ThattnTalkingHeadsSoftmaxGrad(J, P_l, P_w, mask, B, dU)
+//       -> dJ, dP_l, dP_w, dB
 // `mask` is boolean [b, n, m] (true: may attend) or has no elements (no
-// mask). Float32 only; the Python side falls back to TensorFlow ops for
-// other dtypes.
+// mask). `bias` (e.g. T5's relative position bias) is [1 or b, h, n, m] or
+// has no elements; dB is [b, h, n, m] (for a shared bias the caller sums it
+// over the batch) or has no elements. Float32 only; the Python side falls
+// back to TensorFlow ops for other dtypes.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -54,6 +57,7 @@ constexpr int64_t kBlockFloats = 64 * 1024;
 
 struct Geometry {
   int64_t batch, key_heads, heads, value_heads, length, memory;
+  int64_t bias_batch;  // 0 (no bias), 1 (shared by the batch) or batch
   int64_t rows_per_block, blocks_per_example;
 
   int64_t num_blocks() const { return batch * blocks_per_example; }
@@ -67,6 +71,7 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
   const tf::Tensor& pre = context->input(1);
   const tf::Tensor& post = context->input(2);
   const tf::Tensor& mask = context->input(3);
+  const tf::Tensor& bias = context->input(4);
   OP_REQUIRES(context, dots.dims() == 4,
               tf::errors::InvalidArgument(
                   "dots must be [b, h_k, n, m], got shape ",
@@ -102,6 +107,18 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
                   "mask must be [b, n, m] = [", g.batch, ", ", g.length, ", ",
                   g.memory, "] or empty, got shape ",
                   mask.shape().DebugString()));
+  const bool bias_ok =
+      bias.NumElements() == 0 ||
+      (bias.dims() == 4 &&
+       (bias.dim_size(0) == 1 || bias.dim_size(0) == g.batch) &&
+       bias.dim_size(1) == g.heads && bias.dim_size(2) == g.length &&
+       bias.dim_size(3) == g.memory);
+  OP_REQUIRES(context, bias_ok,
+              tf::errors::InvalidArgument(
+                  "bias must be [1 or b, h, n, m] with b = ", g.batch,
+                  ", h = ", g.heads, ", n = ", g.length, ", m = ", g.memory,
+                  ", or empty, got shape ", bias.shape().DebugString()));
+  g.bias_batch = bias.NumElements() == 0 ? 0 : bias.dim_size(0);
   const int64_t widest = std::max({g.key_heads, g.heads, g.value_heads});
   g.rows_per_block =
       rows_per_block_attr > 0
@@ -126,17 +143,39 @@ struct Block {
   int64_t Offset(const Geometry& g, int64_t heads) const {
     return ((example * heads) * g.length + first_row) * g.memory;
   }
+
+  // The same query rows in another example.
+  Block AtExample(int64_t other) const {
+    Block moved = *this;
+    moved.example = other;
+    return moved;
+  }
 };
 
-// W for one block: L = P_l^T J, masked, softmax over each row of m.
+// The tensors every block reads, as raw pointers (null when absent).
+struct Inputs {
+  const float* dots;
+  const bool* mask;
+  const float* bias;
+};
+
+// W for one block: L = P_l^T J + B, masked, softmax over each row of m.
 // `weights` is [h, rows_per_block * m]; its first rows*m columns are written.
-void ComputeWeights(const Geometry& g, const Block& block, const float* dots,
-                    const Matrix& pre_transposed, const bool* mask,
-                    Matrix* weights) {
+void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
+                    const Matrix& pre_transposed, Matrix* weights) {
   const int64_t columns = block.rows * g.memory;
-  ConstBlockView dots_block(dots + block.Offset(g, g.key_heads), g.key_heads,
-                            columns, Eigen::OuterStride<>(g.length * g.memory));
+  const int64_t stride = g.length * g.memory;
+  ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
+                            g.key_heads, columns, Eigen::OuterStride<>(stride));
   weights->leftCols(columns).noalias() = pre_transposed * dots_block;
+  if (in.bias != nullptr) {
+    // A bias shared by the batch (T5's) is read at example 0.
+    const Block bias_rows = g.bias_batch == 1 ? block.AtExample(0) : block;
+    weights->leftCols(columns) +=
+        ConstBlockView(in.bias + bias_rows.Offset(g, g.heads), g.heads,
+                       columns, Eigen::OuterStride<>(stride));
+  }
+  const bool* mask = in.mask;
   const bool* mask_block =
       mask == nullptr
           ? nullptr
@@ -182,11 +221,18 @@ int64_t SliceCount(tf::OpKernelContext* context) {
   return 4 * context->device()->tensorflow_cpu_worker_threads()->num_threads;
 }
 
-const bool* MaskOrNull(const tf::Tensor& mask) {
-  return mask.NumElements() == 0 ? nullptr : mask.flat<bool>().data();
+template <typename T>
+const T* DataOrNull(const tf::Tensor& tensor) {
+  return tensor.NumElements() == 0 ? nullptr : tensor.flat<T>().data();
 }
 
-// What both ops share: the same first four inputs and the block-size attr.
+Inputs ReadInputs(tf::OpKernelContext* context) {
+  return {context->input(0).flat<float>().data(),
+          DataOrNull<bool>(context->input(3)),
+          DataOrNull<float>(context->input(4))};
+}
+
+// What both ops share: the same first five inputs and the block-size attr.
 class BlockedKernel : public tf::OpKernel {
  public:
   explicit BlockedKernel(tf::OpKernelConstruction* context)
@@ -220,7 +266,7 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
                                                  g.length, g.memory}),
                                 &mixed));
     if (mixed->NumElements() == 0) return;
-    const float* dots = context->input(0).flat<float>().data();
+    const Inputs in = ReadInputs(context);
     const Matrix pre_transposed =
         ConstMatrixView(context->input(1).flat<float>().data(), g.key_heads,
                         g.heads)
@@ -229,7 +275,6 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
         ConstMatrixView(context->input(2).flat<float>().data(), g.heads,
                         g.value_heads)
             .transpose();
-    const bool* mask = MaskOrNull(context->input(3));
     float* output = mixed->flat<float>().data();
     ForEachSlice(context, g, SliceCount(context),
                  [&](int64_t, int64_t first_block, int64_t end_block) {
@@ -237,7 +282,7 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
       for (int64_t index = first_block; index < end_block; ++index) {
         const Block block(g, index);
         const int64_t columns = block.rows * g.memory;
-        ComputeWeights(g, block, dots, pre_transposed, mask, &weights);
+        ComputeWeights(g, block, in, pre_transposed, &weights);
         BlockView mixed_block(output + block.Offset(g, g.value_heads),
                               g.value_heads, columns,
                               Eigen::OuterStride<>(g.length * g.memory));
@@ -254,7 +299,7 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
   void Compute(tf::OpKernelContext* context) override {
     Geometry g;
     if (!Plan(context, &g)) return;
-    const tf::Tensor& grad_mixed = context->input(4);
+    const tf::Tensor& grad_mixed = context->input(5);
     OP_REQUIRES(
         context,
         grad_mixed.shape() == tf::TensorShape({g.batch, g.value_heads,
@@ -264,21 +309,33 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
     tf::Tensor* grad_dots = nullptr;
     tf::Tensor* grad_pre = nullptr;
     tf::Tensor* grad_post = nullptr;
+    tf::Tensor* grad_bias = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, context->input(0).shape(), &grad_dots));
     OP_REQUIRES_OK(context, context->allocate_output(
                                 1, context->input(1).shape(), &grad_pre));
     OP_REQUIRES_OK(context, context->allocate_output(
                                 2, context->input(2).shape(), &grad_post));
-    const float* dots = context->input(0).flat<float>().data();
+    // dB per example, even for a shared bias: blocks of different examples
+    // run on different threads, so summing here would race.
+    OP_REQUIRES_OK(
+        context,
+        context->allocate_output(
+            3,
+            g.bias_batch == 0
+                ? tf::TensorShape({0})
+                : tf::TensorShape({g.batch, g.heads, g.length, g.memory}),
+            &grad_bias));
+    const Inputs in = ReadInputs(context);
     const ConstMatrixView pre(context->input(1).flat<float>().data(),
                               g.key_heads, g.heads);
     const ConstMatrixView post(context->input(2).flat<float>().data(),
                                g.heads, g.value_heads);
     const Matrix pre_transposed = pre.transpose();
-    const bool* mask = MaskOrNull(context->input(3));
     const float* d_mixed = grad_mixed.flat<float>().data();
     float* d_dots = grad_dots->flat<float>().data();
+    float* d_bias = g.bias_batch == 0 ? nullptr
+                                      : grad_bias->flat<float>().data();
 
     // dP_l and dP_w sum over every position: one partial sum per slice,
     // added up below, so no two threads write the same accumulator.
@@ -296,7 +353,7 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
       for (int64_t index = first_block; index < end_block; ++index) {
         const Block block(g, index);
         const int64_t columns = block.rows * g.memory;
-        ComputeWeights(g, block, dots, pre_transposed, mask, &weights);
+        ComputeWeights(g, block, in, pre_transposed, &weights);
         ConstBlockView d_mixed_block(d_mixed + block.Offset(g, g.value_heads),
                                      g.value_heads, columns,
                                      Eigen::OuterStride<>(stride));
@@ -314,18 +371,22 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
             auto gradient = d_w.row(head).segment(start, g.memory).array();
             const float weighted_sum = (probabilities * gradient).sum();
             gradient = probabilities * (gradient - weighted_sum);
-            if (mask != nullptr) {
+            if (in.mask != nullptr) {
               const bool* allowed =
-                  mask + (block.example * g.length + block.first_row + row) *
-                             g.memory;
+                  in.mask + (block.example * g.length + block.first_row +
+                             row) * g.memory;
               for (int64_t j = 0; j < g.memory; ++j) {
                 if (!allowed[j]) gradient[j] = 0.0f;
               }
             }
           }
         }
-        // L = P_l^T J:  dJ = P_l dL,  dP_l += J dL^T.
-        ConstBlockView dots_block(dots + block.Offset(g, g.key_heads),
+        // L = P_l^T J + B:  dB = dL,  dJ = P_l dL,  dP_l += J dL^T.
+        if (d_bias != nullptr) {
+          BlockView(d_bias + block.Offset(g, g.heads), g.heads, columns,
+                    Eigen::OuterStride<>(stride)) = d_w;
+        }
+        ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
                                   g.key_heads, columns,
                                   Eigen::OuterStride<>(stride));
         BlockView d_dots_block(d_dots + block.Offset(g, g.key_heads),
@@ -348,8 +409,10 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
   }
 };
 
-tf::Status SameShapeAsInputs(tf::shape_inference::InferenceContext* context) {
+tf::Status GradientShapes(tf::shape_inference::InferenceContext* context) {
   for (int i = 0; i < 3; ++i) context->set_output(i, context->input(i));
+  // dB: [b, h, n, m] with a bias, [0] without; not known statically.
+  context->set_output(3, context->UnknownShape());
   return tf::OkStatus();
 }
 
@@ -360,6 +423,7 @@ REGISTER_OP("ThattnTalkingHeadsSoftmax")
     .Input("pre: float")   // P_l[h_k, h]
     .Input("post: float")  // P_w[h, h_v]
     .Input("mask: bool")   // [b, n, m], or no elements for no mask
+    .Input("bias: float")  // B[1 or b, h, n, m], or no elements for none
     .Output("mixed: float")  // U[b, h_v, n, m]
     .Attr("rows_per_block: int = 0")  // 0: chosen from the sizes
     .SetShapeFn([](tf::shape_inference::InferenceContext* context) {
@@ -379,12 +443,14 @@ REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
     .Input("pre: float")
     .Input("post: float")
     .Input("mask: bool")
+    .Input("bias: float")
     .Input("grad_mixed: float")  // dU[b, h_v, n, m]
     .Output("grad_dots: float")  // dJ[b, h_k, n, m]
     .Output("grad_pre: float")   // dP_l[h_k, h]
     .Output("grad_post: float")  // dP_w[h, h_v]
+    .Output("grad_bias: float")  // dB[b, h, n, m], or no elements
     .Attr("rows_per_block: int = 0")
-    .SetShapeFn(SameShapeAsInputs);
+    .SetShapeFn(GradientShapes);
 
 REGISTER_KERNEL_BUILDER(
     Name("ThattnTalkingHeadsSoftmax").Device(tf::DEVICE_CPU),

@@ -1,8 +1,10 @@
 """The fused talking-heads softmax: one CPU op for mix, softmax and mix.
 
-    U[b, h_v, n, m] = einsum(softmax_m(mask ? einsum(J, P_l) : -1e9), P_w)
+    L[b, h, n, m]   = einsum(J, P_l) + B
+    U[b, h_v, n, m] = einsum(softmax_m(mask ? L : -1e9), P_w)
 
-with J[b, h_k, n, m], P_l[h_k, h] and P_w[h, h_v], exactly what
+with J[b, h_k, n, m], P_l[h_k, h], P_w[h, h_v] and an optional bias B
+broadcastable to [b, h, n, m] (T5's relative position bias), exactly what
 `thattn.layers.ProjectedAttention` computes with TensorFlow ops between the
 dot products and the values. The op works on blocks of query rows that stay
 in cache, so the logits L and weights W are never written to memory; its
@@ -63,8 +65,8 @@ def _is_dtensor_variable(variable):
 
 
 def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
-                          rows_per_block=0):
-  """U = einsum(softmax(einsum(J, P_l), masked), P_w), fused.
+                          bias=None, rows_per_block=0):
+  """U = einsum(softmax(einsum(J, P_l) + B, masked), P_w), fused.
 
   Args:
     dots: J, float32 `[b, h_k, n, m]`.
@@ -73,6 +75,8 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
     mask: optional boolean tensor broadcastable to `[b, 1, n, m]`; True
       means "may attend". A fully masked row is uniform, as in
       `thattn.layers.attention_ops.masked_softmax`.
+    bias: optional B, broadcastable to `[b, h, n, m]`, added to the logits
+      after P_l and before the mask; it gets a gradient.
     rows_per_block: query rows per cache block; 0 picks from the sizes.
 
   Returns:
@@ -83,48 +87,75 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
   """
   ops = build.load(KERNEL)
   return ops.thattn_talking_heads_softmax(
-      *_op_inputs(dots, pre_softmax, post_softmax, mask),
+      *_op_inputs(dots, pre_softmax, post_softmax, mask, bias),
       rows_per_block=rows_per_block)
 
 
 def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
-                                   grad_mixed, mask=None, rows_per_block=0):
-  """dJ, dP_l, dP_w of `talking_heads_softmax` given dU, in one pass.
+                                   grad_mixed, mask=None, bias=None,
+                                   rows_per_block=0):
+  """dJ, dP_l, dP_w, dB of `talking_heads_softmax` given dU, in one pass.
 
   For callers that write their own backward pass (the query-chunked core);
   autodiff of `talking_heads_softmax` uses the same op. dP_l (dP_w) is None
-  when P_l (P_w) is None.
+  when P_l (P_w) is None. dB is dL per example, `[b, h, n, m]` whatever
+  the bias's shape (the caller sums it over broadcast dimensions), or None
+  without a bias.
   """
   ops = build.load(KERNEL)
-  grad_dots, grad_pre, grad_post = ops.thattn_talking_heads_softmax_grad(
-      *_op_inputs(dots, pre_softmax, post_softmax, mask), grad_mixed,
-      rows_per_block=rows_per_block)
+  grad_dots, grad_pre, grad_post, grad_bias = (
+      ops.thattn_talking_heads_softmax_grad(
+          *_op_inputs(dots, pre_softmax, post_softmax, mask, bias),
+          grad_mixed, rows_per_block=rows_per_block))
   return (grad_dots, None if pre_softmax is None else grad_pre,
-          None if post_softmax is None else grad_post)
+          None if post_softmax is None else grad_post,
+          None if bias is None else grad_bias)
 
 
-def _op_inputs(dots, pre_softmax, post_softmax, mask):
-  """The op's (J, P_l, P_w, mask): identities for None, mask as [b, n, m]."""
+def _op_inputs(dots, pre_softmax, post_softmax, mask, bias):
+  """The op's (J, P_l, P_w, mask, B).
+
+  Identities for None projections; the mask as [b, n, m]; B as
+  [1 or b, h, n, m]; an absent mask or bias as a tensor of no elements.
+  """
   shape = tf.shape(dots)
+  batch, length, memory = shape[0], shape[2], shape[3]
   if pre_softmax is None:
     pre_softmax = tf.eye(shape[1])
   if post_softmax is None:
     post_softmax = tf.eye(tf.shape(pre_softmax)[1])
   if mask is None:
-    mask = tf.zeros([0], tf.bool)  # the op reads "no elements" as no mask
+    mask = tf.zeros([0], tf.bool)
   else:
     # The op takes one mask row per (example, query): [b, n, m], at most
     # b*n*m bytes, small next to the [b, heads, n, m] float scores.
-    batch, length, memory = shape[0], shape[2], shape[3]
     mask = tf.reshape(tf.broadcast_to(mask, [batch, 1, length, memory]),
                       [batch, length, memory])
-  return dots, pre_softmax, post_softmax, mask
+  if bias is None:
+    bias = tf.zeros([0])
+  else:
+    # A bias shared by the batch (T5's [1, h, n, m]) stays unbroadcast
+    # over the batch; TensorFlow's BroadcastTo gradient sums dB back to the
+    # bias's own shape.
+    bias = tf.convert_to_tensor(bias)
+    shared = bias.shape.rank == 4 and bias.shape[0] == 1
+    bias = tf.broadcast_to(
+        tf.cast(bias, tf.float32),
+        [1 if shared else batch, tf.shape(pre_softmax)[1], length, memory])
+  return dots, pre_softmax, post_softmax, mask, bias
 
 
 @tf.RegisterGradient("ThattnTalkingHeadsSoftmax")
 def _talking_heads_softmax_gradient(op, grad_mixed):
-  """dJ, dP_l, dP_w from the gradient op; the mask gets none."""
+  """dJ, dP_l, dP_w and dB from the gradient op; the mask gets none."""
   ops = build.load(KERNEL)
-  grad_dots, grad_pre, grad_post = ops.thattn_talking_heads_softmax_grad(
-      *op.inputs, grad_mixed, rows_per_block=op.get_attr("rows_per_block"))
-  return grad_dots, grad_pre, grad_post, None
+  grad_dots, grad_pre, grad_post, grad_bias = (
+      ops.thattn_talking_heads_softmax_grad(
+          *op.inputs, grad_mixed,
+          rows_per_block=op.get_attr("rows_per_block")))
+  bias = op.inputs[4]
+  if bias.shape.rank != 4:  # the empty stand-in for "no bias"
+    grad_bias = None
+  elif bias.shape[0] == 1:  # shared by the batch: the op gave dB per example
+    grad_bias = tf.reduce_sum(grad_bias, axis=0, keepdims=True)
+  return grad_dots, grad_pre, grad_post, None, grad_bias

@@ -24,8 +24,8 @@ them chunk by chunk. Two things follow:
   cache while each is produced and consumed (benchmarks/RESULTS.md).
 
 With `fused=True` the kernel `thattn.kernels.talking_heads_softmax` takes
-each chunk from J to U (and its gradient op from dU to dJ, dP_l and dP_w),
-so L and W are not materialized even per chunk.
+each chunk from J to U (and its gradient op from dU to dJ, dP_l, dP_w and
+the bias's dL), so L and W are not materialized even per chunk.
 
 The causal mask is generated per chunk from positions, never materialized at
 [n, m]. The result equals the plain computation to float32 rounding
@@ -143,8 +143,8 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     parallel_chunks: chunks in flight at once (one per core is a good
       choice on CPU).
     fused: compute J -> U per chunk with the fused talking-heads kernel.
-      Needs float32, no `bias` and ungrouped (or None) projections; the
-      caller checks `talking_heads_softmax.unsupported_reason` first.
+      Needs float32 and ungrouped (or None) projections; the caller checks
+      `talking_heads_softmax.unsupported_reason` first.
 
   Returns:
     O[b, n, h_v, d_v] in the dtype of `value`.
@@ -161,10 +161,9 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
   if fused:
     ranks = [None if p is None else p.shape.rank
              for p in (pre_softmax, post_softmax)]
-    if bias is not None or any(rank not in (None, 2) for rank in ranks):
+    if any(rank not in (None, 2) for rank in ranks):
       raise ValueError(
-          f"fused=True needs no bias and [f, g] (rank-2) or no projections; "
-          f"got bias {'given' if bias is not None else 'None'} and "
+          f"fused=True needs [f, g] (rank-2) projections or None; got "
           f"projection ranks {ranks}.")
   names = sorted(tensors)
   core = _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
@@ -221,18 +220,21 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
       return dots, tf.nn.softmax(logits, axis=-1), allowed
 
     def fused_mixed_weights(item, query_chunk, keys):
-      """(J[1, h_k, c, m], U[1, h_v, c, m], allowed) from the kernel."""
+      """(J[1, h_k, c, m], U[1, h_v, c, m], allowed, B) from the kernel."""
       dots = tf.expand_dims(tf.einsum(_CHUNK_DOT, query_chunk, keys), 0)
       allowed = allowed_positions(item, keys)
-      mixed = talking_heads_softmax.talking_heads_softmax(dots, pre, post,
-                                                          allowed)
-      return dots, mixed, allowed
+      chunk_bias = (None if bias is None else
+                    tf.expand_dims(chunk_rows(bias, item), 0))
+      mixed = talking_heads_softmax.talking_heads_softmax(
+          dots, pre, post, allowed, chunk_bias)
+      return dots, mixed, allowed, chunk_bias
 
     def forward_chunk(args):
       query_chunk, item = args
       example = item // num_chunks
       if fused:
-        _, mixed, _ = fused_mixed_weights(item, query_chunk, key[example])
+        _, mixed, _, _ = fused_mixed_weights(item, query_chunk,
+                                             key[example])
         return tf.einsum(_CHUNK_CONTEXT, mixed[0], value[example])
       _, probabilities, _ = weights(item, query_chunk, key[example])
       probabilities = tf.cast(probabilities, value.dtype)
@@ -243,16 +245,20 @@ def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
       """As `backward_chunk`, with the kernel from J to U and back."""
       example = item // num_chunks
       keys, values = key[example], value[example]
-      dots, mixed, allowed = fused_mixed_weights(item, query_chunk, keys)
+      dots, mixed, allowed, chunk_bias = fused_mixed_weights(
+          item, query_chunk, keys)
       d_mixed = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
       grads = {"value": tf.einsum(_CHUNK_D_VALUE, mixed[0], d_context)}
-      d_dots, d_pre, d_post = (
+      d_dots, d_pre, d_post, d_bias = (
           talking_heads_softmax.talking_heads_softmax_gradient(
-              dots, pre, post, tf.expand_dims(d_mixed, 0), allowed))
+              dots, pre, post, tf.expand_dims(d_mixed, 0), allowed,
+              chunk_bias))
       if pre is not None:
         grads["pre_softmax"] = d_pre
       if post is not None:
         grads["post_softmax"] = d_post
+      if bias is not None:
+        grads["bias"] = d_bias[0]  # dL[h, c, m], as the unfused path gives
       grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_dots[0], keys)
       grads["key"] = tf.einsum(_CHUNK_D_KEY, d_dots[0], query_chunk)
       return grads

@@ -140,14 +140,14 @@ class ProjectedAttention(base.AttentionLayer):
       return weights
     return attention_ops.mix_heads(weights, self._post_softmax_projection)
 
-  def use_fused_kernel(self, scores_like, position_bias):
+  def use_fused_kernel(self, scores_like):
     """Whether the fused kernel computes U from J in this call.
 
     `scores_like` is J, or a tensor of J's dtype (the chunked core asks
     before it has J). Multi-head attention has no heads mixing to fuse;
     talking heads overrides this.
     """
-    del scores_like, position_bias
+    del scores_like
     return False
 
   @property
@@ -173,16 +173,16 @@ class ProjectedAttention(base.AttentionLayer):
           pre_softmax=projections[0], post_softmax=projections[1],
           mask=mask, causal_offset=causal_offset, bias=position_bias,
           chunk_size=self.query_chunk_size,
-          fused=self.use_fused_kernel(query_state["query"], position_bias))
+          fused=self.use_fused_kernel(query_state["query"]))
       return self._output_dense(context), None
     dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query_state["query"],
                              memory_state["key"])
     shape = tf.shape(dot_products)
     mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
-    if self.use_fused_kernel(dot_products, position_bias):
+    if self.use_fused_kernel(dot_products):
       value_weights = talking_heads_softmax.talking_heads_softmax(
           dot_products, self._pre_softmax_projection,
-          self._post_softmax_projection, mask)
+          self._post_softmax_projection, mask, position_bias)
     else:
       logits = self.mix_logits(dot_products, query_state, memory_state)
       weights = tf.cast(

@@ -150,8 +150,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       (`thattn.kernels.talking_heads_softmax`: same results to float32
       rounding, faster, and the training step keeps neither L nor W).
       None (default): wherever it can, i.e. float32, on CPU, no dynamic
-      projections, no head groups, no position bias, not under XLA,
-      DTensor or SavedModel tracing, and the kernel compiled (on first use,
+      projections, no head groups, not under XLA, DTensor or SavedModel
+      tracing, and the kernel compiled (on first use,
       needs a C++ compiler); otherwise TensorFlow ops. The plain and the
       chunked (`query_chunk_size`) core both use it. False: never. True:
       always, with a ValueError saying why when it cannot.
@@ -256,23 +256,21 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def supports_chunking(self):
     return not self.dynamic_projections
 
-  def use_fused_kernel(self, scores_like, position_bias):
+  def use_fused_kernel(self, scores_like):
     if self.fused_kernel is False:
       return False
-    reason = self._fused_kernel_obstacle(scores_like, position_bias)
+    reason = self._fused_kernel_obstacle(scores_like)
     if reason is not None and self.fused_kernel:
       raise ValueError(f"{self.name}: fused_kernel=True, but {reason}. Pass "
                        f"fused_kernel=None to use TensorFlow ops instead.")
     return reason is None
 
-  def _fused_kernel_obstacle(self, scores_like, position_bias):
+  def _fused_kernel_obstacle(self, scores_like):
     """Why the fused kernel cannot compute this call, or None."""
     if self.dynamic_projections:
       return "the kernel has no dynamic projections"
     if self.num_head_groups != 1:
       return "the kernel has no head groups"
-    if position_bias is not None:
-      return "the kernel takes no position bias"
     return talking_heads_softmax.unsupported_reason(
         scores_like, self._pre_softmax_projection,
         self._post_softmax_projection)
