@@ -1,11 +1,12 @@
 """TalkingHeadsAttention with and without the fused kernel: same results.
 
 The layer uses `thattn.kernels.talking_heads_softmax` by default where it can
-(fused_kernel=None). These tests check that it really does here, that it
-gives the TensorFlow-ops path's outputs and gradients, and that it steps
-aside (or, with fused_kernel=True, says why it cannot run) under XLA, mixed
-precision, dynamic projections, head groups, a position bias and SavedModel
-tracing. The kernel itself is tested in tests/kernels.
+(fused_kernel=None). These tests check that it really does here (also
+with a position bias and in the chunked core), that it gives the
+TensorFlow-ops path's outputs and gradients, and that it steps aside (or,
+with fused_kernel=True, says why it cannot run) under XLA, mixed precision,
+dynamic projections, head groups and SavedModel tracing. The kernel itself
+is tested in tests/kernels.
 """
 
 import os
