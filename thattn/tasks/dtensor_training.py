@@ -283,7 +283,7 @@ class DTensorTrainLoop:
     # Adam's m and v were right); applied in a second function they land.
     self._gradients = tf.function(self._loss_and_gradients)
     self._apply = tf.function(self._apply_gradients)
-    self._eval_step = tf.function(
+    self.eval_step = tf.function(
         lambda batch: objective.loss(batch, training=False))
 
   def distribute(self, dataset):
@@ -315,10 +315,3 @@ class DTensorTrainLoop:
     if self.loss_scaling:
       gradients = self.optimizer.get_unscaled_gradients(gradients)
     self.optimizer.apply_gradients(zip(gradients, self.variables))
-
-  def evaluate(self, dataset):
-    total = count = 0.0
-    for batch in self.distribute(dataset):
-      batch_total, batch_count = self._eval_step(batch)
-      total, count = total + float(batch_total), count + float(batch_count)
-    return total / max(count, 1.0)

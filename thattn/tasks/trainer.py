@@ -301,12 +301,19 @@ class TrainLoop:
   def distribute(self, dataset):
     return self.strategy.experimental_distribute_dataset(dataset)
 
-  def evaluate(self, dataset):
-    total = count = 0.0
-    for batch in self.distribute(dataset):
-      batch_total, batch_count = self.eval_step(batch)
-      total, count = total + float(batch_total), count + float(batch_count)
-    return total / max(count, 1.0)
+
+def evaluate(loop, dataset):
+  """Mean loss over every weighted position of `dataset`.
+
+  `loop` is a TrainLoop or a `dtensor_training.DTensorTrainLoop`: both
+  place batches with `distribute` and return (total, count) from
+  `eval_step`.
+  """
+  total = count = 0.0
+  for batch in loop.distribute(dataset):
+    batch_total, batch_count = loop.eval_step(batch)
+    total, count = total + float(batch_total), count + float(batch_count)
+  return total / max(count, 1.0)
 
 
 def train(*, model_dir, task="mlm", model=None, data=None, options=None,
@@ -392,7 +399,7 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
       f"parameters; {options.optimizer}, peak learning rate "
       f"{options.peak_learning_rate:g}; {devices.describe()}.")
   if math.isnan(float(initial_eval)):
-    initial_eval.assign(loop.evaluate(eval_data))
+    initial_eval.assign(evaluate(loop, eval_data))
   eval_before = float(initial_eval)
   log(f"Held-out {metric} before training: {eval_before:.4f}")
 
@@ -403,7 +410,7 @@ def _train(*, model_dir, task, model, data, options, finetune, log):
                                       manager, writers, eval_data,
                                       start_step, log)
   train_seconds = time.time() - started
-  eval_after = loop.evaluate(eval_data)
+  eval_after = evaluate(loop, eval_data)
   extra = objective.extra_eval_metrics(options.eval_steps)
   step = int(optimizer.iterations.numpy())
   _write_eval(writers["eval"], step, metric, eval_after, extra)
@@ -476,7 +483,7 @@ def _run_steps(loop, objective, options, schedule, manager, writers,
       manager.save(checkpoint_number=step)
     if options.eval_every and step % options.eval_every == 0 and not last:
       eval_started = time.time()
-      value = loop.evaluate(eval_data)
+      value = evaluate(loop, eval_data)
       _write_eval(writers["eval"], step, objective.eval_metric, value, {})
       log(f"step {step:>6}/{options.train_steps}  held-out "
           f"{objective.eval_metric} {value:.4f}")
