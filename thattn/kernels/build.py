@@ -103,8 +103,11 @@ def _key(source, command):
   digest = hashlib.sha256()
   with open(source, "rb") as f:
     digest.update(f.read())
-  for part in (tf.__version__, " ".join(command[1:]), _compiler_version(
-      command[0]), _cpu_flags()):
+  # The source's contents count, not where it sits, so two checkouts on
+  # one TensorFlow installation share the library.
+  flags = " ".join(part for part in command[1:] if part != source)
+  for part in (tf.__version__, flags, _compiler_version(command[0]),
+               _cpu_flags()):
     digest.update(part.encode())
   return digest.hexdigest()[:16]
 
