@@ -41,10 +41,10 @@ setuptools.setup(
     extras_require=EXTRAS_REQUIRE,
     entry_points={
         "console_scripts": [
-            "thattn-train=thattn.tasks.train_main:run",
-            "thattn-export=thattn.tasks.export_main:run",
-            "thattn-ablate=thattn.tasks.ablate_main:run",
-            "thattn-complexity=thattn.complexity_main:run",
+            "thattn-train=thattn.bin.train:run",
+            "thattn-export=thattn.bin.export:run",
+            "thattn-ablate=thattn.bin.ablate:run",
+            "thattn-complexity=thattn.bin.complexity:run",
         ],
     },
 )

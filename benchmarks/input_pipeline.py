@@ -5,9 +5,9 @@ Issue 5 asks that the pipeline produce bert_tiny masked-LM batches at least
 corpus (sequence length 128, batch 32, SentencePiece 8000):
 
 - pipelines, iterated alone (batches/s):
-  - "raw text": `mlm.mlm_dataset` from the documents, every batch tokenized,
+  - "raw text": `masking.mlm_dataset` from the documents, every batch tokenized,
     packed and masked (no cache: the worst case, the first pass);
-  - "trainer": `lm_data.mlm_batches`, thattn-train's pipeline: rows
+  - "trainer": `batches.mlm_batches`, thattn-train's pipeline: rows
     tokenized once up front, each batch gathered and masked (stateless);
 - training, with thattn-train's step (Adafactor, masked LM), fed from the
   trainer's pipeline (steps/s), for `bert_tiny` as is and for the default
@@ -31,12 +31,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from thattn.tasks import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.tasks import lm_data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.tasks import mlm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.tasks import objectives  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.tasks import tokenizers  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.tasks import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.data import batches  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.data import corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.data import masking  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.data import tokenizers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import devices as devices_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LENGTH, BATCH, VOCAB = 128, 32, 8000
 MODELS = {"bert_tiny": {},
@@ -58,17 +60,19 @@ def _rate(iterator, count, step=None):
 
 def _trainer_step(overrides, tokenizer_dir):
   """thattn-train's compiled step for a model, and its objective."""
-  objective = objectives.MaskedLM(
-      data=objectives.DataOptions(tokenizer=tokenizer_dir),
-      model=objectives.ModelOptions(preset="bert_tiny", overrides=dict(
+  objective = tasks.mlm.MaskedLM(
+      data=tasks.DataOptions(tokenizer=tokenizer_dir),
+      model=tasks.ModelOptions(preset="bert_tiny", overrides=dict(
           overrides, attention="talking_heads", dropout_rate=0.0)),
-      model_dir=tempfile.mkdtemp(), batch_size=BATCH, sequence_length=LENGTH,
+      files=tasks.TaskFiles(
+          tokenizer_dir=os.path.join(tempfile.mkdtemp(), "tokenizer")),
+      batch_size=BATCH, sequence_length=LENGTH,
       seed=0, log=lambda line: None)
   objective.build()
-  options = trainer.TrainOptions(batch_size=BATCH, sequence_length=LENGTH)
-  optimizer, _ = trainer.make_optimizer(options)
+  options = options_lib.TrainOptions(batch_size=BATCH, sequence_length=LENGTH)
+  optimizer, _ = optimizer_lib.make_optimizer(options)
   optimizer.build(objective.trainable_variables)
-  loop = trainer.TrainLoop(tf.distribute.get_strategy(), objective, optimizer,
+  loop = devices_lib.TrainLoop(tf.distribute.get_strategy(), objective, optimizer,
                            loss_scaling=False)
   return tf.function(loop.replica_train_step), objective
 
@@ -88,14 +92,14 @@ def main():
                                f"tokenizer-sentencepiece-{VOCAB}")
   documents = corpus.documents("train")
   started = time.perf_counter()
-  rows = lm_data.token_rows(documents, tokenizer, LENGTH - 2,
+  rows = batches.token_rows(documents, tokenizer, LENGTH - 2,
                             separator=tokenizer.special.sep)
   rows_seconds = time.perf_counter() - started
   pipelines = {
-      "raw text": lambda: mlm.mlm_dataset(
+      "raw text": lambda: masking.mlm_dataset(
           tf.data.Dataset.from_tensor_slices(documents), tokenizer,
           sequence_length=LENGTH, batch_size=BATCH, repeat=True, seed=0),
-      "trainer": lambda: lm_data.mlm_batches(rows, tokenizer,
+      "trainer": lambda: batches.mlm_batches(rows, tokenizer,
                                              batch_size=BATCH, seed=0),
   }
   steps = {name: _trainer_step(overrides, tokenizer_dir)

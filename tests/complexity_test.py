@@ -153,7 +153,7 @@ def test_one_group_per_head_leaves_one_weight_per_head():
 
 BAD_SHAPES = [
     (dict(variant="grouped_heads", num_heads=12, key_dim=64),
-     "variant must be one of .* got 'grouped_heads'"),
+     "(?i)unknown variant 'grouped_heads'; expected one of"),
     (dict(variant="multi_head", num_heads=0, key_dim=64),
      "num_heads must be a positive integer, got 0"),
     (dict(variant="multi_head", num_heads=12, key_dim=-64),
@@ -208,7 +208,7 @@ def test_format_count_prints_like_the_paper():
 
 def _run_cli(*flags):
   return subprocess.run(
-      [sys.executable, "-m", "thattn.complexity_main", *flags],
+      [sys.executable, "-m", "thattn.bin.complexity", *flags],
       cwd=REPO_ROOT, capture_output=True, text=True, check=False)
 
 

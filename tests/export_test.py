@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from thattn import export
-from thattn.tasks import objectives
-from thattn.tasks import tokenizers
-from thattn.tasks import trainer
+from thattn import tasks
+from thattn.data import tokenizers
+from thattn.training import options as options_lib
+from thattn.training import trainer
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 _OPTIONS = dict(train_steps=2, batch_size=4, sequence_length=24,
@@ -30,15 +31,15 @@ def data(tmp_path_factory):
   paragraphs = [line for d in documents for line in d.split("\n")]
   tokenizers.train_sentencepiece(paragraphs, 500).save(
       str(folder / "tokenizer"))
-  return objectives.DataOptions(train_files=str(folder / "train.txt"),
+  return tasks.DataOptions(train_files=str(folder / "train.txt"),
                                 tokenizer=str(folder / "tokenizer"))
 
 
 def _train(model_dir, data, task, preset):
   trainer.train(model_dir=str(model_dir), task=task, data=data,
-                model=objectives.ModelOptions(preset=preset, overrides={
+                model=tasks.ModelOptions(preset=preset, overrides={
                     "attention": "talking_heads", "dropout_rate": 0.0}),
-                options=trainer.TrainOptions(**_OPTIONS),
+                options=options_lib.TrainOptions(**_OPTIONS),
                 log=lambda line: None)
   return model_dir
 
@@ -156,8 +157,8 @@ def test_classification_export_serves_predictions(bert_run, tmp_path, data):
   run = tmp_path / "classifier"
   trainer.train(
       model_dir=str(run), task="classification",
-      data=objectives.DataOptions(train_files=str(tmp_path / "train.tsv")),
-      options=trainer.TrainOptions(**dict(_OPTIONS,
+      data=tasks.DataOptions(train_files=str(tmp_path / "train.tsv")),
+      options=options_lib.TrainOptions(**dict(_OPTIONS,
                                           init_checkpoint=str(bert_run))),
       log=lambda line: None)
   module, _, _ = export.build_serving_module(str(run))

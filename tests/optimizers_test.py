@@ -33,8 +33,9 @@ def test_schedule_serializes():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"warmup_steps": 0}, "warmup_steps must be positive, got 0"),
-    ({"warmup_steps": 5, "total_steps": -1}, "total_steps must be positive"),
+    ({"warmup_steps": 0}, "warmup_steps must be a positive integer, got 0"),
+    ({"warmup_steps": 5, "total_steps": -1},
+     "total_steps must be a positive integer"),
     ({"warmup_steps": 5, "decay_fraction": 0.0}, r"decay_fraction must be in"),
 ])
 def test_bad_schedule_arguments(kwargs, message):

@@ -9,8 +9,9 @@ numbers of Tables 1, 2, 3, 8 and 9 so that tests can hold the two together.
 """
 
 import dataclasses
-import numbers
 from typing import Optional, Tuple
+
+from thattn import validation
 
 VARIANTS = ("multi_head", "talking_heads", "general_bilinear")
 # Appendix A's dynamic projections, named as in `TalkingHeadsAttention`.
@@ -58,8 +59,8 @@ class AttentionShape:
   memory_length: int = 512
 
   def __post_init__(self):
-    # Accept any sequence (e.g. a list from absl flags) but store a tuple, so
-    # shapes stay hashable and compare equal.
+    # Accept any sequence (e.g. a list from a command-line flag) but store a
+    # tuple, so shapes stay hashable and compare equal.
     object.__setattr__(self, "dynamic_projections",
                        tuple(self.dynamic_projections))
     _validate(self)
@@ -116,19 +117,13 @@ _OPTIONAL = frozenset(("key_dim", "value_dim", "num_key_heads",
 
 def _validate(shape: AttentionShape) -> None:
   """Raises ValueError naming the offending values and what was expected."""
-  if shape.variant not in VARIANTS:
-    raise ValueError(f"variant must be one of {VARIANTS}, got "
-                     f"{shape.variant!r}")
+  validation.one_of("variant", shape.variant, VARIANTS)
   sizes = ["num_heads", "key_dim", "value_dim", "num_key_heads",
            "num_value_heads", "num_head_groups", "d_model", "output_dim",
            "query_length", "memory_length"]
   for name in sizes:
-    value = getattr(shape, name)
-    if value is None and name in _OPTIONAL:
-      continue
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or
-        value <= 0):
-      raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    validation.positive_int(name, getattr(shape, name),
+                            optional=name in _OPTIONAL)
   if shape.variant == "general_bilinear":
     _validate_general_bilinear(shape)
   elif shape.key_dim is None:

@@ -17,6 +17,12 @@ letters, so a reader can translate any line back to the paper's notation:
 | k      | d_k        | query/key size per head                             |
 | v      | d_v        | value size per head                                 |
 | g      | G          | head groups of grouped talking heads                |
+| t      | (vocab)    | vocabulary entries (token ids)                      |
+| f      | d_ff       | hidden units of the feed-forward layer              |
+| c      | (chunk)    | the query rows of one chunk (`layers/chunked.py`)   |
+| p      | (masked)   | masked positions gathered for a prediction head     |
+| s      | (steps)    | decoding steps written into a cache in one call     |
+| x      | (features) | a tensor's trailing dimensions, flattened into one  |
 
 Grouped talking heads (`TalkingHeadsAttention(num_head_groups=G)`) splits
 each heads dimension into [G, heads / G], group-major: group g holds key

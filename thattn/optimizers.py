@@ -5,6 +5,8 @@ import numbers
 import tensorflow as tf
 import tf_keras
 
+from thattn import validation
+
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -23,11 +25,8 @@ class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
 
   def __init__(self, warmup_steps, total_steps=None, decay_fraction=0.1,
                scale=1.0):
-    if warmup_steps <= 0:
-      raise ValueError(f"warmup_steps must be positive, got {warmup_steps}.")
-    if total_steps is not None and total_steps <= 0:
-      raise ValueError(f"total_steps must be positive or None, got "
-                       f"{total_steps}.")
+    validation.positive_int("warmup_steps", warmup_steps)
+    validation.positive_int("total_steps", total_steps, optional=True)
     if not 0.0 < decay_fraction <= 1.0:
       raise ValueError(f"decay_fraction must be in (0, 1], got "
                        f"{decay_fraction}.")
@@ -278,16 +277,11 @@ def _check_arguments(*, learning_rate, decay_rate, beta1, clipping_threshold,
   if not 0.0 < decay_rate <= 1.0:
     raise ValueError(f"decay_rate (the exponent c in beta2 = 1 - t**-c) must "
                      f"be in (0, 1], got {decay_rate}.")
-  if not 0.0 <= beta1 < 1.0:
-    raise ValueError(f"beta1 must be in [0, 1), got {beta1}.")
+  validation.rate("beta1", beta1)
   if clipping_threshold is not None and not clipping_threshold > 0:
     raise ValueError(f"clipping_threshold must be > 0 or None, got "
                      f"{clipping_threshold}.")
-  if (isinstance(min_dim_size_to_factor, bool)
-      or not isinstance(min_dim_size_to_factor, numbers.Integral)
-      or min_dim_size_to_factor < 1):
-    raise ValueError(f"min_dim_size_to_factor must be a positive integer, "
-                     f"got {min_dim_size_to_factor!r}.")
+  validation.positive_int("min_dim_size_to_factor", min_dim_size_to_factor)
   if not epsilon1 > 0:
     raise ValueError(f"epsilon1 must be > 0, got {epsilon1}.")
   if not epsilon2 >= 0:

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from thattn import export
 from thattn.layers import base
-from thattn.tasks import corpus
+from thattn.data import corpus
 
 
 def _capture_weights(layer, captured):

@@ -2,8 +2,8 @@
 
 Model Garden (`tf-models-official`) implements talking heads only in the
 square case h_k = h = h_v with d_k = d_v, and it scales the logits by
-1/sqrt(d_k) at run time. thattn never scales at run time (DESIGN.md, "Logit
-scaling"), so copying Model Garden's weights into thattn means folding that
+1/sqrt(d_k) at run time. thattn never scales at run time (docs/architecture.md,
+"Conventions"), so copying Model Garden's weights into thattn means folding that
 factor into thattn's query kernel:
 
     P_q(thattn) = P_q(Model Garden) / sqrt(d_k)

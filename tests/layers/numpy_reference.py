@@ -351,7 +351,7 @@ def talking_heads_attention_inefficient(X, M, P_q, P_k, P_v, P_o, P_l, P_w,
 # `.assign()`, so this module stays free of TensorFlow.
 # --------------------------------------------------------------------------
 
-# thattn's weight-name tokens (DESIGN.md) -> this module's argument names.
+# thattn's weight-name tokens (docs/architecture.md) -> this module's argument names.
 TOKEN_TO_ARG = {
     "query": "P_q",
     "key": "P_k",

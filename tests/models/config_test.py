@@ -112,10 +112,12 @@ def test_a_config_object_is_a_preset_too():
     ("bert_tiny", {"attention": "talking_head"},
      "unknown attention variant 'talking_head'"),
     ("bert_tiny", {"dynamic_projections": ["x2l"]},
-     r"'multi_head' cannot have dynamic projections \['x2l'\]"),
+     r"variant 'multi_head': dynamic projection 'x2l' is added to the "
+     r"static P_l"),
     ("bert_tiny", {"attention": "project_logits",
                    "dynamic_projections": ["m2w"]},
-     r"'project_logits' cannot have dynamic projections \['m2w'\]"),
+     r"variant 'project_logits': dynamic projection 'm2w' is added to the "
+     r"static P_w"),
     ("bert_tiny", {"dynamic_projections": "x2l"},
      "got the string 'x2l'"),
     ("bert_tiny", {"num_key_heads": 2},
@@ -148,8 +150,8 @@ def test_bad_preset_type_is_a_value_error():
 @pytest.mark.parametrize("options, message", [
     ({"method": "nucleus"}, "Unknown method 'nucleus'"),
     ({"temperature": 0.0}, "temperature must be positive, got 0.0"),
-    ({"max_length": 0}, "max_length must be an integer >= 1, got 0"),
-    ({"beam_size": 0}, "beam_size must be an integer >= 1, got 0"),
+    ({"max_length": 0}, "max_length must be a positive integer, got 0"),
+    ({"beam_size": 0}, "beam_size must be a positive integer, got 0"),
     ({"top_k": -1}, "top_k must be an integer >= 0, got -1"),
 ])
 def test_bad_generation_options_raise_value_errors(options, message):

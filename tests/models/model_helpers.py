@@ -53,7 +53,7 @@ def bert_loss(model, inputs, training=True):
     # ALBERT: map the E-wide table up to d_model.
     table = table @ tf.cast(
         model.get_layer("embedding_projection").kernel, tf.float32)
-  scores = lambda x: tf.einsum("...d,vd->...v", tf.cast(x, tf.float32), table)
+  scores = lambda x: tf.einsum("...d,td->...t", tf.cast(x, tf.float32), table)
   token_losses = tf_keras.losses.sparse_categorical_crossentropy(
       inputs["input_word_ids"], scores(outputs["sequence_output"]),
       from_logits=True)

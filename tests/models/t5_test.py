@@ -150,7 +150,7 @@ def test_tied_logits_are_scaled_embedding_scores():
   hidden = tf_keras.Model(model.inputs,
                           model.get_layer("decoder_output").output)(inputs)
   table = model.get_layer("token_embedding").embeddings
-  expected = tf.einsum("bnd,vd->bnv", hidden * TINY.d_model ** -0.5, table)
+  expected = tf.einsum("bnd,td->bnt", hidden * TINY.d_model ** -0.5, table)
   helpers.assert_outputs_close(model(inputs), expected)
   untied = models.create_model("t5_tiny", tie_embeddings=False)
   assert untied.count_params() - model.count_params() == (

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from thattn.data import bert_inputs
+from thattn.data import errors as data_errors
+from thattn.data import glue
 from thattn.tasks import classification
-from thattn.tasks import data_errors
-from thattn.tasks import glue
 
 MRPC = ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         "1\t1\t2\tThe cat sat on the mat.\tA cat was sitting on the mat.\n"
@@ -77,7 +78,7 @@ def test_drop_counts_bad_rows(tmp_path):
 
 def test_encode_pairs_and_overflow(wordpiece, tmp_path):
   examples = glue.read_tsv(_write(tmp_path, MRPC), "mrpc")
-  features = classification.encode(examples, wordpiece, 32)
+  features = bert_inputs.encode(examples, wordpiece, 32)
   ids, types, mask = (features[k] for k in ("input_word_ids",
                                             "input_type_ids", "input_mask"))
   special = wordpiece.special
@@ -89,16 +90,16 @@ def test_encode_pairs_and_overflow(wordpiece, tmp_path):
   np.testing.assert_array_equal(features["labels"], [1, 0])
   with pytest.raises(data_errors.DataError,
                      match=r"train.tsv:2: \d+ tokens, but sequence_length=8"):
-    classification.encode(examples, wordpiece, 8)
+    bert_inputs.encode(examples, wordpiece, 8)
   report = data_errors.DropReport()
-  dropped = classification.encode(examples, wordpiece, 12,
+  dropped = bert_inputs.encode(examples, wordpiece, 12,
                                    on_overflow="drop", report=report)
   assert report.kept + report.total_dropped == 2
   assert len(dropped["input_word_ids"]) == report.kept
-  truncated = classification.encode(examples, wordpiece, 8,
+  truncated = bert_inputs.encode(examples, wordpiece, 8,
                                     on_overflow="truncate")
   assert (truncated["input_mask"].sum(1) == 8).all()
-  data = classification.dataset(features, batch_size=2)
+  data = bert_inputs.dataset(features, batch_size=2)
   inputs, labels = next(iter(data))
   assert inputs["input_word_ids"].shape == (2, 32) and labels.shape == (2,)
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from thattn.tasks import data_errors
+from thattn.data import errors as data_errors
+from thattn.data import squad as squad_data
 from thattn.tasks import squad
 from thattn.tasks import squad_metrics
 
@@ -40,10 +41,10 @@ def _write(tmp_path, data, name="train.json"):
 
 
 def test_read(tmp_path):
-  examples = squad.read_squad(_write(tmp_path, _squad(QAS)))
+  examples = squad_data.read_squad(_write(tmp_path, _squad(QAS)))
   assert [e.question_id for e in examples] == ["q1", "q2", "q3"]
   assert examples[1].answers[1] == ("in the 10th and 11th centuries", 32)
-  assert squad.gold_answers(examples)["q1"] == ["France"]
+  assert squad_data.gold_answers(examples)["q1"] == ["France"]
 
 
 def test_answer_outside_context_names_file_line_and_question(tmp_path):
@@ -54,9 +55,9 @@ def test_answer_outside_context_names_file_line_and_question(tmp_path):
   with pytest.raises(data_errors.DataError,
                      match=rf"train.json:{line}: question q9: answer "
                      r"'France' at answer_start=\d+ is not in its context"):
-    squad.read_squad(path)
+    squad_data.read_squad(path)
   report = data_errors.DropReport()
-  examples = squad.read_squad(path, on_error="drop", report=report)
+  examples = squad_data.read_squad(path, on_error="drop", report=report)
   assert len(examples) == 1
   assert report.dropped == {"answer not in context": 1} and report.kept == 1
 
@@ -65,11 +66,11 @@ def test_empty_and_invalid_files(tmp_path):
   empty = tmp_path / "empty.json"
   empty.write_text("  \n")
   with pytest.raises(ValueError, match=r"empty.json:1: empty file"):
-    squad.read_squad(str(empty))
+    squad_data.read_squad(str(empty))
   broken = tmp_path / "broken.json"
   broken.write_text('{"data": [\n  {"title": }\n]}')
   with pytest.raises(ValueError, match=r"broken.json:2: invalid JSON"):
-    squad.read_squad(str(broken))
+    squad_data.read_squad(str(broken))
 
 
 def _oracle_logits(features, length):
@@ -82,26 +83,26 @@ def _oracle_logits(features, length):
 @pytest.mark.parametrize("name", ["wordpiece", "sentencepiece"])
 def test_labels_point_at_the_answers(request, tmp_path, name):
   tokenizer = request.getfixturevalue(name)
-  examples = squad.read_squad(_write(tmp_path, _squad(QAS)))
-  features, infos = squad.encode(examples, tokenizer, 160, is_training=True)
+  examples = squad_data.read_squad(_write(tmp_path, _squad(QAS)))
+  features, infos = squad_data.encode(examples, tokenizer, 160, is_training=True)
   assert len(infos) == 3
   predictions = squad.predict(examples, infos,
                               *_oracle_logits(features, 160))
-  assert squad_metrics.evaluate(squad.gold_answers(examples), predictions) \
+  assert squad_metrics.evaluate(squad_data.gold_answers(examples), predictions) \
       == {"exact_match": 100.0, "f1": 100.0}
 
 
 def test_windows_cover_long_contexts(wordpiece, tmp_path):
-  examples = squad.read_squad(_write(tmp_path, _squad(QAS)))
+  examples = squad_data.read_squad(_write(tmp_path, _squad(QAS)))
   with pytest.raises(data_errors.DataError,
                      match=r"train.json:\d+: question q1: \d+ tokens, but "
                      "sequence_length=32"):
-    squad.encode(examples, wordpiece, 32, is_training=True)
+    squad_data.encode(examples, wordpiece, 32, is_training=True)
   report = data_errors.DropReport()
-  dropped, _ = squad.encode(examples, wordpiece, 32, is_training=True,
+  dropped, _ = squad_data.encode(examples, wordpiece, 32, is_training=True,
                             on_overflow="drop", report=report)
   assert len(dropped["input_word_ids"]) == 0 and report.total_dropped == 3
-  features, infos = squad.encode(examples, wordpiece, 32, is_training=True,
+  features, infos = squad_data.encode(examples, wordpiece, 32, is_training=True,
                                  on_overflow="window", doc_stride=8)
   assert len(infos) > 3
   assert features["input_word_ids"].shape[1] == 32

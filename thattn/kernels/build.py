@@ -13,6 +13,7 @@ use TensorFlow ops), and `CXX` to choose the compiler (default `g++`).
 
 import fcntl
 import hashlib
+import logging as python_logging
 import os
 import shutil
 import subprocess
@@ -25,6 +26,10 @@ from thattn import paths
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
 _COMPILE_TIMEOUT_SECONDS = 600
+# Information lines for the user (the one-time compile); the binaries show
+# them (`thattn.bin.cli`), a library user may turn them on with Python's
+# logging.
+ANNOUNCE = python_logging.getLogger("thattn")
 
 # name -> loaded op module, or the KernelUnavailable saying why not. A failed
 # build is remembered so that each process tries it at most once.
@@ -95,8 +100,19 @@ def library_path(name):
 
 
 def _command(compiler, source):
-  return ([compiler, *_OPTIMIZATION_FLAGS, source]
+  return ([compiler, *_OPTIMIZATION_FLAGS, *_workaround_flags(), source]
           + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+
+
+def _workaround_flags():
+  """Flags that keep TensorFlow's headers compiling on this CPU.
+
+  On a CPU with AVX512-FP16 (Intel Sapphire Rapids and later),
+  `-march=native` makes Eigen (TensorFlow 2.21's copy) include its FP16
+  packet code, which g++ 12 rejects ("expected initializer before '<'" in
+  PacketMathFP16.h). The kernel computes in float32 and needs none of it.
+  """
+  return ("-mno-avx512fp16",) if "avx512_fp16" in _cpu_flags() else ()
 
 
 def _key(source, command):
@@ -133,9 +149,10 @@ def _cpu_flags():
 def _compile(command, library, name):
   """Runs the compiler into a temporary file, then renames it into place."""
   temporary = f"{library}.tmp{os.getpid()}"
-  # A warning so that it shows by default: it explains a pause of ~15 s.
-  logging.warning("Compiling thattn's %s kernel (once per machine, about "
-                  "15 s) into %s", name, library)
+  # Information, not a warning: nothing is wrong. It explains a pause of
+  # ~15 s; the binaries print the "thattn" logger's information lines.
+  ANNOUNCE.info("Compiling thattn's %s kernel (once per machine, about 15 s) "
+                "into %s", name, library)
   try:
     result = subprocess.run([*command, "-o", temporary], capture_output=True,
                             text=True, check=False,

@@ -19,14 +19,9 @@ without thattn. It is not differentiable twice.
 """
 
 import tensorflow as tf
-# in_save_context: true while tf.saved_model.save (and so tf-keras's
-# SavedModel format) traces the functions it writes.
-from tensorflow.python.saved_model import save_context
-# GraphOrParentsInXlaContext: tf-keras's own test for "traced under
-# jit_compile", which it uses to pick between its kernels the same way.
-from tf_keras.src.utils import control_flow_util
 
 from thattn.kernels import build
+from thattn.kernels import tf_internals
 
 KERNEL = "talking_heads_softmax"
 
@@ -40,11 +35,10 @@ def unsupported_reason(dots, *projections):
   """
   if dots.dtype != tf.float32:
     return f"the scores are {dots.dtype.name}; the kernel is float32 only"
-  if save_context.in_save_context():
+  if tf_internals.in_saved_model_tracing():
     # A SavedModel must load where thattn's kernel is not installed.
     return "SavedModel tracing must not record a custom op"
-  if control_flow_util.GraphOrParentsInXlaContext(
-      tf.compat.v1.get_default_graph()):
+  if tf_internals.in_xla_context():
     return "XLA (jit_compile) cannot compile a custom op"
   if any(_is_dtensor_variable(p) for p in projections if p is not None):
     return "DTensor has no layout rule for a custom op"

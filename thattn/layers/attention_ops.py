@@ -49,7 +49,7 @@ def mix_heads(scores, projection):
   Written as one broadcast matmul of `projection^T[g, f]` against
   `scores[b, f, n*m]` instead of an einsum: the einsum lowers to transposes
   of the large `[b, f, n, m]` tensor, which dominate the step time on CPU
-  (see DESIGN.md, "Talking heads is slow when mixed with einsum").
+  (see benchmarks/RESULTS.md: the einsum form spends its time in transposes).
 
   A rank-3 `projection[G, f/G, g/G]` holds the G diagonal blocks of a
   block-diagonal `[f, g]` projection (grouped talking heads): heads mix only
@@ -117,6 +117,19 @@ def causal_mask(query_length, memory_length, query_offset=0):
   query_positions = tf.expand_dims(tf.range(query_length) + query_offset, 1)
   memory_positions = tf.expand_dims(tf.range(memory_length), 0)
   return memory_positions <= query_positions
+
+
+def full_mask(mask, causal_offset, query_length, memory_length):
+  """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None.
+
+  `mask` is None or broadcastable to [b, 1, n, m]; `causal_offset` is None
+  (no causal mask) or the memory position of the first query.
+  """
+  if causal_offset is None:
+    return mask
+  causal = tf.reshape(causal_mask(query_length, memory_length, causal_offset),
+                      [1, 1, query_length, memory_length])
+  return combine_masks(mask, causal)
 
 
 def combine_masks(*masks):

@@ -22,22 +22,18 @@ import json
 import tensorflow as tf
 import tf_keras
 
+from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 
-
-def _check_positive_int(name, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-
-
-def _check_rate(name, value):
-  if not 0.0 <= value < 1.0:
-    raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+# The decoding-cache write, over the cache's trailing dimensions flattened:
+# written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]), for the s new
+# steps and the m cache (memory) positions.
+_CACHE_WRITE = "bsx,sm->bmx"
 
 
 def _write_positions(cache, update, start):
-  """Writes `update[b, t, ...]` into `cache[b, s, ...]` at [start, start+t).
+  """Writes `update[b, s, ...]` into `cache[b, m, ...]` at [start, start+s).
 
   Uses a one-hot contraction rather than a scatter: it is exact (each entry
   is multiplied by 1 or 0 once), keeps static shapes for XLA and tf.function,
@@ -47,11 +43,11 @@ def _write_positions(cache, update, start):
   flat_cache = tf.reshape(cache, [cache_shape[0], cache_shape[1], -1])
   flat_update = tf.reshape(update, [cache_shape[0], tf.shape(update)[1], -1])
   positions = start + tf.range(tf.shape(update)[1])
-  # one_hot[t, s] is 1 where step t lands on cache position s.
+  # one_hot[s, m] is 1 where new step s lands on cache position m.
   one_hot = tf.one_hot(positions, cache_shape[1], dtype=cache.dtype)
   keep = 1 - tf.reduce_sum(one_hot, axis=0)
   written = (flat_cache * tf.reshape(keep, [1, -1, 1]) +
-             tf.einsum("btf,ts->bsf", flat_update, one_hot))
+             tf.einsum(_CACHE_WRITE, flat_update, one_hot))
   return tf.reshape(written, cache_shape)
 
 
@@ -96,13 +92,12 @@ class AttentionLayer(tf_keras.layers.Layer):
   def __init__(self, output_dim=None, dropout_rate=0.0,
                kernel_initializer="glorot_uniform", **kwargs):
     super().__init__(**kwargs)
-    if output_dim is not None:
-      _check_positive_int("output_dim", output_dim)
-    _check_rate("dropout_rate", dropout_rate)
-    self.output_dim = output_dim
-    self.dropout_rate = dropout_rate
+    self.output_dim = validation.positive_int("output_dim", output_dim,
+                                              optional=True)
+    self.dropout_rate = validation.rate("dropout_rate", dropout_rate)
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
-    self._dropout = tf_keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+    self._dropout = tf_keras.layers.Dropout(dropout_rate,
+                                            dtype=self.dtype_policy)
     # The shapes the weights were built for, as a JSON string: Keras would
     # track a dict attribute and a SavedModel reload would restore it as
     # empty lists. `get_config` carries them so that `from_config` (which
@@ -133,12 +128,8 @@ class AttentionLayer(tf_keras.layers.Layer):
   @staticmethod
   def full_mask(mask, causal_offset, query_length, memory_length):
     """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None."""
-    if causal_offset is None:
-      return mask
-    causal = tf.reshape(
-        attention_ops.causal_mask(query_length, memory_length, causal_offset),
-        [1, 1, query_length, memory_length])
-    return attention_ops.combine_masks(mask, causal)
+    return attention_ops.full_mask(mask, causal_offset, query_length,
+                                   memory_length)
 
   # ---- weights and their logical axes ------------------------------------
   def add_axes_weight(self, name, shape, axes, initializer):

@@ -31,8 +31,17 @@ The causal mask is generated per chunk from positions, never materialized at
 [n, m]. The result equals the plain computation to float32 rounding
 (tests/layers/chunked_test.py). Not covered here: attention dropout (its
 random mask would have to be regenerated identically in the recomputation)
-and dynamic projections; layers use the plain path for those.
+and dynamic projections; `thattn.layers.core.choose_path` sends those calls
+to the plain path.
+
+Code map: `attention_core` wraps `_forward` and `_gradients` in a custom
+gradient; `_Call` holds one call's tensors and chunking. Per chunk, the
+forward pass is `_forward_chunk` (TensorFlow ops) or `_forward_chunk_fused`
+(the kernel), the backward pass `_backward_chunk` or `_backward_chunk_fused`,
+and `_example_gradients` sums one example's chunk gradients in a loop.
 """
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -144,16 +153,17 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
       choice on CPU).
     fused: compute J -> U per chunk with the fused talking-heads kernel.
       Needs float32 and ungrouped (or None) projections; the caller checks
-      `talking_heads_softmax.unsupported_reason` first.
+      `talking_heads_softmax.unsupported_reason` first
+      (`thattn.layers.core.choose_path` does).
 
   Returns:
     O[b, n, h_v, d_v] in the dtype of `value`.
   """
-  tensors = {"query": query, "key": key, "value": value}
+  inputs = {"query": query, "key": key, "value": value}
   for name, tensor in (("pre_softmax", pre_softmax),
                        ("post_softmax", post_softmax), ("bias", bias)):
     if tensor is not None:
-      tensors[name] = tensor
+      inputs[name] = tensor
   if mask is not None:
     mask = tf.broadcast_to(
         mask, tf.concat([tf.shape(mask)[:2], [tf.shape(mask)[2]],
@@ -165,199 +175,291 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
       raise ValueError(
           f"fused=True needs [f, g] (rank-2) projections or None; got "
           f"projection ranks {ranks}.")
-  names = sorted(tensors)
-  core = _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
-                    fused)
-  return core(*[tensors[name] for name in names])
+  names = tuple(sorted(inputs))
+  core = _with_custom_gradient(names, mask, causal_offset, chunk_size,
+                               parallel_chunks, fused)
+  return core(*[inputs[name] for name in names])
 
 
-def _make_core(names, mask, causal_offset, chunk_size, parallel_chunks,
-               fused):
-  """A custom-gradient function of the tensors in `names` (sorted)."""
+def _with_custom_gradient(names, mask, causal_offset, chunk_size,
+                          parallel_chunks, fused):
+  """A custom-gradient function of the tensors `names` (sorted).
+
+  `_forward` keeps none of the scores; `_gradients` recomputes them.
+  """
 
   @tf.custom_gradient
-  def core(*args):
-    t = dict(zip(names, args))
-    query, key, value = t["query"], t["key"], t["value"]
-    pre, post, bias = t.get("pre_softmax"), t.get("post_softmax"), t.get("bias")
-    batch, length = tf.shape(query)[0], tf.shape(query)[1]
-    num_chunks = (length + chunk_size - 1) // chunk_size
-    query_chunks = _to_chunks(query, chunk_size, num_chunks)
-    items = tf.range(batch * num_chunks)
-
-    def chunk_rows(tensor, item):
-      """tensor[e, :, rows] for the item's example e and query rows."""
-      example = tf.minimum(item // num_chunks, tf.shape(tensor)[0] - 1)
-      per_example = tensor[example]
-      if per_example.shape[1] == 1:
-        return per_example
-      start = (item % num_chunks) * chunk_size
-      rows = tf.minimum(start + tf.range(chunk_size), length - 1)
-      return tf.gather(per_example, rows, axis=1)
-
-    def allowed_positions(item, keys):
-      """The chunk's boolean mask, broadcastable to [c, m], or None."""
-      allowed = None
-      if mask is not None:
-        allowed = chunk_rows(mask, item)
-      if causal_offset is not None:
-        start = (item % num_chunks) * chunk_size + causal_offset
-        causal = attention_ops.causal_mask(chunk_size, tf.shape(keys)[0],
-                                           start)
-        allowed = causal if allowed is None else tf.logical_and(allowed,
-                                                                causal)
-      return allowed
-
-    def weights(item, query_chunk, keys):
-      """(J, W, allowed) for one chunk; W in float32, allowed may be None."""
-      dots = tf.einsum(_CHUNK_DOT, query_chunk, keys)
-      logits = tf.cast(dots if pre is None else _mix(dots, pre), tf.float32)
-      if bias is not None:
-        logits += tf.cast(chunk_rows(bias, item), tf.float32)
-      allowed = allowed_positions(item, keys)
-      if allowed is not None:
-        logits = tf.where(allowed, logits, attention_ops.MASKED_LOGIT)
-      return dots, tf.nn.softmax(logits, axis=-1), allowed
-
-    def fused_mixed_weights(item, query_chunk, keys):
-      """(J[1, h_k, c, m], U[1, h_v, c, m], allowed, B) from the kernel."""
-      dots = tf.expand_dims(tf.einsum(_CHUNK_DOT, query_chunk, keys), 0)
-      allowed = allowed_positions(item, keys)
-      chunk_bias = (None if bias is None else
-                    tf.expand_dims(chunk_rows(bias, item), 0))
-      mixed = talking_heads_softmax.talking_heads_softmax(
-          dots, pre, post, allowed, chunk_bias)
-      return dots, mixed, allowed, chunk_bias
-
-    def forward_chunk(args):
-      query_chunk, item = args
-      example = item // num_chunks
-      if fused:
-        _, mixed, _, _ = fused_mixed_weights(item, query_chunk,
-                                             key[example])
-        return tf.einsum(_CHUNK_CONTEXT, mixed[0], value[example])
-      _, probabilities, _ = weights(item, query_chunk, key[example])
-      probabilities = tf.cast(probabilities, value.dtype)
-      mixed = probabilities if post is None else _mix(probabilities, post)
-      return tf.einsum(_CHUNK_CONTEXT, mixed, value[example])
-
-    def fused_backward_chunk(query_chunk, d_context, item):
-      """As `backward_chunk`, with the kernel from J to U and back."""
-      example = item // num_chunks
-      keys, values = key[example], value[example]
-      dots, mixed, allowed, chunk_bias = fused_mixed_weights(
-          item, query_chunk, keys)
-      d_mixed = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
-      grads = {"value": tf.einsum(_CHUNK_D_VALUE, mixed[0], d_context)}
-      d_dots, d_pre, d_post, d_bias = (
-          talking_heads_softmax.talking_heads_softmax_gradient(
-              dots, pre, post, tf.expand_dims(d_mixed, 0), allowed,
-              chunk_bias))
-      if pre is not None:
-        grads["pre_softmax"] = d_pre
-      if post is not None:
-        grads["post_softmax"] = d_post
-      if bias is not None:
-        grads["bias"] = d_bias[0]  # dL[h, c, m], as the unfused path gives
-      grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_dots[0], keys)
-      grads["key"] = tf.einsum(_CHUNK_D_KEY, d_dots[0], query_chunk)
-      return grads
-
-    context = tf.map_fn(
-        forward_chunk, (query_chunks, items),
-        fn_output_signature=tf.TensorSpec(None, value.dtype),
-        parallel_iterations=parallel_chunks)
-    output = _from_chunks(context, batch, length)
-
-    def grad(d_output):
-      d_output_chunks = _to_chunks(d_output, chunk_size, num_chunks)
-
-      def backward_chunk(args):
-        query_chunk, d_context, item = args
-        if fused:
-          return fused_backward_chunk(query_chunk, d_context, item)
-        example = item // num_chunks
-        keys, values = key[example], value[example]
-        dots, probabilities, allowed = weights(item, query_chunk, keys)
-        probabilities_c = tf.cast(probabilities, value.dtype)
-        mixed = probabilities_c if post is None else _mix(probabilities_c,
-                                                          post)
-        d_mixed = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
-        grads = {"value": tf.einsum(_CHUNK_D_VALUE, mixed, d_context)}
-        if post is not None:
-          grads["post_softmax"] = _projection_gradient(probabilities_c,
-                                                       d_mixed, post)
-          d_mixed = _unmix(d_mixed, post)
-        # Softmax backward in float32: dL = W * (dW - sum_m W * dW).
-        d_probabilities = tf.cast(d_mixed, tf.float32)
-        d_logits = probabilities * (d_probabilities - tf.reduce_sum(
-            probabilities * d_probabilities, axis=-1, keepdims=True))
-        if allowed is not None:
-          # Masked logits were replaced by a constant, so they get no
-          # gradient. This matters in fully masked rows, whose uniform
-          # weights are nonzero at masked positions.
-          d_logits = tf.where(allowed, d_logits, 0.0)
-        if bias is not None:
-          grads["bias"] = d_logits
-        d_logits = tf.cast(d_logits, query.dtype)
-        if pre is not None:
-          grads["pre_softmax"] = _projection_gradient(dots, d_logits, pre)
-          d_logits = _unmix(d_logits, pre)
-        grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_logits, keys)
-        grads["key"] = tf.einsum(_CHUNK_D_KEY, d_logits, query_chunk)
-        return grads
-
-      def backward_example(example):
-        """Gradients from one example's chunks, summed as the loop goes.
-
-        Summing in the loop (rather than stacking per-chunk dK and dV and
-        summing after) keeps the memory linear in the sequence length.
-        """
-        first = example * num_chunks
-        accumulate = [name for name in names
-                      if name in ("key", "value", "pre_softmax",
-                                  "post_softmax")]
-        per_row = [name for name in names if name in ("query", "bias")]
-
-        def body(chunk, sums, rows):
-          item = first + chunk
-          grads = backward_chunk((query_chunks[item], d_output_chunks[item],
-                                  item))
-          sums = [total + tf.cast(grads[name], total.dtype)
-                  for total, name in zip(sums, accumulate)]
-          rows = [array.write(chunk, grads[name])
-                  for array, name in zip(rows, per_row)]
-          return chunk + 1, sums, rows
-
-        like = {"key": key[0], "value": value[0], "pre_softmax": pre,
-                "post_softmax": post}
-        sums = [tf.zeros_like(like[name]) for name in accumulate]
-        rows = [tf.TensorArray(tf.float32 if name == "bias" else query.dtype,
-                               size=num_chunks, infer_shape=False)
-                for name in per_row]
-        _, sums, rows = tf.while_loop(
-            lambda chunk, *_: chunk < num_chunks, body,
-            (tf.constant(0), sums, rows), parallel_iterations=parallel_chunks)
-        result = dict(zip(accumulate, sums))
-        for name, array in zip(per_row, rows):
-          result[name] = array.concat() if name == "query" else array.stack()
-        return result
-
-      spec = {name: tf.TensorSpec(None, tf.float32 if name == "bias"
-                                  else t[name].dtype) for name in names}
-      per_example = tf.map_fn(backward_example, tf.range(batch),
-                              fn_output_signature=spec,
-                              parallel_iterations=1)
-      return [_reduce_example_gradient(name, per_example[name], t[name],
-                                       length) for name in names]
-
-    return output, grad
+  def core(*tensors):
+    call = _Call.create(dict(zip(names, tensors)), mask=mask,
+                        causal_offset=causal_offset, chunk_size=chunk_size,
+                        parallel_chunks=parallel_chunks, fused=fused)
+    return _forward(call), lambda d_output: _gradients(call, d_output)
 
   return core
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """One call of the core: its tensors and how the queries are chunked.
+
+  The work is split into items, one per (example e, query chunk k), numbered
+  item = e * num_chunks + k; `query_chunks[item]` is Q[c, h_k, d_k] of the
+  chunk's queries (the last chunk zero-padded).
+  """
+  names: tuple  # the names of the given tensors below, sorted
+  query: tf.Tensor  # Q[b, n, h_k, d_k]
+  key: tf.Tensor  # K[b, m, h_k, d_k]
+  value: tf.Tensor  # V[b, m, h_v, d_v]
+  pre_softmax: object  # P_l or None
+  post_softmax: object  # P_w or None
+  bias: object  # B[b or 1, h, n or 1, m] or None
+  mask: object  # boolean [b or 1, 1, n or 1, m] or None
+  causal_offset: object  # None, or the memory position of query 0
+  chunk_size: int  # c
+  parallel_chunks: int
+  fused: bool
+  batch: tf.Tensor  # b
+  length: tf.Tensor  # n
+  num_chunks: tf.Tensor
+  query_chunks: tf.Tensor  # [b * num_chunks, c, h_k, d_k]
+
+  @classmethod
+  def create(cls, tensors, *, mask, causal_offset, chunk_size,
+             parallel_chunks, fused):
+    query = tensors["query"]
+    batch, length = tf.shape(query)[0], tf.shape(query)[1]
+    num_chunks = (length + chunk_size - 1) // chunk_size
+    return cls(
+        names=tuple(sorted(tensors)), query=query, key=tensors["key"],
+        value=tensors["value"], pre_softmax=tensors.get("pre_softmax"),
+        post_softmax=tensors.get("post_softmax"), bias=tensors.get("bias"),
+        mask=mask, causal_offset=causal_offset, chunk_size=chunk_size,
+        parallel_chunks=parallel_chunks, fused=fused, batch=batch,
+        length=length, num_chunks=num_chunks,
+        query_chunks=_to_chunks(query, chunk_size, num_chunks))
+
+  def tensor(self, name):
+    """The input tensor called `name` (one of `names`)."""
+    return getattr(self, name)
+
+  def example(self, item):
+    return item // self.num_chunks
+
+  def rows(self, tensor, item):
+    """tensor[e, :, rows] for the item's example e and query rows.
+
+    For the mask [b or 1, 1, n or 1, m] and the bias [b or 1, h, n or 1, m]:
+    a dimension of size 1 is shared, and rows past n repeat the last one
+    (their results are cut off at the end).
+    """
+    example = tf.minimum(item // self.num_chunks, tf.shape(tensor)[0] - 1)
+    per_example = tensor[example]
+    if per_example.shape[1] == 1:
+      return per_example
+    start = (item % self.num_chunks) * self.chunk_size
+    rows = tf.minimum(start + tf.range(self.chunk_size), self.length - 1)
+    return tf.gather(per_example, rows, axis=1)
+
+  def allowed(self, item, keys):
+    """The chunk's boolean mask, broadcastable to [c, m], or None."""
+    allowed = None
+    if self.mask is not None:
+      allowed = self.rows(self.mask, item)
+    if self.causal_offset is not None:
+      start = (item % self.num_chunks) * self.chunk_size + self.causal_offset
+      causal = attention_ops.causal_mask(self.chunk_size, tf.shape(keys)[0],
+                                         start)
+      allowed = causal if allowed is None else tf.logical_and(allowed,
+                                                              causal)
+    return allowed
+
+
+# ---- forward ---------------------------------------------------------------
+def _forward(call):
+  """O[b, n, h_v, d_v], one chunk at a time; no scores are kept."""
+  forward_chunk = _forward_chunk_fused if call.fused else _forward_chunk
+  items = tf.range(call.batch * call.num_chunks)
+  context = tf.map_fn(
+      lambda args: forward_chunk(call, *args), (call.query_chunks, items),
+      fn_output_signature=tf.TensorSpec(None, call.value.dtype),
+      parallel_iterations=call.parallel_chunks)
+  return _from_chunks(context, call.batch, call.length)
+
+
+def _weights(call, item, query_chunk, keys):
+  """TensorFlow ops: (J[h_k, c, m], W[h, c, m] in float32, allowed)."""
+  dots = tf.einsum(_CHUNK_DOT, query_chunk, keys)
+  pre = call.pre_softmax
+  logits = tf.cast(dots if pre is None else _mix(dots, pre), tf.float32)
+  if call.bias is not None:
+    logits += tf.cast(call.rows(call.bias, item), tf.float32)
+  allowed = call.allowed(item, keys)
+  if allowed is not None:
+    logits = tf.where(allowed, logits, attention_ops.MASKED_LOGIT)
+  return dots, tf.nn.softmax(logits, axis=-1), allowed
+
+
+def _fused_value_weights(call, item, query_chunk, keys):
+  """The kernel: (J[1, h_k, c, m], U[1, h_v, c, m], allowed, B or None).
+
+  B is the chunk's bias [1, h, c or 1, m]; the kernel wants a batch axis.
+  """
+  dots = tf.expand_dims(tf.einsum(_CHUNK_DOT, query_chunk, keys), 0)
+  allowed = call.allowed(item, keys)
+  chunk_bias = (None if call.bias is None else
+                tf.expand_dims(call.rows(call.bias, item), 0))
+  value_weights = talking_heads_softmax.talking_heads_softmax(
+      dots, call.pre_softmax, call.post_softmax, allowed, chunk_bias)
+  return dots, value_weights, allowed, chunk_bias
+
+
+def _forward_chunk(call, query_chunk, item):
+  """O[c, h_v, d_v] of one chunk with TensorFlow ops."""
+  example = call.example(item)
+  _, weights, _ = _weights(call, item, query_chunk, call.key[example])
+  weights = tf.cast(weights, call.value.dtype)
+  post = call.post_softmax
+  value_weights = weights if post is None else _mix(weights, post)
+  return tf.einsum(_CHUNK_CONTEXT, value_weights, call.value[example])
+
+
+def _forward_chunk_fused(call, query_chunk, item):
+  """O[c, h_v, d_v] of one chunk, with the kernel from J to U."""
+  example = call.example(item)
+  _, value_weights, _, _ = _fused_value_weights(call, item, query_chunk,
+                                                call.key[example])
+  return tf.einsum(_CHUNK_CONTEXT, value_weights[0], call.value[example])
+
+
+# ---- backward ----------------------------------------------------------------
+# Gradients summed over an example's chunks, and those written per chunk.
+_SUMMED = ("key", "value", "pre_softmax", "post_softmax")
+_PER_CHUNK = ("query", "bias")
+
+
+def _gradients(call, d_output):
+  """The gradients of every input (in `call.names` order) given dO."""
+  d_output_chunks = _to_chunks(d_output, call.chunk_size, call.num_chunks)
+  spec = {name: tf.TensorSpec(None, _gradient_dtype(call, name))
+          for name in call.names}
+  per_example = tf.map_fn(
+      lambda example: _example_gradients(call, d_output_chunks, example),
+      tf.range(call.batch), fn_output_signature=spec, parallel_iterations=1)
+  return [_reduce_example_gradient(name, per_example[name], call.tensor(name),
+                                   call.length) for name in call.names]
+
+
+def _gradient_dtype(call, name):
+  # dB stays float32, the dtype the logits are computed in.
+  return tf.float32 if name == "bias" else call.tensor(name).dtype
+
+
+def _example_gradients(call, d_output_chunks, example):
+  """Gradients from one example's chunks, summed as the loop goes.
+
+  Summing in the loop (rather than stacking per-chunk dK and dV and summing
+  after) keeps the memory linear in the sequence length.
+  """
+  backward_chunk = _backward_chunk_fused if call.fused else _backward_chunk
+  first = example * call.num_chunks
+  summed = [name for name in call.names if name in _SUMMED]
+  per_chunk = [name for name in call.names if name in _PER_CHUNK]
+
+  def body(chunk, sums, chunks):
+    item = first + chunk
+    grads = backward_chunk(call, call.query_chunks[item],
+                           d_output_chunks[item], item)
+    sums = [total + tf.cast(grads[name], total.dtype)
+            for total, name in zip(sums, summed)]
+    chunks = [array.write(chunk, grads[name])
+              for array, name in zip(chunks, per_chunk)]
+    return chunk + 1, sums, chunks
+
+  like = {"key": call.key[0], "value": call.value[0],
+          "pre_softmax": call.pre_softmax, "post_softmax": call.post_softmax}
+  sums = [tf.zeros_like(like[name]) for name in summed]
+  chunks = [tf.TensorArray(_gradient_dtype(call, name), size=call.num_chunks,
+                           infer_shape=False) for name in per_chunk]
+  _, sums, chunks = tf.while_loop(
+      lambda chunk, *_: chunk < call.num_chunks, body,
+      (tf.constant(0), sums, chunks), parallel_iterations=call.parallel_chunks)
+  result = dict(zip(summed, sums))
+  for name, array in zip(per_chunk, chunks):
+    result[name] = array.concat() if name == "query" else array.stack()
+  return result
+
+
+def _backward_chunk(call, query_chunk, d_context, item):
+  """One chunk's gradients with TensorFlow ops, recomputing J and W.
+
+  dK, dV, dP_l and dP_w are this chunk's share; dQ[c, h_k, d_k] and
+  dB = dL[h, c, m] are its rows.
+  """
+  example = call.example(item)
+  keys, values = call.key[example], call.value[example]
+  pre, post = call.pre_softmax, call.post_softmax
+  dots, weights, allowed = _weights(call, item, query_chunk, keys)
+  weights_c = tf.cast(weights, call.value.dtype)  # W in the compute dtype
+  value_weights = weights_c if post is None else _mix(weights_c, post)
+  d_value_weights = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
+  grads = {"value": tf.einsum(_CHUNK_D_VALUE, value_weights, d_context)}
+  if post is not None:
+    grads["post_softmax"] = _projection_gradient(weights_c, d_value_weights,
+                                                 post)
+    d_value_weights = _unmix(d_value_weights, post)
+  d_logits = _softmax_gradient(weights, d_value_weights, allowed)
+  if call.bias is not None:
+    grads["bias"] = d_logits
+  d_logits = tf.cast(d_logits, call.query.dtype)
+  if pre is not None:
+    grads["pre_softmax"] = _projection_gradient(dots, d_logits, pre)
+    d_logits = _unmix(d_logits, pre)
+  grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_logits, keys)
+  grads["key"] = tf.einsum(_CHUNK_D_KEY, d_logits, query_chunk)
+  return grads
+
+
+def _softmax_gradient(weights, d_weights, allowed):
+  """dL[h, c, m] from W (float32) and dW, in float32.
+
+  dL = W * (dW - sum_m W * dW), the softmax's backward pass.
+  """
+  d_weights = tf.cast(d_weights, tf.float32)
+  d_logits = weights * (d_weights - tf.reduce_sum(
+      weights * d_weights, axis=-1, keepdims=True))
+  if allowed is not None:
+    # Masked logits were replaced by a constant, so they get no gradient.
+    # This matters in fully masked rows, whose uniform weights are nonzero
+    # at masked positions.
+    d_logits = tf.where(allowed, d_logits, 0.0)
+  return d_logits
+
+
+def _backward_chunk_fused(call, query_chunk, d_context, item):
+  """As `_backward_chunk`, with the kernel's gradient op from dU to dJ."""
+  example = call.example(item)
+  keys, values = call.key[example], call.value[example]
+  dots, value_weights, allowed, chunk_bias = _fused_value_weights(
+      call, item, query_chunk, keys)
+  d_value_weights = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
+  grads = {"value": tf.einsum(_CHUNK_D_VALUE, value_weights[0], d_context)}
+  d_dots, d_pre, d_post, d_bias = (
+      talking_heads_softmax.talking_heads_softmax_gradient(
+          dots, call.pre_softmax, call.post_softmax,
+          tf.expand_dims(d_value_weights, 0), allowed, chunk_bias))
+  if call.pre_softmax is not None:
+    grads["pre_softmax"] = d_pre
+  if call.post_softmax is not None:
+    grads["post_softmax"] = d_post
+  if call.bias is not None:
+    grads["bias"] = d_bias[0]  # dL[h, c, m], as `_backward_chunk` gives
+  grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_dots[0], keys)
+  grads["key"] = tf.einsum(_CHUNK_D_KEY, d_dots[0], query_chunk)
+  return grads
+
+
 def _reduce_example_gradient(name, per_example, like, length):
-  """Per-example gradients (from `backward_example`) in the shape of `like`."""
+  """Per-example gradients (from `_example_gradients`) in `like`'s shape."""
   if name == "query":  # [b, num_chunks * c, h_k, d_k]
     return per_example[:, :length]
   if name in ("key", "value"):  # [b, m, heads, d]

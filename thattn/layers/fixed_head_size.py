@@ -11,6 +11,7 @@ fixed head size is just those arguments. `fixed_head_size_attention` is the
 documented shortcut for the paper's proposal, d_k = d_v = n.
 """
 
+from thattn import validation
 from thattn.layers import multi_head
 from thattn.layers import talking_heads
 
@@ -40,9 +41,7 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
     raise ValueError("Give exactly one of sequence_length and head_size, got "
                      f"sequence_length={sequence_length!r}, "
                      f"head_size={head_size!r}.")
-  if variant not in _VARIANTS:
-    raise ValueError(f"Unknown variant {variant!r}; expected one of "
-                     f"{sorted(_VARIANTS)}.")
+  validation.one_of("variant", variant, sorted(_VARIANTS))
   size = sequence_length if head_size is None else head_size
   return _VARIANTS[variant](num_heads=num_heads, key_dim=size, value_dim=size,
                             **kwargs)

@@ -20,6 +20,8 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import validation
+from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import initializers
 
@@ -50,8 +52,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
                kernel_initializer=None, **kwargs):
     super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
                      kernel_initializer=kernel_initializer, **kwargs)
-    base._check_positive_int("num_heads", num_heads)  # pylint: disable=protected-access
-    self.num_heads = num_heads
+    self.num_heads = validation.positive_int("num_heads", num_heads)
 
   def create_weights(self, query_width, key_width, value_width):
     if key_width != value_width:
@@ -85,7 +86,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
     shape = tf.shape(logits)
     mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
     weights = tf.cast(
-        base.attention_ops.masked_softmax(logits, mask, position_bias),
+        attention_ops.masked_softmax(logits, mask, position_bias),
         self.compute_dtype)
     weighted_memory = tf.einsum(WEIGHTED_MEMORY,
                                 self.dropout_weights(weights, training),

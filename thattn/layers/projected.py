@@ -12,21 +12,19 @@ the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
 `TalkingHeadsAttention` sets the static projections P_l and P_w (and adds
 its dynamic terms).
 
-Two implementations of the core give the same results: the plain one below
-and `thattn.layers.chunked`, which works in query chunks and recomputes the
-scores in the backward pass (see `query_chunk_size`). In both, talking heads
-on CPU can do mix, softmax and mix in one fused op,
-`thattn.kernels.talking_heads_softmax` (see `use_fused_kernel`).
+`attend` hands Q, K, V and these hooks to `thattn.layers.core`, whose
+`choose_path` is the one place that decides how the core runs: all queries
+at once or in query chunks (`query_chunk_size`), with TensorFlow ops or the
+fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
 """
 
-import tensorflow as tf
 import tf_keras
 
 from thattn import dims
-from thattn.kernels import talking_heads_softmax
+from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
-from thattn.layers import chunked
+from thattn.layers import core
 from thattn.layers import initializers
 
 # Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
@@ -54,6 +52,13 @@ class ProjectedAttention(base.AttentionLayer):
     Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
   """
 
+  # What `core.choose_path` reads besides the call's arguments. Multi-head
+  # attention has no heads mixing to fuse, no dynamic projections and one
+  # head group; TalkingHeadsAttention sets all three from its arguments.
+  fused_kernel = False
+  dynamic_projections = ()
+  num_head_groups = 1
+
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, output_dim=None, use_bias=False,
                dropout_rate=0.0, kernel_initializer="glorot_uniform",
@@ -61,21 +66,17 @@ class ProjectedAttention(base.AttentionLayer):
     super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
                      kernel_initializer=kernel_initializer, **kwargs)
     value_dim = key_dim if value_dim is None else value_dim
-    for name, value in (("num_heads", num_heads),
-                        ("num_key_heads", num_key_heads),
-                        ("num_value_heads", num_value_heads),
-                        ("key_dim", key_dim), ("value_dim", value_dim)):
-      base._check_positive_int(name, value)  # pylint: disable=protected-access
-    self.num_heads = num_heads
-    self.num_key_heads = num_key_heads
-    self.num_value_heads = num_value_heads
-    self.key_dim = key_dim
-    self.value_dim = value_dim
-    if query_chunk_size is not None:
-      base._check_positive_int("query_chunk_size", query_chunk_size)  # pylint: disable=protected-access
+    self.num_heads = validation.positive_int("num_heads", num_heads)
+    self.num_key_heads = validation.positive_int("num_key_heads",
+                                                 num_key_heads)
+    self.num_value_heads = validation.positive_int("num_value_heads",
+                                                   num_value_heads)
+    self.key_dim = validation.positive_int("key_dim", key_dim)
+    self.value_dim = validation.positive_int("value_dim", value_dim)
     self.use_bias = use_bias
     self.bias_initializer = tf_keras.initializers.get(bias_initializer)
-    self.query_chunk_size = query_chunk_size
+    self.query_chunk_size = validation.positive_int(
+        "query_chunk_size", query_chunk_size, optional=True)
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -140,58 +141,28 @@ class ProjectedAttention(base.AttentionLayer):
       return weights
     return attention_ops.mix_heads(weights, self._post_softmax_projection)
 
-  def use_fused_kernel(self, scores_like):
-    """Whether the fused kernel computes U from J in this call.
-
-    `scores_like` is J, or a tensor of J's dtype (the chunked core asks
-    before it has J). Multi-head attention has no heads mixing to fuse;
-    talking heads overrides this.
-    """
-    del scores_like
-    return False
-
-  @property
-  def supports_chunking(self):
-    """Whether the chunked core computes this layer (no dynamic terms)."""
-    return True
-
-  def _uses_chunked_core(self, training, return_scores):
-    if not self.query_chunk_size or return_scores or not self.supports_chunking:
-      return False
-    # The chunked core has no dropout; with dropout on, or when it is not
-    # known whether it is on, the plain path runs.
-    return self.dropout_rate == 0 or training is False or training is None
-
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, return_scores):
-    if self._uses_chunked_core(training, return_scores):
-      projections = [None if p is None else tf.identity(p) for p in
-                     (self._pre_softmax_projection,
-                      self._post_softmax_projection)]
-      context = chunked.attention_core(
-          query_state["query"], memory_state["key"], memory_state["value"],
-          pre_softmax=projections[0], post_softmax=projections[1],
-          mask=mask, causal_offset=causal_offset, bias=position_bias,
-          chunk_size=self.query_chunk_size,
-          fused=self.use_fused_kernel(query_state["query"]))
-      return self._output_dense(context), None
-    dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query_state["query"],
-                             memory_state["key"])
-    shape = tf.shape(dot_products)
-    mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
-    if self.use_fused_kernel(dot_products):
-      value_weights = talking_heads_softmax.talking_heads_softmax(
-          dot_products, self._pre_softmax_projection,
-          self._post_softmax_projection, mask, position_bias)
-    else:
-      logits = self.mix_logits(dot_products, query_state, memory_state)
-      weights = tf.cast(
-          attention_ops.masked_softmax(logits, mask, position_bias),
-          self.compute_dtype)
-      value_weights = self.mix_weights(weights, query_state, memory_state)
-    context = tf.einsum(attention_ops.WEIGHTED_VALUES,
-                        self.dropout_weights(value_weights, training),
-                        memory_state["value"])
+    query, key, value = (query_state["query"], memory_state["key"],
+                         memory_state["value"])
+    projections = (self._pre_softmax_projection,
+                   self._post_softmax_projection)
+    path = core.choose_path(
+        chunk_size=self.query_chunk_size, return_scores=return_scores,
+        dropout_rate=self.dropout_rate, training=training,
+        fused_kernel=self.fused_kernel,
+        dynamic_projections=self.dynamic_projections,
+        head_groups=self.num_head_groups, scores_like=query,
+        projections=projections, owner=self.name)
+    context, value_weights = core.attention_core(
+        path, query, key, value, projections=projections, mask=mask,
+        causal_offset=causal_offset, bias=position_bias,
+        chunk_size=self.query_chunk_size,
+        mix_logits=lambda dots: self.mix_logits(dots, query_state,
+                                                memory_state),
+        mix_weights=lambda weights: self.mix_weights(weights, query_state,
+                                                     memory_state),
+        dropout=lambda scores: self.dropout_weights(scores, training))
     return self._output_dense(context), value_weights
 
   def get_config(self):

@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import validation
 
 
 def relative_position_bucket(relative_position, bidirectional=True,
@@ -74,10 +75,8 @@ class RelativePositionBias(tf_keras.layers.Layer):
   def __init__(self, num_heads, bidirectional=True, num_buckets=32,
                max_distance=128, embeddings_initializer=None, **kwargs):
     super().__init__(**kwargs)
-    if num_heads <= 0:
-      raise ValueError(f"num_heads must be positive, got {num_heads}.")
+    self.num_heads = validation.positive_int("num_heads", num_heads)
     relative_position_bucket(0, bidirectional, num_buckets, max_distance)
-    self.num_heads = num_heads
     self.bidirectional = bidirectional
     self.num_buckets = num_buckets
     self.max_distance = max_distance

@@ -54,12 +54,17 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
-from thattn.kernels import talking_heads_softmax
+from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import projected
 
 DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
+# Appendix A adds the "l" terms to the static P_l and the "w" terms to P_w.
+_STATIC_PROJECTION = {"x2l": ("P_l", "project_logits"),
+                      "m2l": ("P_l", "project_logits"),
+                      "x2w": ("P_w", "project_weights"),
+                      "m2w": ("P_w", "project_weights")}
 
 # The paper (Appendix A) trained well only with small initial dynamic
 # projections: normal with stddev 0.1 / sqrt(fan_in).
@@ -93,17 +98,37 @@ _GROUPED_DYNAMIC_MIXES = {
 }
 
 
-def _normalize_dynamic_projections(dynamic_projections):
+def checked_dynamic_projections(dynamic_projections, *, project_logits=True,
+                                project_weights=True, owner=None):
+  """The dynamic projection names in the order of DYNAMIC_PROJECTIONS.
+
+  The one check of a `dynamic_projections` argument, for the layer and for
+  `thattn.models.config.AttentionConfig`. Raises ValueError when it is a
+  string rather than a list, names a projection that does not exist, or
+  names one whose static projection is off: each is added to P_l ("x2l",
+  "m2l") or P_w ("x2w", "m2w"), so it needs `project_logits` or
+  `project_weights`. `owner` is prefixed to the message.
+  """
+  prefix = f"{owner}: " if owner else ""
   if isinstance(dynamic_projections, str):
     raise ValueError(
-        "dynamic_projections must be a list of names from "
+        f"{prefix}dynamic_projections must be a list of names from "
         f"{DYNAMIC_PROJECTIONS}, got the string {dynamic_projections!r}; "
         f"write [{dynamic_projections!r}].")
   names = tuple(dynamic_projections)
   unknown = sorted(set(names) - set(DYNAMIC_PROJECTIONS))
   if unknown:
-    raise ValueError(f"Unknown dynamic projections {unknown}; expected a "
-                     f"subset of {DYNAMIC_PROJECTIONS}.")
+    unknown_names = f"{owner}: unknown" if owner else "Unknown"
+    raise ValueError(f"{unknown_names} dynamic projections {unknown}; "
+                     f"expected a subset of {DYNAMIC_PROJECTIONS}.")
+  static_on = {"project_logits": project_logits,
+               "project_weights": project_weights}
+  for name in names:
+    static, flag = _STATIC_PROJECTION[name]
+    if not static_on[flag]:
+      raise ValueError(
+          f"{prefix}dynamic projection {name!r} is added to the static "
+          f"{static}, so it needs {flag}=True, got {flag}=False.")
   return tuple(name for name in DYNAMIC_PROJECTIONS if name in names)
 
 
@@ -136,7 +161,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       many queries and recompute the scores in the backward pass
       (`thattn.layers.chunked`): same results, memory about linear in the
       sequence length. Used without dynamic projections, without
-      `return_attention_scores`, and when attention dropout is off.
+      `return_attention_scores`, and when attention dropout is off (the
+      rules, with the kernel's, are `thattn.layers.core.choose_path`).
     num_head_groups: G, which must divide h_k, h and h_v. P_l, P_w and the
       dynamic projections become block-diagonal (heads mix only within
       their group; see the module docstring for the head order) and are
@@ -151,8 +177,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       rounding, faster, and the training step keeps neither L nor W).
       None (default): wherever it can, i.e. float32, on CPU, no dynamic
       projections, no head groups, not under XLA, DTensor or SavedModel
-      tracing, and the kernel compiled (on first use,
-      needs a C++ compiler); otherwise TensorFlow ops. The plain and the
+      tracing, and the kernel compiled (on first use, needs a C++
+      compiler); otherwise TensorFlow ops. The plain and the
       chunked (`query_chunk_size`) core both use it. False: never. True:
       always, with a ValueError saying why when it cannot.
   """
@@ -180,17 +206,9 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       raise ValueError(
           f"project_weights=False needs num_value_heads == num_heads, got "
           f"num_value_heads={num_value_heads}, num_heads={num_heads}.")
-    self.dynamic_projections = _normalize_dynamic_projections(
-        dynamic_projections)
-    # Appendix A adds each dynamic projection to a static one.
-    for name in self.dynamic_projections:
-      static_on = project_logits if name.endswith("l") else project_weights
-      if not static_on:
-        flag = "project_logits" if name.endswith("l") else "project_weights"
-        raise ValueError(
-            f"dynamic projection {name!r} is added to the static "
-            f"{'P_l' if name.endswith('l') else 'P_w'}, so it needs "
-            f"{flag}=True, got {flag}=False.")
+    self.dynamic_projections = checked_dynamic_projections(
+        dynamic_projections, project_logits=project_logits,
+        project_weights=project_weights)
     self.project_logits = project_logits
     self.project_weights = project_weights
     self.num_head_groups = _checked_groups(num_head_groups, num_key_heads,
@@ -252,29 +270,6 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       state["m2w"] = self._dynamic_dense["m2w"](value)
     return state
 
-  @property
-  def supports_chunking(self):
-    return not self.dynamic_projections
-
-  def use_fused_kernel(self, scores_like):
-    if self.fused_kernel is False:
-      return False
-    reason = self._fused_kernel_obstacle(scores_like)
-    if reason is not None and self.fused_kernel:
-      raise ValueError(f"{self.name}: fused_kernel=True, but {reason}. Pass "
-                       f"fused_kernel=None to use TensorFlow ops instead.")
-    return reason is None
-
-  def _fused_kernel_obstacle(self, scores_like):
-    """Why the fused kernel cannot compute this call, or None."""
-    if self.dynamic_projections:
-      return "the kernel has no dynamic projections"
-    if self.num_head_groups != 1:
-      return "the kernel has no head groups"
-    return talking_heads_softmax.unsupported_reason(
-        scores_like, self._pre_softmax_projection,
-        self._post_softmax_projection)
-
   def mix_logits(self, dot_products, query_state, memory_state):
     logits = super().mix_logits(dot_products, query_state, memory_state)
     for name, state in (("x2l", query_state), ("m2l", memory_state)):
@@ -322,10 +317,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
 
 def _checked_groups(num_head_groups, num_key_heads, num_heads,
                     num_value_heads):
-  if (isinstance(num_head_groups, bool) or
-      not isinstance(num_head_groups, int) or num_head_groups <= 0):
-    raise ValueError(f"num_head_groups must be a positive integer, got "
-                     f"{num_head_groups!r}.")
+  validation.positive_int("num_head_groups", num_head_groups)
   sizes = {"num_key_heads": num_key_heads, "num_heads": num_heads,
            "num_value_heads": num_value_heads}
   indivisible = {name: size for name, size in sizes.items()

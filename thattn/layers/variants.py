@@ -10,6 +10,7 @@
 | general_bilinear  | GeneralBilinearAttention (Section 6)                     |
 """
 
+from thattn import validation
 from thattn.layers import general_bilinear
 from thattn.layers import multi_head
 from thattn.layers import talking_heads
@@ -25,6 +26,7 @@ def make_attention(variant, num_heads, key_dim, **kwargs):
   width. Extra keyword arguments go to the layer (e.g. output_dim,
   dropout_rate, num_key_heads for talking heads).
   """
+  validation.one_of("attention variant", variant, VARIANTS)
   if variant == "multi_head":
     return multi_head.MultiHeadAttention(num_heads, key_dim, **kwargs)
   if variant == "general_bilinear":
@@ -35,8 +37,5 @@ def make_attention(variant, num_heads, key_dim, **kwargs):
       "project_weights": {"project_logits": False},
       "dynamic": {"dynamic_projections": talking_heads.DYNAMIC_PROJECTIONS},
   }
-  if variant not in talking_heads_options:
-    raise ValueError(f"Unknown attention variant {variant!r}; expected one "
-                     f"of {VARIANTS}.")
   return talking_heads.TalkingHeadsAttention(
       num_heads, key_dim, **talking_heads_options[variant], **kwargs)

@@ -1,4 +1,4 @@
-"""BERT, ALBERT and T5 builders, presets and T5 generation."""
+"""BERT, ALBERT and T5 builders, presets, T5 generation, the recall encoder."""
 
 from thattn.models.blocks import FeedForward
 from thattn.models.blocks import PostNormBlock
@@ -21,3 +21,4 @@ from thattn.models.generation import generate
 from thattn.models.generation import T5Generator
 from thattn.models.presets import PRESETS
 from thattn.models.presets import preset_names
+from thattn.models.recall_encoder import RecallEncoder

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import validation
 from thattn.layers import base
 from thattn.layers import initializers
 
@@ -55,7 +56,7 @@ def _deserialize_layers(config, names):
 
 
 # The functions behind thattn.models.config.ACTIVATIONS, for the blocks here
-# and the task heads (thattn.tasks.heads).
+# and the task heads (thattn.tasks.mlm).
 _ACTIVATIONS = {
     "relu": tf.nn.relu,
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),
@@ -65,9 +66,7 @@ _ACTIVATIONS = {
 
 def activation_function(name):
   """The function an activation name of config.ACTIVATIONS stands for."""
-  if name not in _ACTIVATIONS:
-    raise ValueError(f"Unknown activation {name!r}; expected one of "
-                     f"{tuple(_ACTIVATIONS)}.")
+  validation.one_of("activation", name, tuple(_ACTIVATIONS))
   return _ACTIVATIONS[name]
 
 

@@ -26,6 +26,8 @@ import dataclasses
 from typing import Optional, Tuple
 
 from thattn import layers
+from thattn import validation
+from thattn.layers import talking_heads
 
 ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
                    "encoder_decoder_attention")
@@ -40,26 +42,10 @@ POSITION_EMBEDDINGS = ("absolute", "relative")
 _TALKING_HEADS_FAMILY = ("talking_heads", "project_logits", "project_weights",
                          "dynamic")
 _SINGLE_HEADS_DIMENSION = ("multi_head", "general_bilinear")
-
-
-def _check_positive(owner, name, value, optional=False):
-  if optional and value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"{owner}: {name} must be a positive integer, got "
-                     f"{value!r}.")
-
-
-def _check_choice(owner, name, value, choices):
-  if value not in choices:
-    raise ValueError(f"{owner}: unknown {name} {value!r}; expected one of "
-                     f"{tuple(choices)}.")
-
-
-def _check_rate(owner, name, value):
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-      0.0 <= value < 1.0):
-    raise ValueError(f"{owner}: {name} must be in [0, 1), got {value!r}.")
+# The variants with the static P_l, and with P_w, that dynamic projections
+# add to.
+_WITH_PRE_SOFTMAX = ("talking_heads", "dynamic", "project_logits")
+_WITH_POST_SOFTMAX = ("talking_heads", "dynamic", "project_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,21 +74,20 @@ class AttentionConfig:
 
   def __post_init__(self):
     owner = "AttentionConfig"
-    _check_choice(owner, "attention variant", self.variant, layers.VARIANTS)
-    _check_positive(owner, "num_heads", self.num_heads)
+    validation.one_of("attention variant", self.variant, layers.VARIANTS,
+                      owner=owner)
+    validation.positive_int("num_heads", self.num_heads, owner=owner)
     for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads"):
-      _check_positive(owner, name, getattr(self, name), optional=True)
-    if isinstance(self.dynamic_projections, str):
-      raise ValueError(f"{owner}: dynamic_projections must be a list of names, "
-                       f"got the string {self.dynamic_projections!r}.")
-    dynamic = tuple(self.dynamic_projections)
-    object.__setattr__(self, "dynamic_projections", dynamic)
-    unknown = sorted(set(dynamic) - set(layers.DYNAMIC_PROJECTIONS))
-    if unknown:
-      raise ValueError(f"{owner}: unknown dynamic projections {unknown}; "
-                       f"expected a subset of {layers.DYNAMIC_PROJECTIONS}.")
+      validation.positive_int(name, getattr(self, name), owner=owner,
+                              optional=True)
+    # The layer's own check, with the static projections the variant has.
+    talking_heads.checked_dynamic_projections(
+        self.dynamic_projections, owner=f"{owner}: variant {self.variant!r}",
+        project_logits=self.variant in _WITH_PRE_SOFTMAX,
+        project_weights=self.variant in _WITH_POST_SOFTMAX)
+    object.__setattr__(self, "dynamic_projections",
+                       tuple(self.dynamic_projections))
     self._check_heads(owner)
-    self._check_dynamic(owner)
 
   def _check_heads(self, owner):
     h, h_k, h_v = self.num_heads, self.key_heads, self.value_heads
@@ -118,20 +103,6 @@ class AttentionConfig:
     if self.variant == "project_weights" and h_k != h:
       raise ValueError(f"{owner}: project_weights has no P_l, so "
                        f"num_key_heads={h_k} must equal num_heads={h}.")
-
-  def _check_dynamic(self, owner):
-    dynamic = set(self.dynamic_projections)
-    allowed = {
-        "talking_heads": set(layers.DYNAMIC_PROJECTIONS),
-        "dynamic": set(layers.DYNAMIC_PROJECTIONS),
-        "project_logits": {"x2l", "m2l"},
-        "project_weights": {"x2w", "m2w"},
-    }.get(self.variant, set())
-    if not dynamic <= allowed:
-      raise ValueError(
-          f"{owner}: variant {self.variant!r} cannot have dynamic projections "
-          f"{sorted(dynamic - allowed)}; dynamic projections need the static "
-          "talking-heads projection they add to.")
 
   @property
   def key_heads(self):
@@ -177,7 +148,8 @@ class AttentionConfig:
 def _check_sizes(config, names):
   owner = type(config).__name__
   for name in names:
-    _check_positive(owner, name, getattr(config, name), optional=True)
+    validation.positive_int(name, getattr(config, name), owner=owner,
+                            optional=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,10 +188,10 @@ class BertConfig:
                         "embedding_size", "max_position_embeddings",
                         "type_vocab_size", "relative_num_buckets",
                         "relative_max_distance"))
-    _check_choice(owner, "position_embedding", self.position_embedding,
-                  POSITION_EMBEDDINGS)
-    _check_choice(owner, "activation", self.activation, ACTIVATIONS)
-    _check_rate(owner, "dropout_rate", self.dropout_rate)
+    validation.one_of("position_embedding", self.position_embedding,
+                      POSITION_EMBEDDINGS, owner=owner)
+    validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
+    validation.rate("dropout_rate", self.dropout_rate, owner=owner)
     if not isinstance(self.attention, AttentionConfig):
       raise ValueError(f"{owner}: attention must be an AttentionConfig, got "
                        f"{self.attention!r}.")
@@ -264,8 +236,8 @@ class T5Config:
     _check_sizes(self, ("vocab_size", "d_model", "num_layers",
                         "num_decoder_layers", "d_ff", "relative_num_buckets",
                         "relative_max_distance"))
-    _check_choice(owner, "activation", self.activation, ACTIVATIONS)
-    _check_rate(owner, "dropout_rate", self.dropout_rate)
+    validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
+    validation.rate("dropout_rate", self.dropout_rate, owner=owner)
     for name in ATTENTION_TYPES:
       attention = getattr(self, name)
       if not isinstance(attention, AttentionConfig):

@@ -2,17 +2,18 @@
 
 Each is a small `tf_keras` layer with `get_config`, so the BERT and T5
 builders can wire them into functional models that serialize. Letters in
-the comments follow `thattn.dims`; `v` here is the vocabulary.
+the comments follow `thattn.dims`: `t` is a vocabulary entry.
 """
 
 import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import validation
 from thattn.layers import initializers
 
-# logits[b, n, v] = einsum(X[b, n, d], E[v, d])
-EMBEDDING_LOGITS = "bnd,vd->bnv"
+# logits[b, n, t] = einsum(X[b, n, d], E[t, d]): t indexes the vocabulary.
+EMBEDDING_LOGITS = "bnd,td->bnt"
 
 
 def _serialize_initializer(initializer):
@@ -22,11 +23,11 @@ def _serialize_initializer(initializer):
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class TokenEmbedding(tf_keras.layers.Layer):
-  """A token embedding E[v, d] that can also score vectors against itself.
+  """A token embedding E[t, d] that can also score vectors against itself.
 
   Its logical axes are (vocab, d_model), also for ALBERT's narrower E.
   `layer(tokens)` looks tokens up; `layer(x, mode="logits")` returns
-  float32 `logits[b, n, v] = einsum(x * logits_scale, E)`. Calling the one
+  float32 `logits[b, n, t] = einsum(x * logits_scale, E)`. Calling the one
   layer both ways ties the input and output embeddings, as T5 does; T5
   scales the decoder output by d_model**-0.5 before the tied projection,
   because its embeddings start with unit variance.
@@ -52,6 +53,7 @@ class TokenEmbedding(tf_keras.layers.Layer):
     return {self.embeddings.name: (dims.VOCAB, dims.D_MODEL)}
 
   def call(self, inputs, mode="embed"):
+    validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
       table = self.embeddings
       # DTensor (TF 2.21) refuses ResourceGather from a table sharded along
@@ -61,13 +63,11 @@ class TokenEmbedding(tf_keras.layers.Layer):
       if getattr(table, "layout", None) is not None:
         table = table.read_value()
       return tf.cast(tf.gather(table, inputs), self.compute_dtype)
-    if mode == "logits":
-      # float32 logits, so the softmax and the loss never run in float16.
-      scaled = tf.cast(inputs, tf.float32) * self.logits_scale
-      return tf.einsum(EMBEDDING_LOGITS, scaled,
-                       tf.cast(self.embeddings, tf.float32))
-    raise ValueError(f"{self.name}: mode must be 'embed' or 'logits', got "
-                     f"{mode!r}.")
+    # mode == "logits": float32 logits, so that the softmax and the loss
+    # never run in float16.
+    scaled = tf.cast(inputs, tf.float32) * self.logits_scale
+    return tf.einsum(EMBEDDING_LOGITS, scaled,
+                     tf.cast(self.embeddings, tf.float32))
 
   def get_config(self):
     config = super().get_config()

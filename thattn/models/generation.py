@@ -27,6 +27,7 @@ Methods:
 
 import tensorflow as tf
 
+from thattn import validation
 from thattn.models import t5
 
 METHODS = ("greedy", "sample", "beam")
@@ -36,12 +37,10 @@ _IMPOSSIBLE = -1e9
 
 
 def _check_options(max_length, method, temperature, top_k, beam_size):
-  if method not in METHODS:
-    raise ValueError(f"Unknown method {method!r}; expected one of {METHODS}.")
-  for name, value, low in (("max_length", max_length, 1),
-                           ("top_k", top_k, 0), ("beam_size", beam_size, 1)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+  validation.one_of("method", method, METHODS)
+  validation.positive_int("max_length", max_length)
+  validation.non_negative_int("top_k", top_k)
+  validation.positive_int("beam_size", beam_size)
   if not temperature > 0:
     raise ValueError(f"temperature must be positive, got {temperature!r}.")
 

@@ -35,6 +35,7 @@ Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`.
 import dataclasses
 from typing import Union
 
+from thattn import validation
 from thattn.models import config as config_lib
 
 AttentionConfig = config_lib.AttentionConfig
@@ -176,7 +177,5 @@ def preset_names():
 
 
 def get_preset(name):
-  if name not in PRESETS:
-    raise ValueError(f"Unknown preset {name!r}; expected one of "
-                     f"{preset_names()}.")
+  validation.one_of("preset", name, preset_names())
   return PRESETS[name]

@@ -1,7 +1,7 @@
 """Logical axis -> mesh axis rules, DTensor layouts and Mesh TF layout strings.
 
-One rules table shards every thattn model ("Name every axis once" in
-DESIGN.md): layers declare the logical axes of their weights, and
+One rules table shards every thattn model (docs/architecture.md, "Style"):
+layers declare the logical axes of their weights, and
 `LayoutRules` maps logical axes to the axes of a `MeshSpec`.
 
     mesh_spec = sharding.MeshSpec.parse("batch:2,model:2")

@@ -41,7 +41,7 @@ Known TensorFlow 2.21 DTensor pitfalls (measured on logical CPU devices):
 - tf-keras Adam's weight updates are lost when `apply_gradients` runs in
   the same tf.function that takes the gradients (its m and v update, the
   weights do not); in a second tf.function they land. Adafactor is not
-  affected. `thattn.tasks.dtensor_training` works around all three.
+  affected. `thattn.training.dtensor` works around all three.
 - tf_keras LayerNormalization with epsilon >= 1.001e-5 (the default is
   1e-3) runs FusedBatchNormV3, which DTensor cannot lay out; BERT's 1e-12
   takes the unfused path.

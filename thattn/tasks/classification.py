@@ -1,117 +1,25 @@
-"""Sentence(-pair) classification and regression: features, head, loss, metrics.
+"""Sentence(-pair) classification and regression on GLUE-style TSV files.
 
-`encode` turns `glue.Example`s into BERT inputs, [CLS] a [SEP] (b [SEP]),
-tokenizing in large batches with the in-graph tokenizer. An example longer
-than sequence_length is a `DataError` naming its file and line; pass
-on_overflow="truncate" to cut the longer text first (as BERT does), or
-"drop" to skip such examples, counted in the `DropReport`.
-
-The head takes a backbone's pooled output (BERT's and ALBERT's pooler) and
-returns logits [b, num_classes], or [b] predictions for regression. Metrics
-are GLUE's: accuracy, F1 of the positive class, Matthews correlation,
-Pearson and Spearman correlation.
+The data (`thattn.data.glue` reads the TSV, `thattn.data.bert_inputs`
+encodes [CLS] a [SEP] (b [SEP])) is chosen with --glue_task, which says the
+file's columns and labels. The head takes the backbone's pooled output
+(BERT's and ALBERT's pooler) and returns logits [b, num_classes], or [b]
+predictions for regression. The held-out metrics are GLUE's: accuracy, F1
+of the positive class, Matthews correlation, Pearson and Spearman
+correlation. Serving: logits and predictions of raw text (pairs).
 """
-
-import logging
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from thattn.tasks import data_errors
-
-OVERFLOW_CHOICES = ("raise", "truncate", "drop")
-_TOKENIZE_BATCH = 4096
-
-
-def tokenize_texts(tokenizer, texts):
-  """Token id lists for a list of strings, tokenized in large batches."""
-  ids = []
-  for start in range(0, len(texts), _TOKENIZE_BATCH):
-    batch = tokenizer.tokenize(tf.constant(texts[start:start +
-                                                 _TOKENIZE_BATCH]))
-    ids.extend(batch.to_list())
-  return ids
-
-
-def _truncate_pair(a, b, limit):
-  """Cuts the longer of a and b, one token at a time, until they fit."""
-  a, b = list(a), list(b)
-  while len(a) + len(b) > limit:
-    (a if len(a) >= len(b) else b).pop()
-  return a, b
-
-
-def encode(examples, tokenizer, sequence_length, *, on_overflow="raise",
-           report=None):
-  """A dict of int32 numpy arrays [n, sequence_length] plus "labels" [n]."""
-  if on_overflow not in OVERFLOW_CHOICES:
-    raise ValueError(f"on_overflow must be one of {OVERFLOW_CHOICES}, got "
-                     f"{on_overflow!r}.")
-  report = report if report is not None else data_errors.DropReport()
-  special = tokenizer.special
-  tokens_a = tokenize_texts(tokenizer, [e.text_a for e in examples])
-  tokens_b = tokenize_texts(tokenizer, [e.text_b or "" for e in examples])
-  rows, types, labels = [], [], []
-  for example, a, b in zip(examples, tokens_a, tokens_b):
-    pair = example.text_b is not None
-    budget = sequence_length - (3 if pair else 2)
-    if len(a) + len(b) > budget:
-      error = data_errors.DataError(
-          *example.source, f"{len(a) + len(b)} tokens, but sequence_length="
-          f"{sequence_length} leaves room for {budget}; pass on_overflow="
-          "'truncate' or 'drop'", kind="too long")
-      if on_overflow == "truncate":
-        a, b = _truncate_pair(a, b, budget)
-      else:
-        report.handle(error, "raise" if on_overflow == "raise" else "drop")
-        continue
-    row = [special.cls] + a + [special.sep]
-    type_row = [0] * len(row)
-    if pair:
-      row += b + [special.sep]
-      type_row += [1] * (len(b) + 1)
-    rows.append(row)
-    types.append(type_row)
-    labels.append(example.label)
-  report.kept += len(rows)
-  if report.total_dropped:
-    logging.warning("classification.encode: %s. First: %s", report,
-                    report.examples[0])
-  features = {
-      "input_word_ids": pad_rows(rows, sequence_length, special.pad),
-      "input_type_ids": pad_rows(types, sequence_length, 0),
-  }
-  features["input_mask"] = pad_rows([[1] * len(r) for r in rows],
-                                sequence_length, 0)
-  if all(label is not None for label in labels):
-    dtype = np.float32 if any(isinstance(l, float) for l in labels) \
-        else np.int32
-    features["labels"] = np.asarray(labels, dtype)
-  return features
-
-
-def pad_rows(rows, length, value):
-  """Lists of ints as an int32 array [len(rows), length], padded with value."""
-  array = np.full([len(rows), length], value, np.int32)
-  for i, row in enumerate(rows):
-    array[i, :len(row)] = row
-  return array
-
-
-def dataset(features, *, batch_size, shuffle=False, seed=None, repeat=False,
-            drop_remainder=False):
-  """A tf.data pipeline over encoded features: (inputs dict, labels)."""
-  inputs = {k: v for k, v in features.items() if k != "labels"}
-  data = tf.data.Dataset.from_tensor_slices(
-      (inputs, features["labels"]) if "labels" in features else inputs)
-  if shuffle:
-    data = data.shuffle(len(features["input_word_ids"]), seed=seed,
-                        reshuffle_each_iteration=True)
-  if repeat:
-    data = data.repeat()
-  return data.batch(batch_size, drop_remainder=drop_remainder).prefetch(
-      tf.data.AUTOTUNE)
+from thattn import models
+from thattn.data import bert_inputs
+from thattn.data import errors
+from thattn.data import glue
+from thattn.tasks import base
+from thattn.tasks import finetune
+from thattn.tasks import serving
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -225,3 +133,95 @@ def glue_metrics(task, labels, outputs):
   outputs = np.asarray(outputs)
   predictions = outputs if task.is_regression else outputs.argmax(-1)
   return {name: METRICS[name](labels, predictions) for name in task.metrics}
+
+
+@base.register
+class Classification(finetune.FinetuneTask):
+  """Sentence(-pair) classification or regression on GLUE-style TSV files."""
+
+  name = "classification"
+  default_sequence_length = 128
+
+  def _read(self, path, is_training):  # pylint: disable=unused-argument
+    self.glue_task = glue.get_task(self.data.glue_task)
+    report = errors.DropReport()
+    examples = glue.read_tsv(path, self.glue_task, report=report)
+    features = bert_inputs.encode(
+        examples, self.tokenizer, self.sequence_length,
+        on_overflow=self.data.on_overflow, report=report)
+    if report.total_dropped:
+      self.log(f"{path}: {report}.")
+    return features, None
+
+  def build(self):
+    self.backbone = models.build_model(self.model_config)
+    self.head = ClassificationHead(
+        self.glue_task.num_classes,
+        dropout_rate=self.model_config.dropout_rate, name="classifier")
+    # Built now, so the optimizer and a restore see all of its weights.
+    self.head(self.backbone.output["pooled_output"])
+
+  def _predict(self, batch, training=False):
+    return self.head(self._outputs(batch, training)["pooled_output"],
+                     training=training)
+
+  def loss(self, batch, training):
+    outputs = tf.cast(self._predict(batch, training), tf.float32)
+    labels = batch["labels"]
+    if self.glue_task.is_regression:
+      losses = tf.square(outputs - tf.cast(labels, tf.float32))
+    else:
+      losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.cast(labels, tf.int32), logits=outputs)
+    return tf.reduce_sum(losses), tf.cast(tf.size(losses), tf.float32)
+
+  def extra_eval_metrics(self, num_steps, devices):
+    predict = tf.function(lambda batch: (self._predict(batch), batch["labels"]))
+    outputs, labels = self._eval_outputs(predict, devices)
+    return glue_metrics(self.glue_task, labels, outputs)
+
+  def run_config(self):
+    return dict(super().run_config(), glue_task=self.glue_task.name,
+                num_classes=self.glue_task.num_classes)
+
+  @classmethod
+  def serving_module(cls, *, config, checkpoint, tokenizer_dir):
+    backbone, tokenizer, files = cls.serving_backbone(config, tokenizer_dir)
+    head = ClassificationHead(config["num_classes"], name="classifier")
+    head(backbone.output["pooled_output"])
+    serving.restore(checkpoint, backbone=backbone, head=head)
+    pair = glue.get_task(config["glue_task"]).tsv_text_b is not None
+    module = PairClassifierServing if pair else SingleTextClassifierServing
+    return module({"backbone": backbone, "head": head}, tokenizer,
+                  config["sequence_length"], files)
+
+
+class ClassifierServing(serving.BertServing):
+  """classification: logits and predictions of raw text (pairs)."""
+
+  def _classify(self, features):
+    pooled = self._encode(features)["pooled_output"]
+    logits = tf.cast(self._keras.head(pooled, training=False), tf.float32)
+    if len(logits.shape) == 1:  # regression
+      return {"predictions": logits}
+    return {"logits": logits,
+            "predictions": tf.argmax(logits, -1, output_type=tf.int32)}
+
+  @tf.function(input_signature=[serving.IDS, serving.IDS, serving.IDS])
+  def serve_token_ids(self, input_word_ids, input_mask, input_type_ids):
+    return self._classify(serving.bert_features(
+        input_word_ids, input_mask, input_type_ids))
+
+
+class SingleTextClassifierServing(ClassifierServing):
+
+  @tf.function(input_signature=[serving.TEXT])
+  def serve_text(self, text):
+    return self._classify(self._features(text))
+
+
+class PairClassifierServing(ClassifierServing):
+
+  @tf.function(input_signature=[serving.TEXT, serving.TEXT])
+  def serve_text(self, text_a, text_b):
+    return self._classify(self._features(text_a, text_b))

@@ -1,225 +1,29 @@
-"""SQuAD v1.1 span labeling: reading, features, head, loss and predictions.
+"""SQuAD v1.1 span labeling: [CLS] question [SEP] context [SEP].
 
-`read_squad` reads the official JSON layout and checks every answer against
-its context: an answer whose `answer_start` does not point at its text is a
-`DataError` naming the file, the line of the question id, and the id.
-
-`encode` builds [CLS] question [SEP] context [SEP] features with the answer's
-first and last context token (`start_positions`, `end_positions`), mapping
-characters to tokens through the tokenizer's byte offsets. A question and
-context longer than sequence_length is an error by default; on_overflow=
-"drop" skips it (counted), and "window" cuts the context into windows that
-start every doc_stride tokens, as BERT does; a training window that does not
-hold the whole answer points at [CLS] (position 0).
-
-`SpanHead` maps a backbone's sequence output to start and end logits,
+The data (`thattn.data.squad`) is read from one SQuAD JSON file per split,
+every answer checked against its context; contexts longer than the sequence
+length are an error unless --on_overflow=window (BERT's sliding windows) or
+drop. `SpanHead` maps the backbone's sequence output to start and end logits,
 `span_loss` is the mean of the two cross-entropies, and `predict` picks the
 best span per question (start <= end, at most max_answer_length tokens,
-inside the context, best over windows) and returns its text, for
-`squad_metrics.evaluate`.
+inside the context, best over windows) and returns its text, scored by
+`squad_metrics.evaluate` (exact match and F1). Serving: the answer text of
+a (question, context) pair.
 """
-
-import dataclasses
-import json
-import logging
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from thattn.tasks import classification
-from thattn.tasks import data_errors
+from thattn import models
+from thattn.data import errors
+from thattn.data import squad as squad_data
+from thattn.tasks import base
+from thattn.tasks import finetune
+from thattn.tasks import serving
+from thattn.tasks import squad_metrics
 
-OVERFLOW_CHOICES = ("raise", "drop", "window")
-
-
-@dataclasses.dataclass(frozen=True)
-class SquadExample:
-  question_id: str
-  question: str
-  context: str
-  answers: tuple  # ((text, answer_start), ...) in characters
-  source: tuple  # (path, line)
-
-
-def _line_of(raw, question_id):
-  position = raw.find(json.dumps(question_id))
-  return None if position < 0 else raw.count("\n", 0, position) + 1
-
-
-def read_squad(path, *, on_error="raise", report=None):
-  """SquadExamples from a SQuAD v1.1 JSON file, answers checked."""
-  report = report if report is not None else data_errors.DropReport()
-  data_errors.check_on_error(on_error)
-  raw = data_errors.read_text(path)
-  if not raw.strip():
-    raise data_errors.DataError(path, 1, "empty file", kind="empty file")
-  try:
-    data = json.loads(raw)["data"]
-  except json.JSONDecodeError as e:
-    raise data_errors.DataError(path, e.lineno, f"invalid JSON: {e.msg}",
-                                kind="invalid JSON") from None
-  except (KeyError, TypeError):
-    raise data_errors.DataError(path, 1, 'no top-level "data" list',
-                                kind="bad layout") from None
-  examples = []
-  for article in data:
-    for paragraph in article["paragraphs"]:
-      context = paragraph["context"]
-      for qa in paragraph["qas"]:
-        try:
-          examples.append(_example(qa, context, path, raw))
-        except data_errors.DataError as e:
-          report.handle(e, on_error)
-  report.kept += len(examples)
-  if report.total_dropped:
-    logging.warning("read_squad(%s): %s. First: %s", path, report,
-                    report.examples[0])
-  return examples
-
-
-def read_tfds(split, *, name="squad/v1.1", data_dir=None, download=False,
-              on_error="raise", report=None):
-  """SquadExamples from TFDS (needs tensorflow-datasets), answers checked.
-
-  Errors name the dataset, split and example index instead of a file line.
-  """
-  from thattn.tasks import sources  # pylint: disable=g-import-not-at-top
-  tfds = sources.import_tfds()
-  data_errors.check_on_error(on_error)
-  report = report if report is not None else data_errors.DropReport()
-  dataset = tfds.load(name, split=split, data_dir=data_dir, download=download)
-  examples = []
-  for index, record in enumerate(tfds.as_numpy(dataset)):
-    answers = record["answers"]
-    qa = {"id": record["id"].decode("utf-8"),
-          "question": record["question"].decode("utf-8"),
-          "answers": [{"text": t.decode("utf-8"), "answer_start": int(s)}
-                      for t, s in zip(answers["text"],
-                                      answers["answer_start"])]}
-    try:
-      examples.append(_example(qa, record["context"].decode("utf-8"),
-                               f"{name}[{split}]", None, line=index))
-    except data_errors.DataError as e:
-      report.handle(e, on_error)
-  report.kept += len(examples)
-  if report.total_dropped:
-    logging.warning("squad.read_tfds(%s[%s]): %s. First: %s", name, split,
-                    report, report.examples[0])
-  return examples
-
-
-def _example(qa, context, path, raw, line=None):
-  question_id = str(qa.get("id"))
-  if raw is not None:
-    line = _line_of(raw, question_id)
-  answers = []
-  for answer in qa.get("answers", []):
-    text, start = answer.get("text", ""), answer.get("answer_start", -1)
-    if not text.strip() or not isinstance(start, int) or start < 0 or \
-        context[start:start + len(text)] != text:
-      found = context[start:start + len(text)] if isinstance(start, int) \
-          and start >= 0 else ""
-      raise data_errors.DataError(
-          path, line, f"question {question_id}: answer {text!r} at "
-          f"answer_start={start} is not in its context (found {found!r})",
-          kind="answer not in context")
-    answers.append((text, start))
-  if not qa.get("question", "").strip():
-    raise data_errors.DataError(path, line, f"question {question_id} is "
-                                "empty", kind="empty question")
-  return SquadExample(question_id, qa["question"], context, tuple(answers),
-                      (path, line))
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureInfo:
-  """How one feature maps back to its example's context."""
-  example_index: int
-  context_offset: int  # sequence position of the window's first token
-  token_starts: np.ndarray  # byte offsets in the context, per window token
-  token_ends: np.ndarray
-
-
-def _answer_tokens(example, starts, ends):
-  if not example.answers:
-    raise data_errors.DataError(*example.source, f"question "
-                                f"{example.question_id} has no answer to "
-                                "train on", kind="no answer")
-  text, start = example.answers[0]
-  byte_start = len(example.context[:start].encode("utf-8"))
-  byte_end = byte_start + len(text.encode("utf-8"))
-  inside = np.flatnonzero((ends > byte_start) & (starts < byte_end))
-  if not inside.size:
-    raise data_errors.DataError(*example.source, f"question "
-                                f"{example.question_id}: answer {text!r} "
-                                "covers no token", kind="answer not in context")
-  return int(inside[0]), int(inside[-1])
-
-
-def _windows(num_tokens, size, stride):
-  starts = list(range(0, max(num_tokens - size, 0) + stride, stride))
-  return [s for s in starts if s < num_tokens or s == 0]
-
-
-def encode(examples, tokenizer, sequence_length, *, is_training,
-           on_overflow="raise", doc_stride=128, report=None):
-  """(features dict of numpy arrays, [FeatureInfo]) for SquadExamples."""
-  if on_overflow not in OVERFLOW_CHOICES:
-    raise ValueError(f"on_overflow must be one of {OVERFLOW_CHOICES}, got "
-                     f"{on_overflow!r}.")
-  if doc_stride <= 0:
-    raise ValueError(f"doc_stride must be positive, got {doc_stride}.")
-  report = report if report is not None else data_errors.DropReport()
-  special = tokenizer.special
-  questions = classification.tokenize_texts(tokenizer,
-                                            [e.question for e in examples])
-  contexts = sorted({e.context for e in examples})
-  offsets = tokenizer.tokenize_with_offsets(tf.constant(contexts))
-  tokenized = dict(zip(contexts, zip(*(t.to_list() for t in offsets))))
-  rows, types, starts, ends, infos = [], [], [], [], []
-  for index, (example, question) in enumerate(zip(examples, questions)):
-    ids, byte_starts, byte_ends = tokenized[example.context]
-    byte_starts, byte_ends = np.asarray(byte_starts), np.asarray(byte_ends)
-    budget = sequence_length - len(question) - 3
-    if budget < 1 or (len(ids) > budget and on_overflow != "window"):
-      error = data_errors.DataError(
-          *example.source, f"question {example.question_id}: "
-          f"{len(question) + len(ids)} tokens, but sequence_length="
-          f"{sequence_length} leaves room for {sequence_length - 3}; pass "
-          "on_overflow='window' or 'drop'", kind="too long")
-      report.handle(error, "drop" if on_overflow == "drop" else "raise")
-      continue
-    answer = (_answer_tokens(example, byte_starts, byte_ends) if is_training
-              else None)
-    for window in _windows(len(ids), budget, doc_stride):
-      window_ids = ids[window:window + budget]
-      offset = len(question) + 2
-      rows.append([special.cls] + question + [special.sep] + window_ids +
-                  [special.sep])
-      types.append([0] * offset + [1] * (len(window_ids) + 1))
-      if answer is not None:
-        first, last = answer[0] - window, answer[1] - window
-        inside = first >= 0 and last < len(window_ids)
-        starts.append(first + offset if inside else 0)
-        ends.append(last + offset if inside else 0)
-      infos.append(FeatureInfo(index, offset,
-                               byte_starts[window:window + budget],
-                               byte_ends[window:window + budget]))
-  report.kept += len({info.example_index for info in infos})
-  if report.total_dropped:
-    logging.warning("squad.encode: %s. First: %s", report, report.examples[0])
-  features = {
-      "input_word_ids": classification.pad_rows(rows, sequence_length,
-                                            special.pad),
-      "input_type_ids": classification.pad_rows(types, sequence_length, 0),
-      "input_mask": classification.pad_rows([[1] * len(r) for r in rows],
-                                        sequence_length, 0),
-  }
-  if is_training:
-    features["start_positions"] = np.asarray(starts, np.int32)
-    features["end_positions"] = np.asarray(ends, np.int32)
-  return features, infos
+_MAX_ANSWER_TOKENS = 30
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -287,6 +91,95 @@ def predict(examples, infos, start_logits, end_logits, *,
   return answers
 
 
-def gold_answers(examples):
-  """{question id: [gold texts]} for squad_metrics.evaluate."""
-  return {e.question_id: [text for text, _ in e.answers] for e in examples}
+@base.register
+class Squad(finetune.FinetuneTask):
+  """SQuAD v1.1 span labeling: [CLS] question [SEP] context [SEP]."""
+
+  name = "squad"
+  default_sequence_length = 256
+
+  def _read(self, path, is_training):
+    report = errors.DropReport()
+    examples = squad_data.read_squad(path, report=report)
+    features, infos = squad_data.encode(
+        examples, self.tokenizer, self.sequence_length, is_training=True,
+        on_overflow=self.data.on_overflow, report=report)
+    if report.total_dropped:
+      self.log(f"{path}: {report}.")
+    if not is_training:
+      self.eval_examples = examples
+    return features, infos
+
+  def build(self):
+    self.backbone = models.build_model(self.model_config)
+    self.head = SpanHead(name="span_head")
+    self.head(self.backbone.output["sequence_output"])
+
+  def _logits(self, batch, training=False):
+    start, end = self.head(self._outputs(batch, training)["sequence_output"],
+                           mask=answer_mask(batch))
+    return tf.cast(start, tf.float32), tf.cast(end, tf.float32)
+
+  def loss(self, batch, training):
+    start, end = self._logits(batch, training)
+    loss = span_loss(batch["start_positions"], batch["end_positions"],
+                     start, end)
+    count = tf.cast(tf.shape(start)[0], tf.float32)
+    return loss * count, count
+
+  def extra_eval_metrics(self, num_steps, devices):
+    starts, ends = self._eval_outputs(tf.function(self._logits), devices)
+    predictions = predict(self.eval_examples, self.eval_info, starts, ends)
+    return squad_metrics.evaluate(
+        squad_data.gold_answers(self.eval_examples), predictions)
+
+  @classmethod
+  def serving_module(cls, *, config, checkpoint, tokenizer_dir):
+    backbone, tokenizer, files = cls.serving_backbone(config, tokenizer_dir)
+    head = SpanHead(name="span_head")
+    head(backbone.output["sequence_output"])
+    serving.restore(checkpoint, backbone=backbone, head=head)
+    return SquadServing({"backbone": backbone, "head": head}, tokenizer,
+                        config["sequence_length"], files)
+
+
+class SquadServing(serving.BertServing):
+  """squad: the best answer span (at most 30 tokens) of question, context."""
+
+  def _logits(self, features):
+    sequence = self._encode(features)["sequence_output"]
+    start, end = self._keras.head(sequence, mask=answer_mask(features))
+    return tf.cast(start, tf.float32), tf.cast(end, tf.float32)
+
+  @tf.function(input_signature=[serving.TEXT, serving.TEXT])
+  def serve_text(self, question, context):
+    features = self._features(question, context)
+    start_logits, end_logits = self._logits(features)
+    # Context tokens follow [CLS] question [SEP] and precede the last [SEP];
+    # only they may answer.
+    _, starts, ends = self.tokenizer.tokenize_with_offsets(context)
+    types, mask = features["input_type_ids"], features["input_mask"]
+    offset = tf.reduce_sum((1 - types) * mask, axis=1)
+    length = tf.shape(start_logits)[1]
+    positions = tf.range(length)
+    in_context = (types == 1) & (tf.roll(types, -1, axis=1) == 1)
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    span = positions[None, :] - positions[:, None]
+    allowed = ((span >= 0) & (span < _MAX_ANSWER_TOKENS))[None]
+    allowed &= in_context[:, :, None] & in_context[:, None, :]
+    scores = tf.where(allowed, scores, -1e9)
+    best = tf.argmax(tf.reshape(scores, [-1, length * length]), axis=-1,
+                     output_type=tf.int32)
+    first = tf.maximum(best // length - offset, 0)
+    last = tf.maximum(best % length - offset, 0)
+    byte_start = tf.gather(starts.to_tensor(), first, batch_dims=1)
+    byte_end = tf.gather(ends.to_tensor(), last, batch_dims=1)
+    return {"answer": tf.strings.substr(context, byte_start,
+                                        byte_end - byte_start),
+            "start_logits": start_logits, "end_logits": end_logits}
+
+  @tf.function(input_signature=[serving.IDS, serving.IDS, serving.IDS])
+  def serve_token_ids(self, input_word_ids, input_mask, input_type_ids):
+    start, end = self._logits(serving.bert_features(
+        input_word_ids, input_mask, input_type_ids))
+    return {"start_logits": start, "end_logits": end}

@@ -1,0 +1,155 @@
+"""The package's shape, read from its source: who imports whom, and sizes.
+
+docs/architecture.md draws the layers; this test holds the code to them.
+Each package of `thattn` has a rank, and a module may import thattn code of
+its own package or of a lower rank only, at any place in the module (a
+function-level import counts too). Also:
+
+- `absl.flags` is imported only by the binaries (`thattn/bin/`);
+- the Keras side never imports Mesh TensorFlow: only `thattn/mtf/` (and
+  the binaries) may import `thattn.mtf` or `mesh_tensorflow`;
+- no function under `thattn/` is over 80 lines, no module over 500.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "thattn"
+
+# Lowest first; the same table is in docs/architecture.md.
+RANKS = {
+    "thattn": 0,  # dims, validation, paths, complexity, optimizers
+    "thattn.kernels": 1,
+    "thattn.sharding": 1,
+    "thattn.layers": 2,
+    "thattn.models": 3,
+    "thattn.data": 4,
+    "thattn.tasks": 5,
+    "thattn.training": 6,
+    "thattn.export": 7,
+    "thattn.experiments": 8,
+    "thattn.mtf": 8,
+    "thattn.bin": 9,
+}
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 500
+
+
+def _modules():
+  return sorted(path for path in PACKAGE.rglob("*.py")
+                if "__pycache__" not in path.parts)
+
+
+def _module_name(path):
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(name):
+  """The RANKS key that owns a dotted thattn name (longest prefix)."""
+  for candidate in sorted(RANKS, key=len, reverse=True):
+    if name == candidate or name.startswith(candidate + "."):
+      return candidate
+  return None
+
+
+def _imports(path, source=None):
+  """Every absolute module name `path` imports, with its line."""
+  tree = ast.parse(path.read_text() if source is None else source,
+                   filename=str(path))
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield alias.name, node.lineno
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      for alias in node.names:
+        # `from thattn import tasks` imports the package thattn.tasks.
+        yield f"{node.module}.{alias.name}", node.lineno
+
+
+def _owner_package(path):
+  name = _module_name(path)
+  if path.parent == PACKAGE:  # a top-level module: its own rank (export)
+    return name if name in RANKS else "thattn"
+  return _package_of(name)
+
+
+def _package_rank(imported):
+  """The rank of what `imported` names; a root module counts as rank 0."""
+  package = _package_of(imported)
+  if package == "thattn" and imported.count(".") == 1:
+    module = imported.split(".")[1]
+    return RANKS.get(f"thattn.{module}", 0), package
+  return RANKS[package], package
+
+
+def _upward_imports(path, source=None):
+  owner = _owner_package(path)
+  upward = []
+  for imported, line in _imports(path, source):
+    if not imported.startswith("thattn"):
+      continue
+    rank, package = _package_rank(imported)
+    if rank > RANKS[owner] and package != owner:
+      upward.append(f"{path.relative_to(ROOT)}:{line} imports {imported} "
+                    f"(rank {rank}), above its own package {owner} (rank "
+                    f"{RANKS[owner]})")
+  return upward
+
+
+@pytest.mark.parametrize("path", _modules(),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_run_downwards(path):
+  upward = _upward_imports(path)
+  assert not upward, f"{upward}; see docs/architecture.md"
+
+
+def test_only_the_binaries_define_flags():
+  offenders = [f"{path.relative_to(ROOT)}:{line}"
+               for path in _modules() for imported, line in _imports(path)
+               if imported in ("absl.flags", "absl.flags.flags") and
+               _owner_package(path) != "thattn.bin"]
+  assert not offenders, f"absl.flags outside thattn/bin: {offenders}"
+
+
+def test_only_the_mtf_package_imports_mesh_tensorflow():
+  offenders = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
+               for path in _modules() for imported, line in _imports(path)
+               if (imported.startswith("mesh_tensorflow") or
+                   imported.startswith("thattn.mtf")) and
+               _owner_package(path) not in ("thattn.mtf", "thattn.bin")]
+  assert not offenders, offenders
+
+
+def test_the_checker_sees_upward_imports():
+  """The rank check is not vacuous: upward imports, nested ones too, fail."""
+  layer = PACKAGE / "layers" / "upward.py"  # read from `source`, not disk
+  source = ("from thattn import dims\nfrom thattn.layers import base\n"
+            "def f():\n  from thattn import tasks\n"
+            "import thattn.models.config\n")
+  assert sorted(line.split(" imports ")[1].split(" ")[0]
+                for line in _upward_imports(layer, source)) == [
+                    "thattn.models.config", "thattn.tasks"]
+  assert _upward_imports(PACKAGE / "export.py",
+                         "from thattn.experiments import ablation\n")
+  assert not _upward_imports(PACKAGE / "bin" / "x.py",
+                             "from thattn import export\n")
+
+
+@pytest.mark.parametrize("path", _modules(),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_are_small(path):
+  source = path.read_text()
+  lines = len(source.splitlines())
+  assert lines <= MAX_MODULE_LINES, (
+      f"{path.relative_to(ROOT)} has {lines} lines (at most "
+      f"{MAX_MODULE_LINES})")
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      length = node.end_lineno - node.lineno + 1
+      assert length <= MAX_FUNCTION_LINES, (
+          f"{path.relative_to(ROOT)}:{node.lineno} {node.name} has "
+          f"{length} lines (at most {MAX_FUNCTION_LINES})")

@@ -1,0 +1,90 @@
+"""thattn-train as a new user meets it: help, a quiet start, run names.
+
+Each case runs the binary in a fresh process, as a user would, without
+TF_CPP_MIN_LOG_LEVEL set (unless the case sets it).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from thattn.data import corpus
+from thattn.data import tokenizers
+
+
+def _env(**extra):
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env.update(extra)
+  return env
+
+
+def _train(*flags, cwd=None, env=None):
+  return subprocess.run([sys.executable, "-m", "thattn.bin.train", *flags],
+                        capture_output=True, text=True, timeout=300,
+                        check=False, cwd=cwd, env=env or _env())
+
+
+@pytest.mark.parametrize("help_flag", ["--help", "--helpshort"])
+def test_help_lists_the_binarys_own_flags_with_defaults(help_flag):
+  result = _train(help_flag)
+  out = result.stdout
+  assert "thattn-train: train a BERT, ALBERT or T5" in out
+  for flag, default in (("--preset", None), ("--task", "'mlm'"),
+                        ("--train_steps", "'1200'")):
+    assert f"  {flag}:" in out, f"{flag} missing from {help_flag}:\n{out}"
+    if default:
+      section = out[out.index(f"  {flag}:"):][:400]
+      assert f"(default: {default})" in section, section
+  # Only thattn's flags: absl's and TensorFlow's own are in --helpfull.
+  assert "--logtostderr" not in out
+  assert len(out.splitlines()) < 200
+
+
+def test_a_mistyped_flag_points_to_a_help_that_lists_the_flags():
+  result = _train("--num_head=8")
+  assert result.returncode != 0
+  assert "Did you mean: num_heads" in result.stderr
+  assert "--helpshort" in result.stderr  # which lists them (test above)
+
+
+@pytest.fixture(scope="module")
+def data_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
+  folder = tmp_path_factory.mktemp("newcomer_data")
+  documents = corpus.documents("heldout", corpus_cache)[:30]
+  (folder / "train.txt").write_text("\n\n".join(documents))
+  tokenizers.SentencepieceTokenizer(
+      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
+  return [f"--train_files={folder / 'train.txt'}",
+          f"--tokenizer={folder / 'tokenizer'}", "--preset=bert_tiny",
+          "--d_model=16", "--d_ff=32", "--num_layers=1", "--train_steps=2",
+          "--batch_size=4", "--sequence_length=16", "--eval_steps=1",
+          "--warmup_steps=1", "--noexport"]
+
+
+def test_runs_are_quiet_and_named_by_what_sets_them_apart(tmp_path,
+                                                          data_flags):
+  outputs = []
+  for heads in (2, 4):
+    result = _train(*data_flags, f"--num_heads={heads}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs.append(result.stdout + result.stderr)
+  runs = sorted(os.listdir(tmp_path / "thattn_runs"))
+  assert len(runs) == 2, runs
+  assert runs[0].startswith("mlm_bert_tiny_talking_heads_h2")
+  assert runs[1].startswith("mlm_bert_tiny_talking_heads_h4")
+  for output in outputs:
+    assert "cuInit" not in output
+    assert "cuda drivers" not in output
+    assert "oneDNN" not in output
+    # The model's parameters and the trained ones, each said plainly.
+    assert "model parameters (backbone" in output
+    assert "trained: " in output
+
+
+def test_a_users_log_level_is_kept(tmp_path, data_flags):
+  result = _train(*data_flags, cwd=tmp_path,
+                  env=_env(TF_CPP_MIN_LOG_LEVEL="0"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "oneDNN" in result.stderr  # TensorFlow's own start-up note

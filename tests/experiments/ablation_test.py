@@ -1,0 +1,76 @@
+"""thattn-ablate: a tiny grid end to end, and its table's arithmetic."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from thattn import tasks
+from thattn.experiments import ablation
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def test_tiny_recall_grid_writes_table_plot_and_heatmaps(tmp_path):
+  pytest.importorskip("matplotlib")
+  result = subprocess.run(
+      [sys.executable, "-m", "thattn.bin.ablate", "--task=recall",
+       "--heads=1,4", "--seeds=0,1", "--d_model=16", "--d_ff=32",
+       "--num_layers=1", "--train_steps=8", "--batch_size=8",
+       "--sequence_length=8", "--warmup_steps=2", "--eval_steps=1",
+       f"--out_dir={tmp_path}"],
+      capture_output=True, text=True, env=_ENV, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  table = (tmp_path / "table.md").read_text()
+  assert table.count("\n") == 2 + 2 * 2  # header, rule, variant x heads
+  assert "| talking_heads | 4 | 4 |" in table
+  assert "(n=2)" in table
+  for name in ("ln_ppl_vs_heads.png", "heatmaps_h1.png", "heatmaps_h4.png",
+               "results.json"):
+    assert (tmp_path / name).stat().st_size > 0
+  with open(tmp_path / "results.json") as f:
+    assert len(json.load(f)) == 8
+  # A rerun reuses the finished runs.
+  again = subprocess.run(result.args, capture_output=True, text=True,
+                         env=_ENV, timeout=600, check=True)
+  assert "[1/8]" not in again.stdout
+
+
+def test_rows_count_parameters_and_multiplies_from_complexity():
+  grid = ablation.GridOptions(heads=(2, 8), seeds=(0, 1), d_model=64)
+  results = [dict(variant=v, heads=h, seed=s, step_ms=10.0 + s,
+                  held_out_ln_ppl_after=5.0 + s)
+             for v in grid.variants for h in grid.heads for s in grid.seeds]
+  rows = ablation.aggregate(results, grid, sequence_length=64)
+  by_key = {(r["variant"], r["heads"]): r for r in rows}
+  multi, talking = by_key["multi_head", 8], by_key["talking_heads", 8]
+  # Equal parameters but for P_l and P_w, h^2 each (the paper's Table 1).
+  assert talking["parameters"] - multi["parameters"] == 2 * 8 * 8
+  assert multi["parameters"] == by_key["multi_head", 2]["parameters"]
+  assert talking["multiplies"] > multi["multiplies"]
+  assert multi["ln_ppl_mean"] == 5.5 and multi["step_ms"] == 10.5
+  assert abs(multi["ln_ppl_std"] - 0.7071) < 1e-3
+  assert multi["difference_mean"] is None
+  assert talking["difference_mean"] == 0.0 and talking["difference_std"] == 0
+  table = ablation.markdown_table(rows)
+  assert "| talking_heads | 8 | 8 | " in table and "accuracy" not in table
+  # Recall reports accuracy too: the table gains a column for it.
+  for r in results:
+    r["held_out_accuracy"] = 0.25 + 0.5 * r["seed"]
+  rows = ablation.aggregate(results, grid, sequence_length=64)
+  assert rows[0]["accuracy_mean"] == 0.5
+  assert abs(rows[0]["accuracy_std"] - 0.3536) < 1e-3
+  assert "| 0.500 ± 0.354 | 10 |" in ablation.markdown_table(rows)
+
+
+def test_grid_errors():
+  with pytest.raises(ValueError, match="heads=3 does not divide d_model=64"):
+    ablation.GridOptions(heads=(3,))
+  with pytest.raises(ValueError, match="task 'squad' fine-tunes; expected "
+                     "one of mlm, span_corruption, recall"):
+    ablation.GridOptions(task="squad")
+  with pytest.raises(ValueError, match="Unknown task 'nonsense'"):
+    ablation.GridOptions(task="nonsense")
+  assert tasks.names()  # the grid trains through the trainer

@@ -1,0 +1,71 @@
+"""`core.choose_path` follows the table in thattn/layers/core.py."""
+
+import pytest
+import tensorflow as tf
+
+from thattn.layers import core
+from thattn.layers import talking_heads
+
+FLOAT32 = tf.zeros([1, 2, 2, 3])
+BFLOAT16 = tf.zeros([1, 2, 2, 3], tf.bfloat16)
+
+
+def _path(**overrides):
+  arguments = dict(chunk_size=None, return_scores=False, dropout_rate=0.0,
+                   training=None, fused_kernel=None, dynamic_projections=(),
+                   head_groups=1, scores_like=FLOAT32,
+                   projections=(tf.eye(2), tf.eye(2)), owner="layer")
+  arguments.update(overrides)
+  return core.choose_path(**arguments)
+
+
+@pytest.mark.parametrize("overrides, chunked", [
+    ({}, False),
+    ({"chunk_size": 4}, True),
+    ({"chunk_size": 4, "return_scores": True}, False),
+    ({"chunk_size": 4, "dynamic_projections": ("x2l",)}, False),
+    ({"chunk_size": 4, "dropout_rate": 0.1, "training": True}, False),
+    ({"chunk_size": 4, "dropout_rate": 0.1, "training": False}, True),
+    ({"chunk_size": 4, "dropout_rate": 0.1, "training": None}, True),
+    ({"chunk_size": 4, "head_groups": 2}, True),
+])
+def test_when_the_chunked_core_runs(overrides, chunked):
+  assert _path(**overrides).chunked is chunked
+
+
+@pytest.mark.parametrize("overrides, fused", [
+    ({}, True),
+    ({"chunk_size": 4}, True),
+    ({"fused_kernel": False}, False),
+    ({"dynamic_projections": ("m2w",)}, False),
+    ({"head_groups": 2}, False),
+    ({"scores_like": BFLOAT16}, False),
+])
+def test_when_the_kernel_runs(overrides, fused):
+  assert _path(**overrides).fused is fused
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    # Checked in the documented order: the first obstacle is the reason.
+    ({"dynamic_projections": ("x2l",), "head_groups": 2,
+      "scores_like": BFLOAT16}, "the kernel has no dynamic projections"),
+    ({"head_groups": 2, "scores_like": BFLOAT16},
+     "the kernel has no head groups"),
+    ({"scores_like": BFLOAT16},
+     "the scores are bfloat16; the kernel is float32 only"),
+])
+def test_a_required_kernel_names_the_first_obstacle(overrides, reason):
+  with pytest.raises(ValueError, match=f"layer: fused_kernel=True, but "
+                     f"{reason}"):
+    _path(fused_kernel=True, **overrides)
+
+
+def test_the_layer_and_the_config_share_the_dynamic_projection_check():
+  assert talking_heads.checked_dynamic_projections(["m2w", "x2l"]) == (
+      "x2l", "m2w")
+  with pytest.raises(ValueError, match=r"^owner: unknown dynamic "
+                     r"projections \['q2l'\]"):
+    talking_heads.checked_dynamic_projections(["q2l"], owner="owner")
+  with pytest.raises(ValueError, match="'x2l' is added to the static P_l, "
+                     "so it needs project_logits=True"):
+    talking_heads.checked_dynamic_projections(["x2l"], project_logits=False)

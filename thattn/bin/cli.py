@@ -1,0 +1,101 @@
+"""What thattn's binaries share: a quiet start, their own help, plain output.
+
+Every binary module starts with
+
+    from thattn.bin import cli
+    cli.quiet_tensorflow()          # before anything imports TensorFlow
+
+and ends with `cli.run(main, __name__, __doc__)`.
+
+- A quiet start. TensorFlow's C++ start-up lines (oneDNN notes, "Could not
+  find cuda drivers", "failed call to cuInit ... (303)" on a machine without
+  a GPU) are noise to a CPU user and read like errors. Unless the user set
+  `TF_CPP_MIN_LOG_LEVEL`, the binaries raise it to 3 and silence the
+  process's stderr while TensorFlow is imported (some of those lines are
+  written before TensorFlow's log level applies). A failing import still
+  raises, and its traceback is printed after stderr is back.
+- Help that shows the binary's flags. absl's `--help` and `--helpshort`
+  list the "key flags" of the main module, which for a console script is
+  the generated `thattn-train` wrapper, with no flags and no docstring; `run`
+  declares the binary's flags as key flags of that script and gives it the
+  binary's docstring, so `--help` shows them with their defaults.
+- Help is not an error: asked for, it exits with 0 (absl exits with 1).
+- Plain output. Progress lines go to stdout, flushed at once (`print_now`),
+  and the "thattn" logger's information lines (the one-time kernel compile)
+  are printed the same way.
+"""
+
+import contextlib
+import logging as python_logging
+import os
+import sys
+
+_QUIET_LEVEL = "3"
+
+
+def quiet_tensorflow():
+  """Imports TensorFlow with its C++ start-up lines silenced; see the module."""
+  quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # else the user's choice
+  if quiet:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_LEVEL
+  with _stderr_silenced() if quiet else contextlib.nullcontext():
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+  """Points file descriptor 2 (C++ code writes there too) at /dev/null."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  null = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(null, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(null)
+
+
+def print_now(line):
+  # Flushed at once, so progress shows when stdout is a pipe or a log file.
+  print(line, flush=True)
+
+
+class _PrintNow(python_logging.Handler):
+
+  def emit(self, record):
+    print_now(self.format(record))
+
+
+def show_information_lines():
+  """Prints the "thattn" logger's INFO lines, as plain lines on stdout."""
+  logger = python_logging.getLogger("thattn")
+  if not any(isinstance(h, _PrintNow) for h in logger.handlers):
+    logger.addHandler(_PrintNow())
+  logger.setLevel(python_logging.INFO)
+  logger.propagate = False  # not again through absl's handler on the root
+
+
+def run(main, module_name, doc):
+  """absl's `app.run(main)`, with the binary's flags in `--help`."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  script = sys.argv[0]
+  for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(script, flag)
+  main_module = sys.modules.get("__main__")
+  if main_module is not None and not main_module.__doc__:
+    main_module.__doc__ = doc  # the console-script wrapper has none
+  show_information_lines()
+  try:
+    app.run(main)
+  except SystemExit as e:
+    # absl exits with 1 after printing the help it was asked for; help is
+    # not a failure (a README's `thattn-train --help` should succeed).
+    if e.code == 1 and _HELP_FLAGS & set(sys.argv[1:]):
+      raise SystemExit(0) from None
+    raise
+
+
+_HELP_FLAGS = {"--help", "--helpshort", "--helpfull", "--helpxml", "-?"}

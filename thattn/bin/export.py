@@ -1,0 +1,53 @@
+"""thattn-export: write a SavedModel that serves raw text from a model_dir.
+
+    thattn-export --model_dir=thattn_runs/mlm_bert_tiny_talking_heads \
+        --export_dir=/tmp/served
+    saved_model_cli show --all --dir /tmp/served
+
+See `thattn.export` for the signatures. The export is atomic: a failure
+leaves no partial SavedModel at --export_dir, and any previous export there
+stays until the new one is complete.
+"""
+
+import sys
+
+from thattn.bin import cli
+
+cli.quiet_tensorflow()  # before anything imports TensorFlow
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "A model_dir written by thattn-train.")
+flags.DEFINE_string("export_dir", None, "Where the SavedModel goes; default "
+                    "<model_dir>/export.")
+flags.DEFINE_string("checkpoint", None, "A checkpoint to export instead of "
+                    "the latest one.")
+flags.mark_flag_as_required("model_dir")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  export_dir = FLAGS.export_dir or run_dir.path(FLAGS.model_dir, run_dir.EXPORT)
+  try:
+    export.export(model_dir=FLAGS.model_dir, export_dir=export_dir,
+                  checkpoint=FLAGS.checkpoint,
+                  log=cli.print_now)
+  except ValueError as e:
+    sys.exit(f"thattn-export: error: {e}")
+  print(f"Inspect it: saved_model_cli show --all --dir {export_dir}")
+
+
+def run():
+  cli.run(main, __name__, __doc__)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,266 @@
+"""thattn-ablate's library: attention variant x heads at constant parameters.
+
+`run_grid(...)` trains one small model per (variant, heads, seed) with
+`thattn.training.trainer`, keeping h * d_k = d_model as in the paper's Table 1,
+so that multi-head attention has the same parameters at every head count
+and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
+
+- `runs/<variant>_h<h>_s<seed>/`: each run's model_dir (a rerun skips the
+  finished runs and resumes an interrupted one);
+- `results.json`: every run's summary;
+- `table.md`: held-out ln(PPL) mean +- std over seeds, its difference from
+  multi-head attention paired by seed, step time, and the parameters and
+  multiplies per attention layer (`thattn.complexity`);
+- `ln_ppl_vs_heads.png`: ln(PPL) against heads, one line per variant;
+- `heatmaps_h<h>.png`: the learned P_l, P_w and P_l x P_w of the first
+  talking-heads layer (seed 0), as in the paper's Figure 1.
+
+The plots need matplotlib (`pip install 'thattn[plot]'`); without it the
+table and results are still written.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from thattn import complexity
+from thattn import tasks
+from thattn.training import options as options_lib
+from thattn.training import run_dir
+from thattn.training import trainer
+
+@dataclasses.dataclass(frozen=True)
+class GridOptions:
+  """The grid and the size of every run in it."""
+  task: str = "mlm"
+  variants: tuple = ("multi_head", "talking_heads")
+  heads: tuple = (2, 4, 8, 16)
+  seeds: tuple = (0, 1, 2)
+  preset: str = None  # None: the task's default preset (bert_tiny for mlm)
+  d_model: int = 64
+  d_ff: int = 256
+  num_layers: int = 2
+
+  def __post_init__(self):
+    if not tasks.get(self.task).pretraining:  # get: unknown names listed
+      pretraining = [name for name in tasks.names()
+                     if tasks.get(name).pretraining]
+      raise ValueError(f"The ablation trains from scratch, but task "
+                       f"{self.task!r} fine-tunes; expected one of "
+                       f"{', '.join(pretraining)}.")
+    for h in self.heads:
+      if self.d_model % h:
+        raise ValueError(f"heads={h} does not divide d_model="
+                         f"{self.d_model}; the grid keeps h * d_k = d_model.")
+    if not (self.variants and self.heads and self.seeds):
+      raise ValueError("variants, heads and seeds must not be empty.")
+
+
+def run_name(variant, heads, seed):
+  return f"{variant}_h{heads}_s{seed}"
+
+
+def _model(grid, variant, heads):
+  overrides = {"attention": variant, "num_heads": heads,
+               "d_model": grid.d_model, "num_layers": grid.num_layers,
+               "d_ff": grid.d_ff}
+  task_class = tasks.get(grid.task)
+  if task_class.supports_dropout:
+    overrides["dropout_rate"] = 0.0  # the paper's pretraining recipe
+  preset = (grid.preset or task_class.default_preset
+            if task_class.default_preset else None)
+  return tasks.ModelOptions(preset=preset, overrides=overrides)
+
+
+def run_grid(*, out_dir, grid=GridOptions(), options=None, data=None,
+             log=print):
+  """Trains every run of the grid (or reuses finished ones); returns them.
+
+  options: the `TrainOptions` of every run (its seed is replaced).
+  data: `tasks.DataOptions` for text tasks (default: the embedded corpus).
+  """
+  options = options or options_lib.TrainOptions()
+  results = []
+  total = len(grid.variants) * len(grid.heads) * len(grid.seeds)
+  for variant in grid.variants:
+    for heads in grid.heads:
+      for seed in grid.seeds:
+        name = run_name(variant, heads, seed)
+        model_dir = os.path.join(out_dir, "runs", name)
+        summary = _finished(model_dir, options.train_steps)
+        if summary is None:
+          log(f"[{len(results) + 1}/{total}] {name}")
+          tf_keras.backend.clear_session()
+          summary = trainer.train(
+              model_dir=model_dir, task=grid.task,
+              model=_model(grid, variant, heads), data=data,
+              options=dataclasses.replace(options, seed=seed),
+              log=lambda line: None)
+          log(f"    held-out ln(PPL) {summary['held_out_ln_ppl_after']:.4f}"
+              f", {summary['tokens_per_second']:,} tokens/s")
+        results.append(dict(summary, variant=variant, heads=heads,
+                            seed=seed, run=name,
+                            step_ms=_step_ms(summary, options)))
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  return results
+
+
+def _finished(model_dir, train_steps):
+  summary = run_dir.read_summary(model_dir)
+  return summary if summary and summary["steps"] >= train_steps else None
+
+
+def _step_ms(summary, options):
+  """Milliseconds per training step after compilation, from tokens/s."""
+  rate = summary["tokens_per_second"]
+  tokens = options.batch_size * options.sequence_length
+  return 1000.0 * tokens / rate if rate else float("nan")
+
+
+def attention_shape(variant, heads, d_model, length):
+  """The `thattn.complexity` shape of one attention layer of the grid."""
+  key_dim = None if variant == "general_bilinear" else d_model // heads
+  options = {
+      "multi_head": dict(variant="multi_head"),
+      "talking_heads": dict(variant="talking_heads"),
+      "project_logits": dict(variant="talking_heads", project_weights=False),
+      "project_weights": dict(variant="talking_heads", project_logits=False),
+      "dynamic": dict(variant="talking_heads", dynamic_projections=(
+          "x2l", "m2l", "x2w", "m2w")),
+      "general_bilinear": dict(variant="general_bilinear"),
+  }[variant]
+  return complexity.AttentionShape(
+      num_heads=heads, key_dim=key_dim, d_model=d_model,
+      query_length=length, memory_length=length, **options)
+
+
+def aggregate(results, grid, sequence_length):
+  """One row per (variant, heads): means and stds over seeds."""
+  rows = []
+  for variant in grid.variants:
+    for heads in grid.heads:
+      runs = [r for r in results if r["variant"] == variant and
+              r["heads"] == heads]
+      values = [r["held_out_ln_ppl_after"] for r in runs]
+      shape = attention_shape(variant, heads, grid.d_model, sequence_length)
+      rows.append({
+          **_paired_difference(results, variant, heads),
+          "variant": variant, "heads": heads,
+          "d_k": grid.d_model // heads, "seeds": len(runs),
+          "ln_ppl_mean": statistics.mean(values),
+          "ln_ppl_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+          **_accuracy(runs),
+          "step_ms": statistics.median(r["step_ms"] for r in runs),
+          "parameters": complexity.parameters(shape),
+          "multiplies": complexity.multiplies(shape),
+      })
+  return rows
+
+
+def _accuracy(runs):
+  """Held-out accuracy mean and std, for tasks that report it (recall)."""
+  values = [r["held_out_accuracy"] for r in runs if "held_out_accuracy" in r]
+  if not values or len(values) < len(runs):
+    return {}
+  return {"accuracy_mean": statistics.mean(values),
+          "accuracy_std": (statistics.stdev(values) if len(values) > 1
+                           else 0.0)}
+
+
+def _paired_difference(results, variant, heads, baseline="multi_head"):
+  """ln(PPL) minus the baseline's at the same heads and seed: mean, std.
+
+  Runs with the same seed see the same batches and masks, so the paired
+  difference cancels most of the seed-to-seed spread.
+  """
+  if variant == baseline:
+    return {"difference_mean": None, "difference_std": None}
+  by_seed = {(r["variant"], r["seed"]): r["held_out_ln_ppl_after"]
+             for r in results if r["heads"] == heads}
+  differences = [value - by_seed[baseline, seed]
+                 for (name, seed), value in sorted(by_seed.items())
+                 if name == variant and (baseline, seed) in by_seed]
+  if not differences:
+    return {"difference_mean": None, "difference_std": None}
+  return {"difference_mean": statistics.mean(differences),
+          "difference_std": (statistics.stdev(differences)
+                             if len(differences) > 1 else 0.0)}
+
+
+def markdown_table(rows):
+  """The table.md text; an accuracy column when every row has one."""
+  with_accuracy = all("accuracy_mean" in row for row in rows)
+  accuracy_header = " held-out accuracy |" if with_accuracy else ""
+  lines = ["| variant | h | d_k | params / att. layer | multiplies / att. "
+           "layer | held-out ln(PPL) | minus multi_head, same seed |"
+           f"{accuracy_header} step time (ms) |",
+           "|---|---:|---:|---:|---:|---|---|" +
+           ("---|" if with_accuracy else "") + "---:|"]
+  for row in rows:
+    difference = ("" if row["difference_mean"] is None else
+                  f"{row['difference_mean']:+.3f} ± "
+                  f"{row['difference_std']:.3f}")
+    accuracy = (f" {row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
+                if with_accuracy else "")
+    lines.append(
+        f"| {row['variant']} | {row['heads']} | {row['d_k']} | "
+        f"{row['parameters']:,} | {row['multiplies']:,} | "
+        f"{row['ln_ppl_mean']:.3f} ± {row['ln_ppl_std']:.3f} "
+        f"(n={row['seeds']}) | {difference} |{accuracy} "
+        f"{row['step_ms']:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
+def projections(model_dir):
+  """[(P_l, P_w)] per talking-heads layer, from model_dir's checkpoint."""
+  reader = tf.train.load_checkpoint(run_dir.path(model_dir,
+                                                run_dir.CHECKPOINTS))
+  names = sorted(reader.get_variable_to_shape_map(), key=_natural)
+  layers = []
+  for name in names:
+    if "/pre_softmax_projection/" in name:
+      partner = name.replace("/pre_softmax_projection/",
+                             "/post_softmax_projection/")
+      if partner in names:
+        layers.append((reader.get_tensor(name), reader.get_tensor(partner)))
+  return layers
+
+
+def _natural(name):
+  """Sort key that puts layer_with_weights-10 after layer_with_weights-9."""
+  return [int(part) if part.isdigit() else part
+          for part in re.split(r"(\d+)", name)]
+
+
+def write_report(out_dir, results, grid, sequence_length, log=print):
+  """Writes table.md and, with matplotlib, the plot and heatmaps."""
+  rows = aggregate(results, grid, sequence_length)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(markdown_table(rows))
+  written = ["table.md"]
+  try:
+    from thattn.experiments import ablation_plots  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    log(f"No plots ({e}); pip install 'thattn[plot]' for them.")
+    return rows, written
+  written.append(ablation_plots.ln_ppl_vs_heads(out_dir, rows, grid))
+  if "talking_heads" in grid.variants:
+    for heads in grid.heads:
+      run = os.path.join(out_dir, "runs",
+                         run_name("talking_heads", heads, grid.seeds[0]))
+      layers = projections(run)
+      if layers:
+        written.append(ablation_plots.heatmaps(out_dir, heads, *layers[0]))
+  return rows, written
+
+
+def product(p_l, p_w):
+  """P_l x P_w [h_k, h_v]: logits heads mixed straight to value heads."""
+  return np.matmul(p_l, p_w)

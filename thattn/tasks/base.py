@@ -1,0 +1,249 @@
+"""The task interface and registry: what the trainer and the export ask of a task.
+
+A task is one class, in one module of `thattn.tasks`, registered by name
+with `@register`. The class holds the task's defaults; an instance holds one
+run's data and model. The trainer (`thattn.training.trainer`), the binaries
+and the export (`thattn.export`) look tasks up with `get(name)` and use only
+this interface, so a new task is a new module plus its `@register` line (and
+an import in `thattn/tasks/__init__.py` for a built-in one).
+
+Defaults (class attributes):
+- `name`: the registry key, `--task=<name>`;
+- `default_preset` and `default_overrides`: the backbone when none is given
+  (None for a task without presets, such as recall);
+- `default_sequence_length`;
+- `pretraining`: True if the task trains from scratch (no dropout, the
+  paper's recipe, unless asked);
+- `supports_dropout`: False if the task's model has no dropout to set;
+- `eval_metric`: the name of the held-out loss in logs and summaries.
+
+One run (an instance, made with the keywords of `Task.__init__`):
+- `build()`: create the backbone and head (inside the devices' scope; the
+  DTensor devices may call it twice, see `thattn.training.dtensor`);
+- `trainable_variables`, `checkpoint_items()` (the trackables to save:
+  `backbone`, and `head` if any, so that `--init_checkpoint` can load a
+  pretrained backbone into another task);
+- `train_dataset(start_step)`, `eval_dataset(num_steps)`: step-addressed
+  batches (`thattn.data.batches`), so a resumed run continues exactly;
+- `loss(batch, training)`: `(sum of weighted losses, sum of weights)` in
+  nats, so the trainer can average exactly over replicas and batches;
+- `tokens_per_step`, `describe()`;
+- `extra_eval_metrics(num_steps, devices)`: metrics beyond the loss, placing
+  batches with `devices.place(batch)` and reading outputs back with
+  `devices.fetch(tensor)`;
+- `run_config()`: what `serving_module` needs to rebuild the model.
+
+Serving (a class method, no run needed):
+- `serving_module(config=..., checkpoint=..., tokenizer_dir=...)`: a
+  `tf.Module` with a `serve_token_ids` function and, for text tasks,
+  `serve_text` (see `thattn.tasks.serving`).
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from thattn import models
+
+_REGISTRY = {}
+
+# Embedding layers that --freeze_embeddings keeps fixed.
+EMBEDDING_LAYERS = ("word_embeddings", "position_embedding", "type_embeddings",
+                    "token_embedding", "embedding_projection")
+# Examples in eval batches come from a seed stream apart from training's.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def register(task_class):
+  """Class decorator: makes `task_class` available as `get(task_class.name)`."""
+  name = task_class.name
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"{task_class.__name__}.name must be a non-empty "
+                     f"string, got {name!r}.")
+  if name in _REGISTRY and _REGISTRY[name] is not task_class:
+    raise ValueError(f"Task {name!r} is registered already, by "
+                     f"{_REGISTRY[name].__module__}."
+                     f"{_REGISTRY[name].__name__}.")
+  _REGISTRY[name] = task_class
+  return task_class
+
+
+def get(name):
+  """The task class registered as `name`; the error lists every name."""
+  if name not in _REGISTRY:
+    raise ValueError(f"Unknown task {name!r}; expected one of "
+                     f"{', '.join(names())}.")
+  return _REGISTRY[name]
+
+
+def names():
+  """Registered task names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+  """Where the data comes from and how it is read (every text task)."""
+  train_files: str = None  # glob; None: the embedded default corpus
+  eval_files: str = None  # glob; None: a held-out split of train_files
+  tokenizer: str = "sentencepiece"  # a kind, or a folder Tokenizer.save wrote
+  vocab_size: int = 8000
+  cache_dir: str = None  # default corpus cache; None: $THATTN_CACHE_DIR
+  glue_task: str = "sst2"  # classification: the GLUE task the TSV follows
+  on_overflow: str = "raise"  # fine-tuning: too-long examples, see the tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+  """The backbone: a preset, overrides, and training-time switches."""
+  preset: str
+  overrides: dict = dataclasses.field(default_factory=dict)
+  freeze_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFiles:
+  """Folders a task reads and writes; the trainer owns the run's layout.
+
+  tokenizer_dir: where this run keeps its tokenizer (a resumed run finds it
+    there). init_tokenizer_dir: the tokenizer of the --init_checkpoint run,
+    which a fine-tuned backbone must keep, or None.
+  """
+  tokenizer_dir: str = None
+  init_tokenizer_dir: str = None
+
+
+def backbone_overrides(model, vocab_size, sequence_length, log=print):
+  """The preset's overrides for this run: the vocabulary and positions.
+
+  A BERT preset whose position table is shorter than sequence_length gets
+  one as long (the tiny presets have 64 positions).
+  """
+  overrides = dict(model.overrides, vocab_size=vocab_size)
+  config = models.model_config(model.preset, **overrides)
+  if (isinstance(config, models.BertConfig) and
+      config.position_embedding == "absolute" and
+      config.max_position_embeddings < sequence_length):
+    log(f"{model.preset}: {config.max_position_embeddings} positions -> "
+        f"{sequence_length}, for sequence_length={sequence_length}.")
+    overrides["max_position_embeddings"] = sequence_length
+  return overrides
+
+
+def trainable_variables(layers, freeze_embeddings):
+  """The variables of layers, once each, minus frozen embeddings.
+
+  A head that ties its output to the backbone's embeddings lists that
+  table too; it is kept once, or the optimizer would step it twice.
+  """
+  variables, seen = [], set()
+  for layer in layers:
+    for variable in layer.trainable_variables:
+      if variable.ref() in seen or (freeze_embeddings and any(
+          f"{name}/" in variable.name for name in EMBEDDING_LAYERS)):
+        continue
+      seen.add(variable.ref())
+      variables.append(variable)
+  return variables
+
+
+def masked_cross_entropy(targets, logits, weights):
+  """(sum of weighted cross-entropies, sum of weights), in nats.
+
+  Returned apart, so that a mean over several batches or replicas weighs
+  every position alike: ln(PPL) = total / count.
+  """
+  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(targets, tf.int32), logits=tf.cast(logits, tf.float32))
+  weights = tf.cast(weights, tf.float32)
+  return tf.reduce_sum(losses * weights), tf.reduce_sum(weights)
+
+
+def sizes(rows):
+  """Rows and tokens of an int array of rows, for log lines."""
+  rows = np.asarray(rows)
+  return f"{rows.shape[0]:,} rows, {rows.size:,} tokens"
+
+
+class Task:
+  """The interface every task implements; see the module docstring."""
+
+  name = None
+  default_preset = None
+  default_overrides = {}
+  default_sequence_length = 128
+  pretraining = True
+  supports_dropout = True
+  eval_metric = "ln_ppl"
+
+  def __init__(self, *, model, data, files, batch_size, sequence_length, seed,
+               log=print):
+    del data, files, log  # used by the tasks that need them
+    self.model_options = model
+    self.batch_size = batch_size
+    self.sequence_length = sequence_length
+    self.seed = seed
+    self.backbone = None
+    self.head = None
+
+  def checkpoint_items(self):
+    items = {"backbone": self.backbone}
+    if self.head is not None:
+      items["head"] = self.head
+    return items
+
+  @property
+  def trainable_variables(self):
+    return trainable_variables(
+        [layer for layer in (self.backbone, self.head) if layer is not None],
+        self.model_options.freeze_embeddings)
+
+  def eval_dataset(self, num_steps):
+    return self._batches(seed=self.seed + EVAL_SEED_OFFSET, start_step=0,
+                         num_steps=num_steps, train=False)
+
+  def train_dataset(self, start_step):
+    return self._batches(seed=self.seed, start_step=start_step,
+                         num_steps=None, train=True)
+
+  def _batches(self, *, seed, start_step, num_steps, train):
+    raise NotImplementedError(f"{type(self).__name__} must define _batches, "
+                              "or train_dataset and eval_dataset.")
+
+  @property
+  def tokens_per_step(self):
+    return self.batch_size * self.sequence_length
+
+  def parameters(self):
+    """(model parameters, of which in the backbone), each weight once.
+
+    A head that ties its output to the backbone's embeddings (masked LM)
+    shares that table; it is counted once.
+    """
+    layers = [layer for layer in (self.backbone, self.head)
+              if layer is not None]
+    unique = {w.ref(): w for layer in layers for w in layer.weights}
+    total = sum(w.shape.num_elements() for w in unique.values())
+    return total, self.backbone.count_params()
+
+  def describe(self):
+    """One line: the task and its model's parameters, head included."""
+    total, backbone = self.parameters()
+    text = f"{self.name}: {total:,} model parameters"
+    if total != backbone:
+      text += f" (backbone {backbone:,}, head {total - backbone:,})"
+    return text
+
+  def extra_eval_metrics(self, num_steps, devices):  # pylint: disable=unused-argument
+    """Task metrics beyond the eval loss; {} by default."""
+    return {}
+
+  def run_config(self):
+    return {"task": self.name, "preset": self.model_options.preset,
+            "overrides": dict(self.model_options.overrides),
+            "sequence_length": self.sequence_length}
+
+  @classmethod
+  def serving_module(cls, *, config, checkpoint, tokenizer_dir):
+    raise NotImplementedError(f"Task {cls.name!r} has no serving module.")

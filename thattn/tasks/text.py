@@ -1,0 +1,112 @@
+"""Shared by the text pretraining tasks (masked LM, span corruption).
+
+A text task reads documents (the embedded corpus, or `--train_files` with
+every 20th document held out unless `--eval_files` are given), prepares its
+tokenizer once per run, and packs the token ids into rows held in memory
+(`thattn.data.batches.token_rows`), from which batches are addressed by step.
+"""
+
+import os
+
+import tensorflow as tf
+
+from thattn import models
+from thattn.data import corpus
+from thattn.data import sources
+from thattn.data import tokenizers
+from thattn.tasks import base
+
+TOKENIZER_KINDS = ("sentencepiece", "wordpiece")
+# Every HELDOUT_EVERY-th document of --train_files is held out when no
+# --eval_files are given.
+HELDOUT_EVERY = 20
+
+
+def _documents(pattern):
+  texts = sources.text_files(pattern, split_blank_lines=True)
+  return [text.decode("utf-8") for text in texts.as_numpy_iterator()]
+
+
+def load_documents(data):
+  """(train documents, held-out documents) as lists of strings."""
+  if data.train_files is None:
+    if data.eval_files is not None:
+      raise ValueError("--eval_files needs --train_files; the default corpus "
+                       "has its own held-out split.")
+    return (corpus.documents("train", data.cache_dir),
+            corpus.documents("heldout", data.cache_dir))
+  documents = _documents(data.train_files)
+  if data.eval_files is not None:
+    return documents, _documents(data.eval_files)
+  if len(documents) < 2:
+    raise ValueError(f"--train_files={data.train_files!r} holds "
+                     f"{len(documents)} document(s); hold-out needs at least "
+                     "2, or pass --eval_files.")
+  heldout = documents[::HELDOUT_EVERY]
+  train = [d for i, d in enumerate(documents) if i % HELDOUT_EVERY]
+  return train, heldout
+
+
+def has_tokenizer(folder):
+  return bool(folder) and tf.io.gfile.exists(
+      os.path.join(folder, tokenizers.CONFIG_FILE))
+
+
+def prepare_tokenizer(data, tokenizer_dir, documents=None, log=print):
+  """The run's tokenizer: resumed, given, default, or learned; saved once.
+
+  Order: `tokenizer_dir` (a resumed run keeps its tokenizer); a folder
+  named by `data.tokenizer`; for the default corpus, the cached default
+  tokenizer of that kind; else one learned from `documents`.
+  """
+  if has_tokenizer(tokenizer_dir):
+    return tokenizers.load(tokenizer_dir)
+  if data.tokenizer not in TOKENIZER_KINDS:
+    if not tf.io.gfile.isdir(data.tokenizer):
+      raise ValueError(f"tokenizer must be one of {TOKENIZER_KINDS} or a "
+                       f"folder written by Tokenizer.save, got "
+                       f"{data.tokenizer!r}.")
+    tokenizer = tokenizers.load(data.tokenizer)
+  elif data.train_files is None:
+    log(f"Tokenizer: {data.tokenizer}, {data.vocab_size} tokens, learned "
+        "from the default corpus (cached after the first run).")
+    tokenizer = tokenizers.default_tokenizer(data.tokenizer, data.vocab_size,
+                                             data.cache_dir)
+  else:
+    paragraphs = [line for document in documents
+                  for line in document.split("\n") if line.strip()]
+    log(f"Tokenizer: learning a {data.tokenizer} vocabulary of "
+        f"{data.vocab_size} from {len(paragraphs):,} lines.")
+    learn = (tokenizers.train_sentencepiece if data.tokenizer ==
+             "sentencepiece" else tokenizers.learn_wordpiece)
+    tokenizer = learn(paragraphs, data.vocab_size)
+  if tokenizer_dir:
+    tokenizer.save(tokenizer_dir)
+  return tokenizer
+
+
+class TextTask(base.Task):
+  """Documents, a tokenizer and packed rows; subclasses define `_rows`."""
+
+  def __init__(self, *, data, files, log=print, **kwargs):
+    super().__init__(data=data, files=files, log=log, **kwargs)
+    self.data = data
+    train, heldout = load_documents(data)
+    self.tokenizer = prepare_tokenizer(data, files.tokenizer_dir, train,
+                                       log=log)
+    self.train_rows = self._rows(train)
+    self.eval_rows = self._rows(heldout)
+    log(f"Data: train {base.sizes(self.train_rows)}; held out "
+        f"{base.sizes(self.eval_rows)}.")
+    self.overrides = base.backbone_overrides(
+        self.model_options, self.tokenizer.vocab_size, self.sequence_length,
+        log=log)
+    self.model_config = models.model_config(self.model_options.preset,
+                                            **self.overrides)
+
+  def _rows(self, documents):
+    raise NotImplementedError
+
+  def run_config(self):
+    return dict(super().run_config(), overrides=self.overrides)
+

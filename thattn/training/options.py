@@ -1,0 +1,60 @@
+"""`TrainOptions`: how to train, checked before anything runs."""
+
+import dataclasses
+
+from thattn import validation
+from thattn.training import dtensor
+from thattn.training import optimizer as optimizer_lib
+from thattn.training import strategies
+
+MIXED_PRECISION = ("off", "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+  """How to train: steps, batches, optimizer, schedule, logging, devices."""
+  train_steps: int = 1000
+  batch_size: int = 32
+  sequence_length: int = 128
+  optimizer: str = "adafactor"
+  learning_rate: float = None  # peak rate; None: DEFAULT_LEARNING_RATES
+  warmup_steps: int = 100
+  decay_fraction: float = 0.1
+  eval_every: int = 0  # 0: only before and after training
+  eval_steps: int = 20
+  log_every: int = 100
+  checkpoint_every: int = 500
+  max_checkpoints: int = 3
+  seed: int = 0
+  deterministic: bool = False
+  mixed_precision: str = "off"
+  strategy: str = "default"
+  tpu: str = None
+  init_checkpoint: str = None
+  # --strategy=dtensor only (thattn.training.dtensor): the mesh, e.g.
+  # "batch:2,model:2", and the rules; None: DEFAULT_LAYOUT_RULES there.
+  mesh_shape: str = None
+  layout_rules: str = None
+
+  def __post_init__(self):
+    for name in ("train_steps", "batch_size", "sequence_length",
+                 "warmup_steps", "eval_steps", "log_every",
+                 "checkpoint_every", "max_checkpoints"):
+      validation.positive_int(name, getattr(self, name))
+    validation.non_negative_int("eval_every", self.eval_every)
+    validation.one_of("optimizer", self.optimizer, optimizer_lib.OPTIMIZERS)
+    validation.one_of("mixed_precision", self.mixed_precision,
+                      MIXED_PRECISION)
+    validation.one_of("strategy", self.strategy, strategies.STRATEGIES)
+    if self.learning_rate is not None and not self.learning_rate > 0:
+      raise ValueError(f"learning_rate must be positive, got "
+                       f"{self.learning_rate}.")
+    # Flag mistakes fail here, before any device or data is touched.
+    dtensor.check_options(
+        strategy=self.strategy, mesh_shape=self.mesh_shape,
+        layout_rules=self.layout_rules, tpu=self.tpu)
+
+  @property
+  def peak_learning_rate(self):
+    return (self.learning_rate or
+            optimizer_lib.DEFAULT_LEARNING_RATES[self.optimizer])

@@ -1,0 +1,149 @@
+"""The run directory (model_dir): its file names and layout, defined once.
+
+What `thattn-train` leaves in a model_dir:
+
+| name                    | what                                              |
+|-------------------------|---------------------------------------------------|
+| `run_config.json`       | task, preset, overrides, sizes: what a rerun must match and what `thattn-export` rebuilds the model from |
+| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints          |
+| `train/`, `eval/`       | TensorBoard summaries                             |
+| `tokenizer/`            | the run's tokenizer (none for recall)             |
+| `dtensor_layouts.json`  | --strategy=dtensor: each weight's and slot's layout |
+| `summary.json`          | the final summary, also printed                   |
+| `export/`               | the SavedModel, unless --export_dir says elsewhere |
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+RUN_CONFIG = "run_config.json"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+TOKENIZER = "tokenizer"
+DTENSOR_LAYOUTS = "dtensor_layouts.json"
+EXPORT = "export"
+SUMMARY_FOLDERS = ("train", "eval")
+
+
+def path(model_dir, name):
+  """The path of one of the names above inside model_dir."""
+  return os.path.join(model_dir, name)
+
+
+def read_run_config(model_dir):
+  """The run's `run_config.json` as a dict; ValueError if there is none."""
+  config_path = path(model_dir, RUN_CONFIG)
+  if not tf.io.gfile.exists(config_path):
+    raise ValueError(f"{model_dir} has no {RUN_CONFIG}: is it a model_dir "
+                     "that thattn-train wrote?")
+  with tf.io.gfile.GFile(config_path) as f:
+    return json.load(f)
+
+
+def check_or_write_run_config(model_dir, config):
+  """Writes run_config.json, or checks a rerun against the one there.
+
+  Raises:
+    ValueError naming every setting that differs from the saved run's.
+  """
+  config_path = path(model_dir, RUN_CONFIG)
+  if tf.io.gfile.exists(config_path):
+    saved = read_run_config(model_dir)
+    changed = sorted(key for key in set(saved) | set(config)
+                     if saved.get(key) != config.get(key))
+    if changed:
+      details = ", ".join(f"{key}: {saved.get(key)!r} -> {config.get(key)!r}"
+                          for key in changed)
+      raise ValueError(f"{model_dir} holds a run with other settings "
+                       f"({details}); use a new --model_dir to start over.")
+    return
+  tf.io.gfile.makedirs(model_dir)
+  write_json(config_path, config, sort_keys=True)
+
+
+def write_json(file_path, value, sort_keys=False):
+  with tf.io.gfile.GFile(file_path, "w") as f:
+    f.write(json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def read_summary(model_dir):
+  """summary.json of a finished run, or None."""
+  summary_path = path(model_dir, SUMMARY)
+  if not tf.io.gfile.exists(summary_path):
+    return None
+  with tf.io.gfile.GFile(summary_path) as f:
+    return json.load(f)
+
+
+def latest_checkpoint(model_dir):
+  """The newest checkpoint prefix of a model_dir; ValueError if none."""
+  latest = tf.train.latest_checkpoint(path(model_dir, CHECKPOINTS))
+  if not latest:
+    raise ValueError(f"{path(model_dir, CHECKPOINTS)} holds no checkpoint.")
+  return latest
+
+
+def run_dir_of(checkpoint):
+  """The model_dir of a checkpoint prefix, or the folder itself."""
+  if tf.io.gfile.isdir(checkpoint):
+    return checkpoint
+  parent = os.path.dirname(checkpoint)
+  return (os.path.dirname(parent) if os.path.basename(parent) == CHECKPOINTS
+          else parent)
+
+
+def find_checkpoint(location):
+  """A checkpoint prefix from a prefix, a checkpoints/ folder or a model_dir."""
+  if not tf.io.gfile.isdir(location):
+    return location
+  for folder in (path(location, CHECKPOINTS), location):
+    latest = tf.train.latest_checkpoint(folder)
+    if latest:
+      return latest
+  raise ValueError(f"init_checkpoint={location!r}: no checkpoint found there "
+                   f"or in its {CHECKPOINTS}/ folder.")
+
+
+# Short names of the settings in default run names; others keep their own.
+_SHORT_NAMES = {"num_heads": "h", "key_dim": "dk", "d_model": "dm",
+                "d_ff": "dff", "num_layers": "layers", "sequence_length": "n",
+                "batch_size": "b", "learning_rate": "lr", "warmup_steps": "wu",
+                "dropout_rate": "drop", "vocab_size": "vocab", "seed": "seed"}
+
+
+def default_name(*, task, preset=None, attention=None, init_checkpoint=None,
+                 settings=None):
+  """A run's default folder name, from everything that sets it apart.
+
+  `<task>_<preset>_<attention>`, then one part per entry of `settings`
+  (the options the user gave that change what is computed: {"num_heads":
+  8} -> `_h8`, {"optimizer": "adam"} -> `_adam`), so that two runs of a
+  sweep never share a model_dir. A fine-tuning run without a preset is named after the run it
+  starts from (`from-<that model_dir's name>`); a task without presets
+  (recall) has no preset part.
+  """
+  parts = [task]
+  if preset:
+    parts.append(preset)
+  elif init_checkpoint:
+    parts.append("from-" + os.path.basename(
+        os.path.normpath(run_dir_of(init_checkpoint))))
+  if attention:
+    parts.append(attention)
+  for name, value in (settings or {}).items():
+    parts.append(_setting_part(name, value))
+  return "_".join(str(part) for part in parts)
+
+
+def _setting_part(name, value):
+  """h8 for num_heads=8, lr0.001, adam, sst2_sample-train for a file path."""
+  if isinstance(value, str):
+    if os.sep in value:  # a path: its folder and name, without extension
+      folder, base = os.path.split(os.path.normpath(value))
+      value = "-".join(part for part in (
+          os.path.basename(folder), os.path.splitext(base)[0]) if part)
+    return value
+  short = _SHORT_NAMES.get(name, name)
+  return f"{short}{value:g}" if isinstance(value, float) else f"{short}{value}"

@@ -1,0 +1,361 @@
+"""The training loop behind `thattn-train`. It knows no flags and no task.
+
+`train(model_dir=..., task=..., model=..., data=..., options=...)` trains one
+registered task (`thattn.tasks`) with the paper's recipe by default:
+Adafactor, an inverse-square-root schedule whose last 10% decays linearly
+to zero, and no dropout in pretraining. The task is looked up by name, and
+the devices (`thattn.training.devices`) are chosen by `options.strategy`.
+
+What a run leaves in `model_dir` is listed in `thattn.training.run_dir`. The
+checkpoints hold the backbone, the head, the optimizer (its slots and
+step), and the held-out loss at step 0; a rerun of the same command resumes
+from the latest one. `run_config.json` holds the task's run config plus the
+batch size and seed, and a rerun must match it. The strategy and mesh are
+not in it: checkpoints do not depend on them, so a rerun may resume on
+other devices (`thattn.training.dtensor`).
+
+Exact resume. Batches are a pure function of (seed, step)
+(`thattn.data.batches`), so the step is the data iterator's whole state; it
+is the optimizer's `iterations`, saved with it. With `deterministic=True`
+(TensorFlow's op determinism), a run killed at any point and rerun ends
+with the same weights and loss as an uninterrupted run, bit for bit, as long
+as dropout is off (the pretraining default). Departure: tf-keras keeps
+dropout's random state out of checkpoints, so with dropout on, a resumed run
+reseeds dropout from (seed, resume step): deterministic, but not the masks
+the uninterrupted run drew.
+"""
+
+import dataclasses
+import math
+import time
+
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+import tf_keras
+
+from thattn import models
+from thattn import tasks
+from thattn.training import devices as devices_lib
+from thattn.training import dtensor
+from thattn.training import optimizer as optimizer_lib
+from thattn.training import options as options_lib
+from thattn.training import run_dir
+from thattn.training import strategies
+
+# What TensorBoard's scalar plugin reads. TensorFlow 2.21 no longer installs
+# tensorboard, whose tf.summary.scalar this replaces; install tensorboard
+# (the [tensorboard] extra) only to view the summaries.
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+    data_class=summary_pb2.DATA_CLASS_SCALAR)
+
+
+def format_duration(seconds):
+  minutes, seconds = divmod(int(round(seconds)), 60)
+  return f"{minutes}m{seconds:02d}s"
+
+
+def default_model(task_class, model=None):
+  """ModelOptions with the task's default preset (and its overrides).
+
+  The given overrides win over the task's default ones; a given preset
+  keeps only the given overrides.
+  """
+  model = model or tasks.ModelOptions(preset=None)
+  if model.preset is not None or task_class.default_preset is None:
+    return model
+  return dataclasses.replace(
+      model, preset=task_class.default_preset,
+      overrides=dict(task_class.default_overrides, **model.overrides))
+
+
+def _inherit_model(model, init_checkpoint, log):
+  """ModelOptions with the preset and overrides of the init checkpoint's run.
+
+  The run's own overrides win; its vocabulary and dropout do not carry over
+  (the tokenizer sets one, and pretraining ran without the other).
+  """
+  init_dir = run_dir.run_dir_of(init_checkpoint)
+  try:
+    config = run_dir.read_run_config(init_dir)
+  except ValueError:
+    raise ValueError(f"init_checkpoint={init_checkpoint!r} has no "
+                     f"{run_dir.RUN_CONFIG} in {init_dir} to take the model "
+                     "from; pass the preset.") from None
+  inherited = {key: value for key, value in config["overrides"].items()
+               if key not in ("vocab_size", "dropout_rate")}
+  log(f"Model: {config['preset']} with {inherited}, as in "
+      f"{run_dir.path(init_dir, run_dir.RUN_CONFIG)}.")
+  return dataclasses.replace(model, preset=config["preset"],
+                             overrides=dict(inherited, **model.overrides))
+
+
+def _check_positions(init_checkpoint, sequence_length):
+  """Refuses a fine-tuning run longer than its backbone's learned positions.
+
+  A BERT backbone learns one embedding per position, and the init
+  checkpoint holds as many as its run's model: a longer table could not be
+  restored into (nor would its new rows be trained ones).
+  """
+  try:
+    config = run_dir.read_run_config(run_dir.run_dir_of(init_checkpoint))
+  except ValueError:
+    return  # a bare checkpoint: the restore itself checks the shapes
+  if config.get("preset") is None:
+    return
+  backbone = models.model_config(config["preset"], **config["overrides"])
+  positions = getattr(backbone, "max_position_embeddings", None)
+  if (getattr(backbone, "position_embedding", None) == "absolute" and
+      positions < sequence_length):
+    raise ValueError(
+        f"init_checkpoint={init_checkpoint!r} has {positions} learned "
+        f"positions, but sequence_length={sequence_length}; pass "
+        f"--sequence_length={positions} or less (SQuAD: with "
+        "--on_overflow=window).")
+
+
+def make_devices(options, model_dir):
+  """The `devices.Devices` that `options.strategy` names."""
+  if options.strategy == strategies.DTENSOR:
+    return dtensor.DTensorDevices(options, model_dir)
+  return devices_lib.StrategyDevices(
+      strategies.make_strategy(options.strategy, options.tpu))
+
+
+def make_task(task_class, *, model_dir, model, data, options, log):
+  """One run of `task_class`, with its files in model_dir."""
+  init_dir = (run_dir.run_dir_of(options.init_checkpoint)
+              if options.init_checkpoint else None)
+  files = tasks.TaskFiles(
+      tokenizer_dir=run_dir.path(model_dir, run_dir.TOKENIZER),
+      init_tokenizer_dir=(run_dir.path(init_dir, run_dir.TOKENIZER)
+                          if init_dir else None))
+  return task_class(model=model, data=data, files=files,
+                    batch_size=options.batch_size,
+                    sequence_length=options.sequence_length,
+                    seed=options.seed, log=log)
+
+
+def train(*, model_dir, task="mlm", model=None, data=None, options=None,
+          log=print):
+  """Trains, evaluates before, during and after, and returns the summary.
+
+  Args:
+    model_dir: where checkpoints, summaries and the run's files go.
+    task: a registered task's name (`thattn.tasks.names()`).
+    model: a `tasks.ModelOptions`; without a preset, the task's default
+      (or, with `options.init_checkpoint`, that run's model).
+    data: a `tasks.DataOptions` (text tasks).
+    options: a `options.TrainOptions`.
+    log: called with each progress line.
+  Returns:
+    The summary dict, also written to `model_dir/summary.json`.
+  """
+  task_class = tasks.get(task)
+  options = options or options_lib.TrainOptions()
+  data = data or tasks.DataOptions()
+  model = model or tasks.ModelOptions(preset=None)
+  if model.preset is None and task_class.default_preset is not None:
+    model = (_inherit_model(model, options.init_checkpoint, log)
+             if options.init_checkpoint else default_model(task_class, model))
+  if options.init_checkpoint:
+    _check_positions(options.init_checkpoint, options.sequence_length)
+  tf_keras.utils.set_random_seed(options.seed)
+  if options.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  previous_policy = tf_keras.mixed_precision.global_policy()
+  if options.mixed_precision != "off":
+    tf_keras.mixed_precision.set_global_policy(
+        f"mixed_{options.mixed_precision}")
+  try:
+    return _train(model_dir=model_dir, task_class=task_class, model=model,
+                  data=data, options=options, log=log)
+  finally:
+    tf_keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _train(*, model_dir, task_class, model, data, options, log):
+  devices = make_devices(options, model_dir)
+  tf.io.gfile.makedirs(model_dir)
+  task = make_task(task_class, model_dir=model_dir, model=model, data=data,
+                   options=options, log=log)
+  run_config = dict(task.run_config(), batch_size=options.batch_size,
+                    seed=options.seed)
+  if tf.io.gfile.exists(run_dir.path(model_dir, run_dir.TOKENIZER)):
+    run_config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
+  run_dir.check_or_write_run_config(model_dir, run_config)
+  optimizer, schedule = devices.build(
+      task, lambda **kwargs: optimizer_lib.make_optimizer(options, **kwargs))
+  # Trainer state, outside the strategy: one copy, not one per replica.
+  initial_eval = tf.Variable(float("nan"), trainable=False)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(optimizer=optimizer, initial_eval=initial_eval,
+                          **task.checkpoint_items()),
+      run_dir.path(model_dir, run_dir.CHECKPOINTS),
+      max_to_keep=options.max_checkpoints)
+  start_step = _restore(manager, task, options, log)
+  loop = devices.train_loop(task, optimizer,
+                            loss_scaling=options.mixed_precision == "float16")
+  _describe(task, loop, options, devices, log)
+  eval_data = task.eval_dataset(options.eval_steps)
+  if math.isnan(float(initial_eval)):
+    initial_eval.assign(devices_lib.evaluate(loop, eval_data))
+  log(f"Held-out {task.eval_metric} before training: "
+      f"{float(initial_eval):.4f}")
+  writers = {name: tf.summary.create_file_writer(run_dir.path(model_dir,
+                                                              name))
+             for name in run_dir.SUMMARY_FOLDERS}
+  started = time.time()
+  steps_run, steady_rate = _run_steps(loop, task, options, schedule, manager,
+                                      writers, eval_data, start_step, log)
+  train_seconds = time.time() - started
+  eval_after, extra = _final_eval(task, loop, devices, writers, eval_data,
+                                  options)
+  metric = task.eval_metric
+  summary = {
+      "task": task.name, "preset": task.model_options.preset,
+      "steps": int(optimizer.iterations.numpy()),
+      "resumed_from_step": start_step, "steps_this_run": steps_run,
+      "parameters": task.backbone.count_params(),
+      f"held_out_{metric}_before": float(initial_eval),
+      f"held_out_{metric}_after": eval_after,
+      **{f"held_out_{name}": value for name, value in extra.items()},
+      "train_seconds": round(train_seconds, 2),
+      "tokens_per_second": round(steady_rate),
+      "model_dir": model_dir, "checkpoint": manager.latest_checkpoint,
+  }
+  run_dir.write_json(run_dir.path(model_dir, run_dir.SUMMARY), summary)
+  log(f"Held-out {metric} after training:  {eval_after:.4f} "
+      f"(before: {float(initial_eval):.4f})" +
+      "".join(f", {name} {value:.4g}" for name, value in extra.items()))
+  return summary
+
+
+def _restore(manager, task, options, log):
+  """Restores the latest checkpoint, or the init checkpoint's backbone.
+
+  Returns the step training starts from.
+  """
+  checkpoint = manager.checkpoint
+  optimizer = checkpoint.optimizer
+  if manager.latest_checkpoint:
+    checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+    log(f"Resumed from {manager.latest_checkpoint} at step "
+        f"{int(optimizer.iterations.numpy())}.")
+  elif options.init_checkpoint:
+    path = run_dir.find_checkpoint(options.init_checkpoint)
+    tf.train.Checkpoint(backbone=task.backbone).restore(
+        path).expect_partial().assert_existing_objects_matched()
+    log(f"Backbone initialized from {path}.")
+  start_step = int(optimizer.iterations.numpy())
+  if start_step and start_step < options.train_steps:
+    # Dropout's random state is not in the checkpoint (see the module).
+    tf.random.set_seed(options.seed * 1_000_003 + start_step)
+  return start_step
+
+
+def _describe(task, loop, options, devices, log):
+  """Logs the model's and the trained parameters, optimizer and devices.
+
+  The trained parameters can differ from the model's: frozen embeddings and
+  weights the loss never reaches (BERT's pooler in masked LM) are left out.
+  """
+  trained = sum(v.shape.num_elements() for v in loop.variables)
+  untrained = task.parameters()[0] - trained
+  left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
+              else "")
+  log(f"{task.describe()}; trained: {len(loop.variables)} tensors, "
+      f"{trained:,} parameters{left_out}; {options.optimizer}, peak "
+      f"learning rate {options.peak_learning_rate:g}; "
+      f"{devices.describe()}.")
+
+
+def _final_eval(task, loop, devices, writers, eval_data, options):
+  """(held-out loss, task metrics) after training, also in the summaries."""
+  eval_after = devices_lib.evaluate(loop, eval_data)
+  extra = task.extra_eval_metrics(options.eval_steps, devices)
+  step = int(loop.optimizer.iterations.numpy())
+  _write_eval(writers["eval"], step, task.eval_metric, eval_after, extra)
+  for writer in writers.values():
+    writer.flush()
+  return eval_after, extra
+
+
+def _scalar(name, value):
+  tf.summary.write(name, tf.constant(value, tf.float32),
+                   metadata=_SCALAR_METADATA)
+
+
+def _write_eval(writer, step, metric, value, extra):
+  with writer.as_default(step=step):
+    _scalar(metric, value)
+    for name, extra_value in extra.items():
+      _scalar(name, extra_value)
+
+
+class _Progress:
+  """Progress lines and train summaries over a window of steps."""
+
+  def __init__(self, task, options, schedule, writer, log):
+    self.task, self.options, self.schedule = task, options, schedule
+    self.writer, self.log = writer, log
+    self.window_start, self.losses = time.time(), []
+
+  def add(self, loss):
+    self.losses.append(loss)
+
+  def pause(self, seconds):
+    """Excludes `seconds` (an evaluation) from the tokens/s of the window."""
+    self.window_start += seconds
+
+  def report(self, step):
+    elapsed = max(time.time() - self.window_start, 1e-9)
+    rate = len(self.losses) * self.task.tokens_per_step / elapsed
+    loss = sum(self.losses) / len(self.losses)
+    learning_rate = float(self.schedule(step - 1))
+    total = self.options.train_steps
+    eta = (total - step) * elapsed / len(self.losses)
+    with self.writer.as_default(step=step):
+      _scalar("loss", loss)
+      _scalar("learning_rate", learning_rate)
+      _scalar("tokens_per_second", rate)
+    self.log(f"step {step:>6}/{total}  loss {loss:.4f}  "
+             f"lr {learning_rate:.2e}  {rate:,.0f} tokens/s  "
+             f"ETA {format_duration(eta)}")
+    self.window_start, self.losses = time.time(), []
+
+
+def _run_steps(loop, task, options, schedule, manager, writers, eval_data,
+               start_step, log):
+  """The training loop proper.
+
+  Returns (steps run, tokens/s after the first step, which compiles).
+  """
+  remaining = options.train_steps - start_step
+  if remaining <= 0:
+    return 0, 0.0
+  iterator = iter(loop.distribute(task.train_dataset(start_step)))
+  progress = _Progress(task, options, schedule, writers["train"], log)
+  steady_start, steady_seconds = None, 0.0
+  for index in range(remaining):
+    progress.add(float(loop.train_step(iterator)))
+    if index == 0:
+      steady_start = time.time()
+    step = int(loop.optimizer.iterations.numpy())
+    last = step == options.train_steps
+    if step % options.log_every == 0 or last:
+      progress.report(step)
+    if step % options.checkpoint_every == 0 or last:
+      manager.save(checkpoint_number=step)
+    if options.eval_every and step % options.eval_every == 0 and not last:
+      eval_started = time.time()
+      value = devices_lib.evaluate(loop, eval_data)
+      _write_eval(writers["eval"], step, task.eval_metric, value, {})
+      log(f"step {step:>6}/{options.train_steps}  held-out "
+          f"{task.eval_metric} {value:.4f}")
+      progress.pause(time.time() - eval_started)  # tokens/s: training only
+      steady_seconds -= time.time() - eval_started
+  steady_seconds += time.time() - steady_start
+  steady_rate = ((remaining - 1) * task.tokens_per_step /
+                 max(steady_seconds, 1e-9)) if remaining > 1 else 0.0
+  return remaining, steady_rate
