@@ -73,3 +73,19 @@ def test_general_bilinear_needs_one_memory_width():
   layer = layers.GeneralBilinearAttention(2)
   with pytest.raises(ValueError, match="key width 6 and value width 8"):
     layer(tf.zeros([1, 3, 8]), tf.zeros([1, 4, 8]), key=tf.zeros([1, 4, 6]))
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: layers.TalkingHeadsAttention(2, 4),
+    lambda: layers.MultiHeadAttention(2, 4),
+    lambda: layers.GeneralBilinearAttention(2)])
+def test_a_call_with_another_width_than_built_names_both(make_layer):
+  layer = make_layer()
+  layer(tf.zeros([1, 3, 16]), tf.zeros([1, 3, 16]))
+  with pytest.raises(ValueError, match=r"built for query width 16, called "
+                     r"with a query of width 32"):
+    layer(tf.zeros([1, 3, 32]), tf.zeros([1, 3, 16]))
+  # The key defaults to the value, and is checked first.
+  with pytest.raises(ValueError, match=r"built for key width 16, called "
+                     r"with a key of width 8"):
+    layer(tf.zeros([1, 3, 16]), tf.zeros([1, 3, 8]))

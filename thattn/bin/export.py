@@ -28,6 +28,9 @@ flags.DEFINE_string("export_dir", None, "Where the SavedModel goes; default "
                     "<model_dir>/export.")
 flags.DEFINE_string("checkpoint", None, "A checkpoint to export instead of "
                     "the latest one.")
+flags.DEFINE_bool("overwrite", False, "Replace --export_dir even if it holds "
+                  "files that are not a thattn export (a previous thattn "
+                  "export is always replaced, atomically).")
 flags.mark_flag_as_required("model_dir")
 
 
@@ -35,14 +38,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  export_dir = FLAGS.export_dir or run_dir.path(FLAGS.model_dir, run_dir.EXPORT)
+  export_dir = (FLAGS.export_dir or
+                run_dir.path(FLAGS.model_dir, run_dir.EXPORT))
   try:
     export.export(model_dir=FLAGS.model_dir, export_dir=export_dir,
-                  checkpoint=FLAGS.checkpoint,
+                  checkpoint=FLAGS.checkpoint, overwrite=FLAGS.overwrite,
                   log=cli.print_now)
   except ValueError as e:
     sys.exit(f"thattn-export: error: {e}")
-  print(f"Inspect it: saved_model_cli show --all --dir {export_dir}")
+  cli.print_now(f"Inspect it: saved_model_cli show --all --dir {export_dir}")
 
 
 def run():

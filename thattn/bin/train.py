@@ -32,12 +32,14 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -103,6 +105,10 @@ flags.DEFINE_integer("eval_every", 400, "Steps between held-out "
 flags.DEFINE_integer("eval_steps", 20, "Held-out batches per evaluation.")
 flags.DEFINE_integer("log_every", 100, "Steps between progress lines.")
 flags.DEFINE_integer("checkpoint_every", 400, "Steps between checkpoints.")
+flags.DEFINE_enum("resume_from", "latest", list(options_lib.RESUME_FROM),
+                  "A rerun resumes from the latest checkpoint; if that one "
+                  "cannot be restored, the run stops and names it. "
+                  "latest_intact resumes from the newest one that restores.")
 flags.DEFINE_string("init_checkpoint", None, "A checkpoint, or a model_dir, "
                     "whose backbone starts the run (fine-tuning).")
 # Model.
@@ -186,7 +192,8 @@ def _options(task_class):
       deterministic=FLAGS.deterministic,
       mixed_precision=FLAGS.mixed_precision, strategy=FLAGS.strategy,
       tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint,
-      mesh_shape=FLAGS.mesh_shape, layout_rules=FLAGS.layout_rules)
+      resume_from=FLAGS.resume_from, mesh_shape=FLAGS.mesh_shape,
+      layout_rules=FLAGS.layout_rules)
 
 
 def _default_model_dir(task_class, model):
@@ -212,7 +219,12 @@ def main(argv):
     raise app.UsageError(f"--task: {e}") from None
   model = _model_options(task_class)
   model_dir = FLAGS.model_dir or _default_model_dir(task_class, model)
+  export_dir = None
+  if FLAGS.export:
+    export_dir = FLAGS.export_dir or run_dir.path(model_dir, run_dir.EXPORT)
   try:
+    if export_dir:  # refused now, not after training
+      export.check_export_dir(os.path.abspath(export_dir))
     if FLAGS.strategy == strategies.DTENSOR and FLAGS.mesh_shape:
       split = dtensor.split_cpu(FLAGS.mesh_shape)
       if split:
@@ -227,10 +239,8 @@ def main(argv):
         options=_options(task_class), log=cli.print_now)
   except ValueError as e:  # bad flags or data (DataError): no traceback
     sys.exit(f"thattn-train: error: {e}")
-  export_dir = None
-  if FLAGS.export:
-    from thattn import export  # pylint: disable=g-import-not-at-top
-    export_dir = FLAGS.export_dir or run_dir.path(model_dir, run_dir.EXPORT)
+  if export_dir and not (summary.get("already_finished") and
+                         export.is_export(export_dir)):
     export.export(model_dir=model_dir, export_dir=export_dir,
                   log=cli.print_now)
   _print_where(model_dir, summary, export_dir)
@@ -245,9 +255,13 @@ def _print_where(model_dir, summary, export_dir):
   if export_dir:
     lines.append(f"SavedModel:   {export_dir} (saved_model_cli show --all "
                  f"--dir {export_dir})")
-  cli.print_now(f"Done: {summary['steps']} steps in "
-                f"{trainer.format_duration(summary['train_seconds'])} "
-                f"({summary['tokens_per_second']:,} tokens/s).")
+  if summary.get("already_finished"):
+    cli.print_now(f"Already trained: {summary['steps']} steps, nothing to "
+                  "do. Its results:")
+  else:
+    cli.print_now(f"Done: {summary['steps']} steps in "
+                  f"{progress.format_duration(summary['train_seconds'])} "
+                  f"({summary['tokens_per_second']:,} tokens/s).")
   for line in lines:
     cli.print_now(line)
 

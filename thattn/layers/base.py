@@ -254,6 +254,7 @@ class AttentionLayer(tf_keras.layers.Layer):
                          "with only a cache.")
       # Inside __call__ Keras has opened this layer's name scope already.
       self._create_weights_once(query.shape, value.shape, key.shape)
+    self._check_widths(query=query, key=key, value=value)
 
     query_state = self.project_query(query)
     query_offset = 0
@@ -280,6 +281,23 @@ class AttentionLayer(tf_keras.layers.Layer):
     if cache is not None:
       results += (memory_state,)
     return results[0] if len(results) == 1 else results
+
+  def _check_widths(self, **inputs):
+    """Refuses inputs whose width is not the one the weights were built for.
+
+    Without this, a wrong width fails deep inside a projection's einsum with
+    a message that names neither the layer nor the widths.
+    """
+    built = self.build_shapes
+    for name, tensor in inputs.items():
+      if tensor is None or tensor.shape.rank is None:
+        continue
+      width, expected = tensor.shape[-1], built[f"{name}_shape"][-1]
+      if width is not None and width != expected:
+        raise ValueError(
+            f"{self.name}: built for {name} width {expected}, called with "
+            f"a {name} of width {width} (shape {tensor.shape}); build a new "
+            "layer for the new width.")
 
   def _to_compute_dtype(self, tensor):
     if tensor is None:

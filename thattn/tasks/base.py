@@ -1,4 +1,4 @@
-"""The task interface and registry: what the trainer and the export ask of a task.
+"""The task interface and registry: what the trainer and the export ask.
 
 A task is one class, in one module of `thattn.tasks`, registered by name
 with `@register`. The class holds the task's defaults; an instance holds one
@@ -166,6 +166,14 @@ def sizes(rows):
   return f"{rows.shape[0]:,} rows, {rows.size:,} tokens"
 
 
+_FAMILY_NAMES = {models.BertConfig: "BERT or ALBERT", models.T5Config: "T5"}
+
+
+def _presets_of(config_type):
+  return [name for name in models.preset_names()
+          if isinstance(models.model_config(name), config_type)]
+
+
 class Task:
   """The interface every task implements; see the module docstring."""
 
@@ -176,16 +184,37 @@ class Task:
   pretraining = True
   supports_dropout = True
   eval_metric = "ln_ppl"
+  config_type = None  # the backbone config class the task needs, if any
 
   def __init__(self, *, model, data, files, batch_size, sequence_length, seed,
                log=print):
     del data, files, log  # used by the tasks that need them
+    type(self).check_model(model)
     self.model_options = model
     self.batch_size = batch_size
     self.sequence_length = sequence_length
     self.seed = seed
     self.backbone = None
     self.head = None
+
+  @classmethod
+  def check_model(cls, model):
+    """Raises ValueError for model options the task cannot build.
+
+    Called before any data is read or file written, so that a bad flag
+    (--num_heads=0, a T5 preset for masked LM) fails at once.
+    """
+    if model.preset is None:
+      return
+    config = models.model_config(model.preset, **model.overrides)
+    if cls.config_type is not None and not isinstance(config,
+                                                      cls.config_type):
+      raise ValueError(
+          f"--task={cls.name} needs a "
+          f"{_FAMILY_NAMES.get(cls.config_type, cls.config_type.__name__)} "
+          f"preset, got "
+          f"{model.preset!r}; one of "
+          f"{', '.join(_presets_of(cls.config_type))}.")
 
   def checkpoint_items(self):
     items = {"backbone": self.backbone}
@@ -235,8 +264,9 @@ class Task:
       text += f" (backbone {backbone:,}, head {total - backbone:,})"
     return text
 
-  def extra_eval_metrics(self, num_steps, devices):  # pylint: disable=unused-argument
+  def extra_eval_metrics(self, num_steps, devices):
     """Task metrics beyond the eval loss; {} by default."""
+    del num_steps, devices  # tasks with metrics use them
     return {}
 
   def run_config(self):

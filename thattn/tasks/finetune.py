@@ -63,6 +63,7 @@ class FinetuneTask(base.Task):
   default_preset = "bert_tiny"
   pretraining = False
   eval_metric = "loss"
+  config_type = models.BertConfig
 
   def __init__(self, *, data, files, log=print, **kwargs):
     super().__init__(data=data, files=files, log=log, **kwargs)
@@ -74,9 +75,6 @@ class FinetuneTask(base.Task):
         log=log)
     self.model_config = models.model_config(self.model_options.preset,
                                             **self.overrides)
-    if not isinstance(self.model_config, models.BertConfig):
-      raise ValueError(f"--task={self.name} needs a BERT or ALBERT preset, "
-                       f"got {self.model_options.preset!r}.")
     train_file = single_file(data.train_files, "--train_files")
     eval_file = single_file(data.eval_files or data.train_files,
                             "--eval_files")

@@ -101,6 +101,7 @@ class MaskedLM(text.TextTask):
   default_preset = "bert_tiny"
   default_overrides = {"d_model": 128, "d_ff": 512}
   default_sequence_length = 128
+  config_type = models.BertConfig
 
   def _rows(self, documents):
     return batches.token_rows(documents, self.tokenizer,
@@ -108,9 +109,6 @@ class MaskedLM(text.TextTask):
                               separator=self.tokenizer.special.sep)
 
   def build(self):
-    if not isinstance(self.model_config, models.BertConfig):
-      raise ValueError(f"--task=mlm needs a BERT or ALBERT preset, got "
-                       f"{self.model_options.preset!r}.")
     self.backbone = models.build_model(self.model_config)
     self.head = MaskedLMHead(
         self.backbone.get_layer("word_embeddings"),

@@ -12,7 +12,9 @@ import dataclasses
 
 import tensorflow as tf
 
+from thattn import layers
 from thattn import models
+from thattn import validation
 from thattn.data import recall
 from thattn.tasks import base
 from thattn.tasks import serving
@@ -33,10 +35,18 @@ class Recall(base.Task):
   def __init__(self, *, model, log=print, **kwargs):
     super().__init__(model=model, log=log, **kwargs)
     self.config = recall.RecallConfig.for_sequence_length(self.sequence_length)
+
+  @classmethod
+  def check_model(cls, model):
     unknown = sorted(set(model.overrides) - set(MODEL_KEYWORDS))
     if unknown:
       raise ValueError(f"--task=recall takes no {unknown}; its model options "
                        f"are {sorted(MODEL_KEYWORDS)}.")
+    for name, value in model.overrides.items():
+      if name == "attention":
+        validation.one_of("attention", value, layers.VARIANTS)
+      else:
+        validation.positive_int(name, value, optional=True)
 
   def build(self):
     self.backbone = models.RecallEncoder(
@@ -44,7 +54,8 @@ class Recall(base.Task):
         **self.model_options.overrides)
     self.backbone(tf.zeros([1, self.config.sequence_length, 2], tf.int32))
 
-  def _batches(self, *, seed, start_step, num_steps, train):  # pylint: disable=unused-argument
+  def _batches(self, *, seed, start_step, num_steps, train):
+    del train  # held-out batches come from another seed
     data = recall.dataset(self.config, batch_size=self.batch_size, seed=seed,
                           start_index=start_step * self.batch_size)
     return data if num_steps is None else data.take(num_steps)

@@ -25,15 +25,13 @@ class SpanCorruption(text.TextTask):
   name = "span_corruption"
   default_preset = "t5_tiny"
   default_sequence_length = 128
+  config_type = models.T5Config
 
   def _rows(self, documents):
     raw_length, _ = batches.span_corruption_lengths(self.sequence_length)
     return batches.token_rows(documents, self.tokenizer, raw_length)
 
   def build(self):
-    if not isinstance(self.model_config, models.T5Config):
-      raise ValueError(f"--task=span_corruption needs a T5 preset, got "
-                       f"{self.model_options.preset!r}.")
     if self.tokenizer.special.pad != 0:
       raise ValueError("T5 pads with id 0, but the tokenizer's pad id is "
                        f"{self.tokenizer.special.pad}.")

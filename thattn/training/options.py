@@ -8,6 +8,9 @@ from thattn.training import optimizer as optimizer_lib
 from thattn.training import strategies
 
 MIXED_PRECISION = ("off", "float16", "bfloat16")
+# Where a rerun resumes: the latest checkpoint (a damaged one is an error
+# that names it), or the newest one that restores.
+RESUME_FROM = ("latest", "latest_intact")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,7 @@ class TrainOptions:
   strategy: str = "default"
   tpu: str = None
   init_checkpoint: str = None
+  resume_from: str = "latest"  # see RESUME_FROM
   # --strategy=dtensor only (thattn.training.dtensor): the mesh, e.g.
   # "batch:2,model:2", and the rules; None: DEFAULT_LAYOUT_RULES there.
   mesh_shape: str = None
@@ -46,6 +50,7 @@ class TrainOptions:
     validation.one_of("mixed_precision", self.mixed_precision,
                       MIXED_PRECISION)
     validation.one_of("strategy", self.strategy, strategies.STRATEGIES)
+    validation.one_of("resume_from", self.resume_from, RESUME_FROM)
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate must be positive, got "
                        f"{self.learning_rate}.")

@@ -11,6 +11,7 @@ What `thattn-train` leaves in a model_dir:
 | `dtensor_layouts.json`  | --strategy=dtensor: each weight's and slot's layout |
 | `summary.json`          | the final summary, also printed                   |
 | `export/`               | the SavedModel, unless --export_dir says elsewhere |
+| `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
 """
 
 import json
@@ -45,19 +46,25 @@ def read_run_config(model_dir):
 def check_or_write_run_config(model_dir, config):
   """Writes run_config.json, or checks a rerun against the one there.
 
+  A setting that a run written by an older thattn did not record is
+  accepted and recorded; every other difference is refused.
+
   Raises:
     ValueError naming every setting that differs from the saved run's.
   """
   config_path = path(model_dir, RUN_CONFIG)
   if tf.io.gfile.exists(config_path):
     saved = read_run_config(model_dir)
-    changed = sorted(key for key in set(saved) | set(config)
+    changed = sorted(key for key in saved
                      if saved.get(key) != config.get(key))
     if changed:
       details = ", ".join(f"{key}: {saved.get(key)!r} -> {config.get(key)!r}"
                           for key in changed)
       raise ValueError(f"{model_dir} holds a run with other settings "
-                       f"({details}); use a new --model_dir to start over.")
+                       f"({details}); rerun with the run's settings to "
+                       "resume it, or use a new --model_dir to start over.")
+    if set(config) - set(saved):
+      write_json(config_path, config, sort_keys=True)
     return
   tf.io.gfile.makedirs(model_dir)
   write_json(config_path, config, sort_keys=True)
@@ -120,9 +127,9 @@ def default_name(*, task, preset=None, attention=None, init_checkpoint=None,
   `<task>_<preset>_<attention>`, then one part per entry of `settings`
   (the options the user gave that change what is computed: {"num_heads":
   8} -> `_h8`, {"optimizer": "adam"} -> `_adam`), so that two runs of a
-  sweep never share a model_dir. A fine-tuning run without a preset is named after the run it
-  starts from (`from-<that model_dir's name>`); a task without presets
-  (recall) has no preset part.
+  sweep never share a model_dir. A fine-tuning run without a preset is
+  named after the run it starts from (`from-<that model_dir's name>`); a
+  task without presets (recall) has no preset part.
   """
   parts = [task]
   if preset:

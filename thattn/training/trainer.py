@@ -25,12 +25,14 @@ reseeds dropout from (seed, resume step): deterministic, but not the masks
 the uninterrupted run drew.
 """
 
+import contextlib
 import dataclasses
+import json
 import math
+import os
 import time
 
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 import tf_keras
 
 from thattn import models
@@ -39,21 +41,10 @@ from thattn.training import devices as devices_lib
 from thattn.training import dtensor
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
+from thattn.training import progress as progress_lib
 from thattn.training import run_dir
+from thattn.training import run_lock
 from thattn.training import strategies
-
-# What TensorBoard's scalar plugin reads. TensorFlow 2.21 no longer installs
-# tensorboard, whose tf.summary.scalar this replaces; install tensorboard
-# (the [tensorboard] extra) only to view the summaries.
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-    data_class=summary_pb2.DATA_CLASS_SCALAR)
-
-
-def format_duration(seconds):
-  minutes, seconds = divmod(int(round(seconds)), 60)
-  return f"{minutes}m{seconds:02d}s"
-
 
 def default_model(task_class, model=None):
   """ModelOptions with the task's default preset (and its overrides).
@@ -158,8 +149,36 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
   if model.preset is None and task_class.default_preset is not None:
     model = (_inherit_model(model, options.init_checkpoint, log)
              if options.init_checkpoint else default_model(task_class, model))
+  # Everything that can be checked without data is checked before anything
+  # is written.
+  task_class.check_model(model)
   if options.init_checkpoint:
     _check_positions(options.init_checkpoint, options.sequence_length)
+  guard = run_lock.StartGuard(model_dir)
+  with _model_dir_lock(model_dir, log):
+    return _train_locked(model_dir=model_dir, task_class=task_class,
+                         model=model, data=data, options=options, log=log,
+                         guard=guard)
+
+
+def _model_dir_lock(model_dir, log):
+  """The model_dir's lock; only the chief holds it in multi-worker training.
+
+  The other workers of a `TF_CONFIG` cluster share the chief's model_dir
+  and write nothing there that the chief does not own.
+  """
+  cluster = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+  task = cluster.get("task", {})
+  chief = ("chief" in cluster.get("cluster", {})
+           and task.get("type") == "chief") or (
+               "chief" not in cluster.get("cluster", {}) and
+               task.get("index", 0) == 0)
+  return (run_lock.hold(model_dir, log=log) if chief
+          else contextlib.nullcontext())
+
+
+def _train_locked(*, model_dir, task_class, model, data, options, log,
+                  guard):
   tf_keras.utils.set_random_seed(options.seed)
   if options.deterministic:
     tf.config.experimental.enable_op_determinism()
@@ -168,19 +187,60 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
     tf_keras.mixed_precision.set_global_policy(
         f"mixed_{options.mixed_precision}")
   try:
-    return _train(model_dir=model_dir, task_class=task_class, model=model,
-                  data=data, options=options, log=log)
+    try:
+      run = _start(model_dir=model_dir, task_class=task_class, model=model,
+                   data=data, options=options, log=log)
+    except BaseException:
+      guard.rollback()  # a failed start leaves the model_dir as it was
+      raise
+    if run.finished is not None:
+      return run.finished
+    return _train(model_dir, run, options, log)
   finally:
     tf_keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _train(*, model_dir, task_class, model, data, options, log):
+@dataclasses.dataclass
+class _Run:
+  """What `_start` sets up for the training loop."""
+  task: object
+  devices: object
+  loop: object
+  schedule: object
+  manager: object
+  initial_eval: object
+  eval_data: object
+  start_step: int
+  finished: dict = None  # the summary of a run that had already finished
+
+
+def _run_config(task, model, data, options):
+  """run_config.json: every setting that changes what training computes.
+
+  Settings that may change on resume are not in it: train_steps (to extend
+  a run; the schedule's final decay follows the new total), evaluation,
+  logging and checkpoint intervals, the devices and mesh (checkpoints do
+  not depend on them), determinism, init_checkpoint and --tokenizer (used
+  only by a run's first start; a resumed run keeps its own tokenizer).
+  """
+  return dict(task.run_config(), train_files=data.train_files,
+              eval_files=data.eval_files, on_overflow=data.on_overflow,
+              batch_size=options.batch_size,
+              seed=options.seed, optimizer=options.optimizer,
+              learning_rate=options.peak_learning_rate,
+              warmup_steps=options.warmup_steps,
+              decay_fraction=options.decay_fraction,
+              mixed_precision=options.mixed_precision,
+              freeze_embeddings=model.freeze_embeddings)
+
+
+def _start(*, model_dir, task_class, model, data, options, log):
+  """Devices, task, run config, model, optimizer, restore: a `_Run`."""
   devices = make_devices(options, model_dir)
   tf.io.gfile.makedirs(model_dir)
   task = make_task(task_class, model_dir=model_dir, model=model, data=data,
                    options=options, log=log)
-  run_config = dict(task.run_config(), batch_size=options.batch_size,
-                    seed=options.seed)
+  run_config = _run_config(task, model, data, options)
   if tf.io.gfile.exists(run_dir.path(model_dir, run_dir.TOKENIZER)):
     run_config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
   run_dir.check_or_write_run_config(model_dir, run_config)
@@ -194,39 +254,62 @@ def _train(*, model_dir, task_class, model, data, options, log):
       run_dir.path(model_dir, run_dir.CHECKPOINTS),
       max_to_keep=options.max_checkpoints)
   start_step = _restore(manager, task, options, log)
+  finished = _finished_summary(model_dir, start_step, options, log)
   loop = devices.train_loop(task, optimizer,
                             loss_scaling=options.mixed_precision == "float16")
-  _describe(task, loop, options, devices, log)
-  eval_data = task.eval_dataset(options.eval_steps)
-  if math.isnan(float(initial_eval)):
-    initial_eval.assign(devices_lib.evaluate(loop, eval_data))
+  return _Run(task=task, devices=devices, loop=loop, schedule=schedule,
+              manager=manager, initial_eval=initial_eval,
+              eval_data=task.eval_dataset(options.eval_steps),
+              start_step=start_step, finished=finished)
+
+
+def _finished_summary(model_dir, start_step, options, log):
+  """The summary of a run that already reached train_steps, or None."""
+  summary = run_dir.read_summary(model_dir)
+  if (start_step < options.train_steps or summary is None or
+      summary.get("steps") != start_step):
+    return None
+  log(f"Already finished: {model_dir} holds a run of {start_step} steps "
+      f"(its summary: {run_dir.path(model_dir, run_dir.SUMMARY)}); pass a "
+      "larger --train_steps to train on, or another --model_dir to start "
+      "over.")
+  return dict(summary, already_finished=True)
+
+
+def _train(model_dir, run, options, log):
+  """Trains from run.start_step, evaluates, writes and returns the summary."""
+  task, loop = run.task, run.loop
+  _describe(task, loop, options, run.devices, log)
+  if math.isnan(float(run.initial_eval)):
+    run.initial_eval.assign(devices_lib.evaluate(loop, run.eval_data))
   log(f"Held-out {task.eval_metric} before training: "
-      f"{float(initial_eval):.4f}")
+      f"{float(run.initial_eval):.4f}")
   writers = {name: tf.summary.create_file_writer(run_dir.path(model_dir,
                                                               name))
              for name in run_dir.SUMMARY_FOLDERS}
   started = time.time()
-  steps_run, steady_rate = _run_steps(loop, task, options, schedule, manager,
-                                      writers, eval_data, start_step, log)
+  steps_run, steady_rate = _run_steps(
+      loop, task, options, run.schedule, run.manager, writers, run.eval_data,
+      run.start_step, log)
   train_seconds = time.time() - started
-  eval_after, extra = _final_eval(task, loop, devices, writers, eval_data,
-                                  options)
+  eval_after, extra = _final_eval(task, loop, run.devices, writers,
+                                  run.eval_data, options)
   metric = task.eval_metric
   summary = {
       "task": task.name, "preset": task.model_options.preset,
-      "steps": int(optimizer.iterations.numpy()),
-      "resumed_from_step": start_step, "steps_this_run": steps_run,
+      "steps": int(loop.optimizer.iterations.numpy()),
+      "resumed_from_step": run.start_step, "steps_this_run": steps_run,
       "parameters": task.backbone.count_params(),
-      f"held_out_{metric}_before": float(initial_eval),
+      f"held_out_{metric}_before": float(run.initial_eval),
       f"held_out_{metric}_after": eval_after,
       **{f"held_out_{name}": value for name, value in extra.items()},
       "train_seconds": round(train_seconds, 2),
       "tokens_per_second": round(steady_rate),
-      "model_dir": model_dir, "checkpoint": manager.latest_checkpoint,
+      "model_dir": model_dir, "checkpoint": run.manager.latest_checkpoint,
   }
   run_dir.write_json(run_dir.path(model_dir, run_dir.SUMMARY), summary)
   log(f"Held-out {metric} after training:  {eval_after:.4f} "
-      f"(before: {float(initial_eval):.4f})" +
+      f"(before: {float(run.initial_eval):.4f})" +
       "".join(f", {name} {value:.4g}" for name, value in extra.items()))
   return summary
 
@@ -239,9 +322,8 @@ def _restore(manager, task, options, log):
   checkpoint = manager.checkpoint
   optimizer = checkpoint.optimizer
   if manager.latest_checkpoint:
-    checkpoint.restore(manager.latest_checkpoint).assert_consumed()
-    log(f"Resumed from {manager.latest_checkpoint} at step "
-        f"{int(optimizer.iterations.numpy())}.")
+    path = _restore_latest(manager, options.resume_from, log)
+    log(f"Resumed from {path} at step {int(optimizer.iterations.numpy())}.")
   elif options.init_checkpoint:
     path = run_dir.find_checkpoint(options.init_checkpoint)
     tf.train.Checkpoint(backbone=task.backbone).restore(
@@ -252,6 +334,55 @@ def _restore(manager, task, options, log):
     # Dropout's random state is not in the checkpoint (see the module).
     tf.random.set_seed(options.seed * 1_000_003 + start_step)
   return start_step
+
+
+# What a damaged or foreign checkpoint raises while it is read or matched.
+_RESTORE_ERRORS = (tf.errors.OpError, IndexError, ValueError, AssertionError,
+                   KeyError)
+
+
+def _restore_latest(manager, resume_from, log):
+  """Restores the newest checkpoint, or with "latest_intact" the newest
+  that restores; returns its path.
+
+  A checkpoint that cannot be restored is a ValueError naming its files and
+  the cause, and the newest intact one, if any. Nothing is deleted or
+  overwritten: the user decides (--resume_from=latest_intact).
+  """
+  latest = manager.latest_checkpoint
+  try:
+    manager.checkpoint.restore(latest).assert_consumed()
+    return latest
+  except _RESTORE_ERRORS as error:
+    cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+  intact = [path for path in reversed(manager.checkpoints[:-1])
+            if _readable(path)]
+  if resume_from == "latest_intact" and intact:
+    manager.checkpoint.restore(intact[0]).assert_consumed()
+    log(f"{latest} cannot be restored ({cause}); resuming from the newest "
+        f"intact checkpoint, {intact[0]}, as --resume_from=latest_intact "
+        "asks.")
+    return intact[0]
+  files = ", ".join(sorted(os.path.basename(f)
+                           for f in tf.io.gfile.glob(latest + ".*")))
+  hint = (f"The newest intact checkpoint is {intact[0]}: rerun with "
+          "--resume_from=latest_intact to resume from it (the damaged one "
+          "is replaced when training reaches its step again)."
+          if intact else "No earlier checkpoint is intact; use a new "
+          "--model_dir to start over.")
+  raise ValueError(f"The latest checkpoint {latest} ({files}) cannot be "
+                   f"restored: {cause}. {hint}")
+
+
+def _readable(path):
+  """Whether every tensor of the checkpoint at `path` can be read."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+    return True
+  except _RESTORE_ERRORS:
+    return False
 
 
 def _describe(task, loop, options, devices, log):
@@ -275,54 +406,11 @@ def _final_eval(task, loop, devices, writers, eval_data, options):
   eval_after = devices_lib.evaluate(loop, eval_data)
   extra = task.extra_eval_metrics(options.eval_steps, devices)
   step = int(loop.optimizer.iterations.numpy())
-  _write_eval(writers["eval"], step, task.eval_metric, eval_after, extra)
+  progress_lib.write_eval(writers["eval"], step, task.eval_metric, eval_after,
+                          extra)
   for writer in writers.values():
     writer.flush()
   return eval_after, extra
-
-
-def _scalar(name, value):
-  tf.summary.write(name, tf.constant(value, tf.float32),
-                   metadata=_SCALAR_METADATA)
-
-
-def _write_eval(writer, step, metric, value, extra):
-  with writer.as_default(step=step):
-    _scalar(metric, value)
-    for name, extra_value in extra.items():
-      _scalar(name, extra_value)
-
-
-class _Progress:
-  """Progress lines and train summaries over a window of steps."""
-
-  def __init__(self, task, options, schedule, writer, log):
-    self.task, self.options, self.schedule = task, options, schedule
-    self.writer, self.log = writer, log
-    self.window_start, self.losses = time.time(), []
-
-  def add(self, loss):
-    self.losses.append(loss)
-
-  def pause(self, seconds):
-    """Excludes `seconds` (an evaluation) from the tokens/s of the window."""
-    self.window_start += seconds
-
-  def report(self, step):
-    elapsed = max(time.time() - self.window_start, 1e-9)
-    rate = len(self.losses) * self.task.tokens_per_step / elapsed
-    loss = sum(self.losses) / len(self.losses)
-    learning_rate = float(self.schedule(step - 1))
-    total = self.options.train_steps
-    eta = (total - step) * elapsed / len(self.losses)
-    with self.writer.as_default(step=step):
-      _scalar("loss", loss)
-      _scalar("learning_rate", learning_rate)
-      _scalar("tokens_per_second", rate)
-    self.log(f"step {step:>6}/{total}  loss {loss:.4f}  "
-             f"lr {learning_rate:.2e}  {rate:,.0f} tokens/s  "
-             f"ETA {format_duration(eta)}")
-    self.window_start, self.losses = time.time(), []
 
 
 def _run_steps(loop, task, options, schedule, manager, writers, eval_data,
@@ -335,7 +423,8 @@ def _run_steps(loop, task, options, schedule, manager, writers, eval_data,
   if remaining <= 0:
     return 0, 0.0
   iterator = iter(loop.distribute(task.train_dataset(start_step)))
-  progress = _Progress(task, options, schedule, writers["train"], log)
+  progress = progress_lib.Progress(task, options, schedule, writers["train"],
+                                   log)
   steady_start, steady_seconds = None, 0.0
   for index in range(remaining):
     progress.add(float(loop.train_step(iterator)))
@@ -350,7 +439,8 @@ def _run_steps(loop, task, options, schedule, manager, writers, eval_data,
     if options.eval_every and step % options.eval_every == 0 and not last:
       eval_started = time.time()
       value = devices_lib.evaluate(loop, eval_data)
-      _write_eval(writers["eval"], step, task.eval_metric, value, {})
+      progress_lib.write_eval(writers["eval"], step, task.eval_metric, value,
+                              {})
       log(f"step {step:>6}/{options.train_steps}  held-out "
           f"{task.eval_metric} {value:.4f}")
       progress.pause(time.time() - eval_started)  # tokens/s: training only

@@ -1,0 +1,240 @@
+"""What a model_dir and an export dir promise, tried through the binaries.
+
+Each case runs `python -m thattn.bin.train` or `thattn.bin.export` in fresh
+processes, as a user would, and checks the message (it names the file or
+value) and that what was there before is byte-identical after.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from thattn.data import corpus
+from thattn.data import tokenizers
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+@pytest.fixture(scope="module")
+def data_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
+  folder = tmp_path_factory.mktemp("model_dir_data")
+  documents = corpus.documents("heldout", corpus_cache)[:30]
+  (folder / "train.txt").write_text("\n\n".join(documents))
+  (folder / "bad.txt").write_bytes(b"fine text\n\nthen \xff bad bytes\n")
+  tokenizers.SentencepieceTokenizer(
+      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
+  return [f"--train_files={folder / 'train.txt'}",
+          f"--tokenizer={folder / 'tokenizer'}", "--preset=bert_tiny",
+          "--d_model=16", "--d_ff=32", "--num_layers=1", "--batch_size=4",
+          "--sequence_length=16", "--eval_steps=1", "--warmup_steps=1",
+          "--log_every=1", "--checkpoint_every=1", "--noexport"]
+
+
+def _command(binary, *flags):
+  return [sys.executable, "-m", f"thattn.bin.{binary}", *flags]
+
+
+def _run(binary, *flags, timeout=300):
+  return subprocess.run(_command(binary, *flags), env=_ENV,
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
+
+
+def _train(model_dir, data_flags, *flags):
+  return _run("train", f"--model_dir={model_dir}", *data_flags, *flags)
+
+
+def _snapshot(folder):
+  """{relative path: sha256} of every file under folder.
+
+  The lock file is left out: each run writes who holds it, and it holds
+  nothing of the run's.
+  """
+  digests = {}
+  for root, _, files in os.walk(folder):
+    for name in files:
+      if name == ".thattn.lock":
+        continue
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        digests[os.path.relpath(path, folder)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return digests
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_flags):
+  """A finished 3-step run with checkpoints 1, 2 and 3."""
+  run = tmp_path_factory.mktemp("trained") / "run"
+  result = _train(run, data_flags, "--train_steps=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  return run
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path):
+  copy = tmp_path / "run"
+  shutil.copytree(trained, copy)
+  return copy
+
+
+def _failed(result, *fragments):
+  assert result.returncode != 0, result.stdout[-2000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  for fragment in fragments:
+    assert fragment in result.stderr, (fragment, result.stderr[-3000:])
+
+
+def test_export_refuses_a_folder_of_user_files(trained, tmp_path):
+  target = tmp_path / "served"
+  target.mkdir()
+  (target / "notes.txt").write_text("my own notes")
+  (target / "data.csv").write_text("1,2,3")
+  before = _snapshot(target)
+  leftover = tmp_path / ".served.incomplete-999999999"  # no such process
+  leftover.mkdir()
+  result = _run("export", f"--model_dir={trained}", f"--export_dir={target}")
+  _failed(result, str(target), "not a thattn export (data.csv, notes.txt)",
+          "--overwrite")
+  assert _snapshot(target) == before
+  assert leftover.exists()  # refused before anything was touched
+
+  result = _run("export", f"--model_dir={trained}", f"--export_dir={target}",
+                "--overwrite")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (target / "thattn_export.json").exists()
+  assert not (target / "notes.txt").exists()
+  assert not leftover.exists()  # a killed export's staging folder: removed
+  assert "left by a killed export" in result.stdout
+  # A previous thattn export is replaced without --overwrite.
+  result = _run("export", f"--model_dir={trained}", f"--export_dir={target}")
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_runs_racing_for_one_model_dir(tmp_path, data_flags):
+  run = tmp_path / "run"
+  common = [f"--model_dir={run}", *data_flags, "--train_steps=150",
+            "--checkpoint_every=50", "--log_every=50"]
+  started = time.time()
+  processes = [subprocess.Popen(_command("train", *common, *extra), env=_ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+               for extra in ([], ["--learning_rate=0.001"])]
+  finished = {}
+  while len(finished) < 2:
+    for index, process in enumerate(processes):
+      if index not in finished and process.poll() is not None:
+        finished[index] = time.time() - started
+    assert time.time() - started < 300
+    time.sleep(0.2)
+  outputs = [process.communicate() for process in processes]
+  codes = [process.returncode for process in processes]
+  assert sorted(code == 0 for code in codes) == [False, True], outputs
+  winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+  assert finished[loser] < finished[winner]  # it stopped at once
+  assert (f"is in use by another run (process {processes[winner].pid}"
+          in outputs[loser][1]), outputs[loser][1][-2000:]
+  with open(run / "run_config.json") as f:
+    config = json.load(f)
+  with open(run / "summary.json") as f:
+    summary = json.load(f)
+  assert config["learning_rate"] == (0.03 if winner == 0 else 0.001)
+  assert summary["steps"] == 150
+  assert summary["checkpoint"].endswith("ckpt-150")
+
+
+def test_a_damaged_latest_checkpoint_is_named_and_nothing_changes(
+    run_copy, data_flags):
+  data_file = run_copy / "checkpoints" / "ckpt-3.data-00000-of-00001"
+  size = data_file.stat().st_size
+  with open(data_file, "r+b") as f:
+    f.truncate(size // 2)
+  before = _snapshot(run_copy)
+  result = _train(run_copy, data_flags, "--train_steps=4")
+  _failed(result, "ckpt-3", "ckpt-3.data-00000-of-00001", "cannot be restored",
+          "The newest intact checkpoint is", "ckpt-2",
+          "--resume_from=latest_intact")
+  assert _snapshot(run_copy) == before
+
+  result = _train(run_copy, data_flags, "--train_steps=4",
+                  "--resume_from=latest_intact")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resuming from the newest intact checkpoint" in result.stdout
+  assert "at step 2." in result.stdout
+  steps = [line.split()[1] for line in result.stdout.splitlines()
+           if line.startswith("step ")]
+  assert steps == ["3/4", "4/4"]
+
+
+def test_resuming_with_another_learning_rate_is_refused(run_copy,
+                                                        data_flags):
+  before = _snapshot(run_copy)
+  result = _train(run_copy, data_flags, "--train_steps=5",
+                  "--learning_rate=0.001")
+  _failed(result, "learning_rate: 0.03 -> 0.001")
+  assert _snapshot(run_copy) == before
+  # train_steps alone may change: it extends the run.
+  result = _train(run_copy, data_flags, "--train_steps=4")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "at step 3." in result.stdout
+
+
+@pytest.mark.parametrize("flags,fragments", [
+    (["--num_heads=0"], ["num_heads must be a positive integer, got 0"]),
+    (["--preset=nonsense"], ["Unknown --preset='nonsense'", "bert_tiny",
+                             "t5_tiny"]),
+    (["--train_files={bad}"], ["bad.txt:3: not UTF-8"]),
+])
+def test_a_failed_start_leaves_no_model_dir(tmp_path, data_flags, flags,
+                                            fragments):
+  run = tmp_path / "run"
+  bad = data_flags[0].split("=", 1)[1].replace("train.txt", "bad.txt")
+  result = _train(run, data_flags, "--train_steps=2",
+                  *[flag.format(bad=bad) for flag in flags])
+  _failed(result, *fragments)
+  assert not run.exists()
+
+
+def test_a_failed_start_in_an_existing_run_changes_nothing(run_copy,
+                                                           data_flags):
+  before = _snapshot(run_copy)
+  result = _train(run_copy, data_flags, "--train_steps=5", "--d_model=32")
+  _failed(result, "overrides")  # the run's model, named
+  assert _snapshot(run_copy) == before
+
+
+def test_rerunning_a_finished_run_says_where_its_results_are(run_copy,
+                                                             data_flags):
+  before = _snapshot(run_copy)
+  result = _train(run_copy, data_flags, "--train_steps=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"Already finished: {run_copy} holds a run of 3 steps" in (
+      result.stdout)
+  assert "Already trained: 3 steps, nothing to do" in result.stdout
+  assert f"Summary:      {run_copy}/summary.json" in result.stdout
+  assert _snapshot(run_copy) == before
+
+
+def test_a_killed_lock_holder_leaves_no_stale_lock(tmp_path, data_flags):
+  run = tmp_path / "run"
+  common = [*data_flags, "--train_steps=400", "--deterministic"]
+  process = subprocess.Popen(_command("train", f"--model_dir={run}", *common),
+                             env=_ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+  for line in process.stdout:
+    if line.startswith("step      5/"):
+      process.send_signal(signal.SIGKILL)
+      break
+  process.wait(timeout=60)
+  assert process.returncode == -signal.SIGKILL
+  assert (run / ".thattn.lock").exists()
+  result = _train(run, common[:-2], "--train_steps=8", "--deterministic")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Resumed from" in result.stdout
