@@ -42,3 +42,22 @@ def sentencepiece(sentencepiece_model):
   # tokenizer then fails later with "Resource ... does not exist".
   return tokenizers.SentencepieceTokenizer(sentencepiece_model,
                                            num_sentinels=100)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
+  """thattn-train flags for a tiny masked-LM run on a small text file.
+
+  A 16-wide, one-layer bert_tiny, the tokenizer given (nothing learned),
+  batch 4 of 16 tokens, no export; tests add what they need.
+  """
+  folder = tmp_path_factory.mktemp("tiny_bert_data")
+  documents = corpus.documents("heldout", corpus_cache)[:30]
+  (folder / "train.txt").write_text("\n\n".join(documents))
+  tokenizers.SentencepieceTokenizer(
+      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
+  return [f"--train_files={folder / 'train.txt'}",
+          f"--tokenizer={folder / 'tokenizer'}", "--preset=bert_tiny",
+          "--d_model=16", "--d_ff=32", "--num_layers=1", "--batch_size=4",
+          "--sequence_length=16", "--eval_steps=1", "--warmup_steps=1",
+          "--log_every=1", "--noexport"]

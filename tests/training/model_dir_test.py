@@ -8,6 +8,7 @@ value) and that what was there before is byte-identical after.
 import hashlib
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -16,25 +17,15 @@ import time
 
 import pytest
 
-from thattn.data import corpus
-from thattn.data import tokenizers
-
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @pytest.fixture(scope="module")
-def data_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
-  folder = tmp_path_factory.mktemp("model_dir_data")
-  documents = corpus.documents("heldout", corpus_cache)[:30]
-  (folder / "train.txt").write_text("\n\n".join(documents))
-  (folder / "bad.txt").write_bytes(b"fine text\n\nthen \xff bad bytes\n")
-  tokenizers.SentencepieceTokenizer(
-      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
-  return [f"--train_files={folder / 'train.txt'}",
-          f"--tokenizer={folder / 'tokenizer'}", "--preset=bert_tiny",
-          "--d_model=16", "--d_ff=32", "--num_layers=1", "--batch_size=4",
-          "--sequence_length=16", "--eval_steps=1", "--warmup_steps=1",
-          "--log_every=1", "--checkpoint_every=1", "--noexport"]
+def data_flags(tiny_bert_flags):
+  """The tiny run's flags, a checkpoint every step, and a file of bad bytes."""
+  bad = pathlib.Path(tiny_bert_flags[0].split("=", 1)[1]).parent / "bad.txt"
+  bad.write_bytes(b"fine text\n\nthen \xff bad bytes\n")
+  return tiny_bert_flags + ["--checkpoint_every=1"]
 
 
 def _command(binary, *flags):

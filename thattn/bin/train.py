@@ -31,11 +31,13 @@ cli.quiet_tensorflow()  # before anything imports TensorFlow
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -132,6 +134,9 @@ flags.DEFINE_enum("strategy", "default", list(strategies.STRATEGIES),
                   "Distribution strategy. dtensor shards the weights "
                   "themselves over --mesh_shape by --layout_rules "
                   "(thattn.training.dtensor).")
+flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored: "
+                   "seconds to wait for every task of the TF_CONFIG cluster "
+                   "before stopping with the addresses that did not answer.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
 flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor: the mesh's "
@@ -192,7 +197,8 @@ def _options(task_class):
       deterministic=FLAGS.deterministic,
       mixed_precision=FLAGS.mixed_precision, strategy=FLAGS.strategy,
       tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint,
-      resume_from=FLAGS.resume_from, mesh_shape=FLAGS.mesh_shape,
+      resume_from=FLAGS.resume_from, cluster_timeout=FLAGS.cluster_timeout,
+      mesh_shape=FLAGS.mesh_shape,
       layout_rules=FLAGS.layout_rules)
 
 
@@ -220,7 +226,7 @@ def main(argv):
   model = _model_options(task_class)
   model_dir = FLAGS.model_dir or _default_model_dir(task_class, model)
   export_dir = None
-  if FLAGS.export:
+  if FLAGS.export and cluster.is_chief():  # the chief exports for a cluster
     export_dir = FLAGS.export_dir or run_dir.path(model_dir, run_dir.EXPORT)
   try:
     if export_dir:  # refused now, not after training
@@ -239,6 +245,10 @@ def main(argv):
         options=_options(task_class), log=cli.print_now)
   except ValueError as e:  # bad flags or data (DataError): no traceback
     sys.exit(f"thattn-train: error: {e}")
+  except tf.errors.UnavailableError as e:  # a task of the cluster died
+    sys.exit(f"thattn-train: error: the cluster lost a task "
+             f"({str(e).splitlines()[0]}). Restart every task with the same "
+             f"command to resume from the last checkpoint in {model_dir}.")
   if export_dir and not (summary.get("already_finished") and
                          export.is_export(export_dir)):
     export.export(model_dir=model_dir, export_dir=export_dir,

@@ -35,6 +35,7 @@ class TrainOptions:
   tpu: str = None
   init_checkpoint: str = None
   resume_from: str = "latest"  # see RESUME_FROM
+  cluster_timeout: float = 300.0  # multi_worker_mirrored: wait for the tasks
   # --strategy=dtensor only (thattn.training.dtensor): the mesh, e.g.
   # "batch:2,model:2", and the rules; None: DEFAULT_LAYOUT_RULES there.
   mesh_shape: str = None
@@ -51,6 +52,9 @@ class TrainOptions:
                       MIXED_PRECISION)
     validation.one_of("strategy", self.strategy, strategies.STRATEGIES)
     validation.one_of("resume_from", self.resume_from, RESUME_FROM)
+    if not self.cluster_timeout > 0:
+      raise ValueError(f"cluster_timeout must be positive, got "
+                       f"{self.cluster_timeout}.")
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate must be positive, got "
                        f"{self.learning_rate}.")

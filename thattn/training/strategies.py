@@ -21,15 +21,19 @@ and a DTensor program is global (one logical batch, no replicas, no
 
 import tensorflow as tf
 
+from thattn.training import cluster
+
 DTENSOR = "dtensor"
 STRATEGIES = ("default", "mirrored", "tpu", "multi_worker_mirrored", DTENSOR)
 
 
-def make_strategy(name, tpu=None):
+def make_strategy(name, tpu=None, cluster_timeout=300, log=print):
   """The `tf.distribute.Strategy` called `name`; see the module's table.
 
   tpu: the TPU's name or grpc:// address (for "tpu"); None or "" means the
   local TPU or the one a Cloud TPU VM's environment names.
+  cluster_timeout: seconds a multi_worker_mirrored task waits for the other
+  tasks of its TF_CONFIG cluster (`cluster.wait_for_workers`).
   """
   if name not in STRATEGIES:
     raise ValueError(f"Unknown strategy {name!r}; expected one of "
@@ -46,6 +50,8 @@ def make_strategy(name, tpu=None):
   if name == "mirrored":
     return tf.distribute.MirroredStrategy()
   if name == "multi_worker_mirrored":
+    # Bounded: a task that never answers is an error, not a hang.
+    cluster.wait_for_workers(cluster_timeout, log=log)
     return tf.distribute.MultiWorkerMirroredStrategy()
   return _tpu_strategy(tpu)
 

@@ -27,7 +27,6 @@ the uninterrupted run drew.
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
@@ -37,6 +36,7 @@ import tf_keras
 
 from thattn import models
 from thattn import tasks
+from thattn.training import cluster
 from thattn.training import devices as devices_lib
 from thattn.training import dtensor
 from thattn.training import optimizer as optimizer_lib
@@ -105,12 +105,13 @@ def _check_positions(init_checkpoint, sequence_length):
         "--on_overflow=window).")
 
 
-def make_devices(options, model_dir):
+def make_devices(options, model_dir, log=print):
   """The `devices.Devices` that `options.strategy` names."""
   if options.strategy == strategies.DTENSOR:
     return dtensor.DTensorDevices(options, model_dir)
-  return devices_lib.StrategyDevices(
-      strategies.make_strategy(options.strategy, options.tpu))
+  return devices_lib.StrategyDevices(strategies.make_strategy(
+      options.strategy, options.tpu, cluster_timeout=options.cluster_timeout,
+      log=log))
 
 
 def make_task(task_class, *, model_dir, model, data, options, log):
@@ -155,30 +156,20 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
   if options.init_checkpoint:
     _check_positions(options.init_checkpoint, options.sequence_length)
   guard = run_lock.StartGuard(model_dir)
-  with _model_dir_lock(model_dir, log):
-    return _train_locked(model_dir=model_dir, task_class=task_class,
-                         model=model, data=data, options=options, log=log,
-                         guard=guard)
+  # Only the chief owns the model_dir (thattn.training.cluster): the other
+  # workers of a cluster write to temporary folders, and take no lock.
+  chief = cluster.is_chief()
+  lock = run_lock.hold(model_dir, log=log) if chief else (
+      contextlib.nullcontext())
+  with lock, cluster.write_dir(model_dir) as write_dir:
+    return _train_locked(model_dir=model_dir, write_dir=write_dir,
+                         task_class=task_class, model=model, data=data,
+                         options=options, log=log,
+                         guard=guard if chief else None)
 
 
-def _model_dir_lock(model_dir, log):
-  """The model_dir's lock; only the chief holds it in multi-worker training.
-
-  The other workers of a `TF_CONFIG` cluster share the chief's model_dir
-  and write nothing there that the chief does not own.
-  """
-  cluster = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-  task = cluster.get("task", {})
-  chief = ("chief" in cluster.get("cluster", {})
-           and task.get("type") == "chief") or (
-               "chief" not in cluster.get("cluster", {}) and
-               task.get("index", 0) == 0)
-  return (run_lock.hold(model_dir, log=log) if chief
-          else contextlib.nullcontext())
-
-
-def _train_locked(*, model_dir, task_class, model, data, options, log,
-                  guard):
+def _train_locked(*, model_dir, write_dir, task_class, model, data, options,
+                  log, guard):
   tf_keras.utils.set_random_seed(options.seed)
   if options.deterministic:
     tf.config.experimental.enable_op_determinism()
@@ -188,14 +179,16 @@ def _train_locked(*, model_dir, task_class, model, data, options, log,
         f"mixed_{options.mixed_precision}")
   try:
     try:
-      run = _start(model_dir=model_dir, task_class=task_class, model=model,
-                   data=data, options=options, log=log)
+      run = _start(model_dir=model_dir, write_dir=write_dir,
+                   task_class=task_class, model=model, data=data,
+                   options=options, log=log)
     except BaseException:
-      guard.rollback()  # a failed start leaves the model_dir as it was
+      if guard:
+        guard.rollback()  # a failed start leaves the model_dir as it was
       raise
     if run.finished is not None:
       return run.finished
-    return _train(model_dir, run, options, log)
+    return _train(write_dir, run, options, log)
   finally:
     tf_keras.mixed_precision.set_global_policy(previous_policy)
 
@@ -234,26 +227,37 @@ def _run_config(task, model, data, options):
               freeze_embeddings=model.freeze_embeddings)
 
 
-def _start(*, model_dir, task_class, model, data, options, log):
-  """Devices, task, run config, model, optimizer, restore: a `_Run`."""
-  devices = make_devices(options, model_dir)
-  tf.io.gfile.makedirs(model_dir)
-  task = make_task(task_class, model_dir=model_dir, model=model, data=data,
+def _start(*, model_dir, write_dir, task_class, model, data, options, log):
+  """Devices, task, run config, model, optimizer, restore: a `_Run`.
+
+  The run's files are written to `write_dir` (model_dir, but for the
+  non-chief workers of a cluster) and checkpoints restored from model_dir.
+  """
+  devices = make_devices(options, write_dir, log=log)
+  tf.io.gfile.makedirs(write_dir)
+  task = make_task(task_class, model_dir=write_dir, model=model, data=data,
                    options=options, log=log)
   run_config = _run_config(task, model, data, options)
-  if tf.io.gfile.exists(run_dir.path(model_dir, run_dir.TOKENIZER)):
+  if tf.io.gfile.exists(run_dir.path(write_dir, run_dir.TOKENIZER)):
     run_config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
-  run_dir.check_or_write_run_config(model_dir, run_config)
+  run_dir.check_or_write_run_config(write_dir, run_config)
   optimizer, schedule = devices.build(
       task, lambda **kwargs: optimizer_lib.make_optimizer(options, **kwargs))
   # Trainer state, outside the strategy: one copy, not one per replica.
   initial_eval = tf.Variable(float("nan"), trainable=False)
+  checkpoint = tf.train.Checkpoint(
+      optimizer=optimizer, initial_eval=initial_eval,
+      **task.checkpoint_items())
   manager = tf.train.CheckpointManager(
-      tf.train.Checkpoint(optimizer=optimizer, initial_eval=initial_eval,
-                          **task.checkpoint_items()),
-      run_dir.path(model_dir, run_dir.CHECKPOINTS),
+      checkpoint, run_dir.path(write_dir, run_dir.CHECKPOINTS),
       max_to_keep=options.max_checkpoints)
-  start_step = _restore(manager, task, options, log)
+  # A worker that is not the chief resumes from the chief's checkpoints.
+  start_step = _restore(manager if write_dir == model_dir else
+                        tf.train.CheckpointManager(
+                            checkpoint,
+                            run_dir.path(model_dir, run_dir.CHECKPOINTS),
+                            max_to_keep=None),
+                        task, options, log)
   finished = _finished_summary(model_dir, start_step, options, log)
   loop = devices.train_loop(task, optimizer,
                             loss_scaling=options.mixed_precision == "float16")

@@ -1,0 +1,134 @@
+"""thattn-train across real processes: MultiWorkerMirroredStrategy on loopback.
+
+Each worker is `python -m thattn.bin.train` with its TF_CONFIG
+(`local_cluster.LocalCluster`); the reference is the same command in one
+process with the same global batch and seed.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.training import local_cluster
+
+_TRAIN = [sys.executable, "-m", "thattn.bin.train"]
+
+
+def _env(tmp_path):
+  # Workers' temporary folders go here, so the test sees them removed.
+  (tmp_path / "tmp").mkdir(exist_ok=True)
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+              TMPDIR=str(tmp_path / "tmp"))
+
+
+def _train_losses(model_dir):
+  """{step: training loss} from the run's TensorBoard summaries."""
+  losses = {}
+  for path in glob.glob(os.path.join(model_dir, "train", "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == "loss":
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return losses
+
+
+def _summary(model_dir):
+  with open(os.path.join(model_dir, "summary.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def flags(tiny_bert_flags):
+  return tiny_bert_flags + ["--batch_size=6", "--deterministic",
+                            "--checkpoint_every=1"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, flags):
+  """The single-process run, 8 steps; the reference of every case."""
+  model_dir = tmp_path_factory.mktemp("one_process") / "run"
+  result = subprocess.run(_TRAIN + flags + [f"--model_dir={model_dir}",
+                                            "--train_steps=8"],
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_workers_equal_one_process(tmp_path, flags, one_process,
+                                   num_workers):
+  model_dir = tmp_path / "run"
+  argv = _TRAIN + flags + ["--strategy=multi_worker_mirrored",
+                           f"--model_dir={model_dir}", "--train_steps=8"]
+  with local_cluster.LocalCluster(argv, num_workers,
+                                  env=_env(tmp_path)) as cluster:
+    outputs = cluster.wait()
+  for code, _, stderr in outputs:
+    assert code == 0, stderr[-3000:]
+  reference, losses = _train_losses(one_process), _train_losses(model_dir)
+  assert sorted(losses) == list(range(1, 9))
+  np.testing.assert_allclose([losses[s] for s in range(1, 9)],
+                             [reference[s] for s in range(1, 9)], rtol=1e-5)
+  np.testing.assert_allclose(
+      _summary(model_dir)["held_out_ln_ppl_after"],
+      _summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+  # The chief wrote the run; the others only to temporary folders, removed.
+  assert sorted(os.listdir(model_dir / "checkpoints"))[-1] == (
+      "ckpt-8.index")
+  assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
+    tmp_path, flags, one_process):
+  model_dir = tmp_path / "run"
+  argv = _TRAIN + flags + ["--strategy=multi_worker_mirrored",
+                           f"--model_dir={model_dir}", "--train_steps=8"]
+  configs = local_cluster.tf_configs(2)
+  with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
+                                  configs=configs) as cluster:
+    chief, worker = cluster.processes
+    for line in chief.stdout:
+      if line.startswith("step      3/"):
+        worker.send_signal(signal.SIGKILL)
+        break
+    _, stderr = chief.communicate(timeout=180)
+  assert chief.returncode != 0
+  assert "the cluster lost a task" in stderr, stderr[-3000:]
+
+  with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
+                                  configs=configs) as cluster:
+    outputs = cluster.wait()
+  for code, _, stderr in outputs:
+    assert code == 0, stderr[-3000:]
+  stdout = outputs[0][1]
+  resumed = int(stdout.split(" at step ")[1].split(".")[0])
+  assert resumed >= 3
+  steps = [int(line.split()[1].split("/")[0])
+           for line in stdout.splitlines() if line.startswith("step ")]
+  assert steps == list(range(resumed + 1, 9))  # each step once
+  np.testing.assert_allclose(
+      _summary(model_dir)["held_out_ln_ppl_after"],
+      _summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+
+
+def test_an_unreachable_worker_fails_in_bounded_time(tmp_path, flags):
+  model_dir = tmp_path / "run"
+  config = local_cluster.tf_configs(2)[0]  # worker 1 is never started
+  address = json.loads(config)["cluster"]["worker"][1]
+  result = subprocess.run(
+      _TRAIN + flags + ["--strategy=multi_worker_mirrored",
+                        f"--model_dir={model_dir}", "--train_steps=2",
+                        "--cluster_timeout=5"],
+      env=dict(_env(tmp_path), TF_CONFIG=config), capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode != 0
+  assert f"could not reach {address} within 5 s" in result.stderr
+  assert not model_dir.exists()
