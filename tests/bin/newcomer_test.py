@@ -10,9 +10,6 @@ import sys
 
 import pytest
 
-from thattn.data import corpus
-from thattn.data import tokenizers
-
 
 def _env(**extra):
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -50,17 +47,8 @@ def test_a_mistyped_flag_points_to_a_help_that_lists_the_flags():
 
 
 @pytest.fixture(scope="module")
-def data_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
-  folder = tmp_path_factory.mktemp("newcomer_data")
-  documents = corpus.documents("heldout", corpus_cache)[:30]
-  (folder / "train.txt").write_text("\n\n".join(documents))
-  tokenizers.SentencepieceTokenizer(
-      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
-  return [f"--train_files={folder / 'train.txt'}",
-          f"--tokenizer={folder / 'tokenizer'}", "--preset=bert_tiny",
-          "--d_model=16", "--d_ff=32", "--num_layers=1", "--train_steps=2",
-          "--batch_size=4", "--sequence_length=16", "--eval_steps=1",
-          "--warmup_steps=1", "--noexport"]
+def data_flags(tiny_bert_flags):
+  return tiny_bert_flags + ["--train_steps=2"]
 
 
 def test_runs_are_quiet_and_named_by_what_sets_them_apart(tmp_path,

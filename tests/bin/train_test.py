@@ -8,21 +8,12 @@ import sys
 
 import pytest
 
-from thattn.data import corpus
-from thattn.data import tokenizers
-
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @pytest.fixture(scope="module")
-def data_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
-  folder = tmp_path_factory.mktemp("train_main_data")
-  documents = corpus.documents("heldout", corpus_cache)[:30]
-  (folder / "train.txt").write_text("\n\n".join(documents))
-  tokenizers.SentencepieceTokenizer(
-      sentencepiece_model, num_sentinels=100).save(str(folder / "tokenizer"))
-  return [f"--train_files={folder / 'train.txt'}",
-          f"--tokenizer={folder / 'tokenizer'}"]
+def data_flags(tiny_bert_flags):
+  return tiny_bert_flags[:2]  # the text file and its tokenizer
 
 
 def _command(model_dir, data_flags, **extra):
