@@ -1,16 +1,20 @@
-"""Local clusters for tests: N processes of one TF_CONFIG cluster on loopback.
+"""Local clusters for tests: N processes of one job on loopback ports.
 
 `LocalCluster(argv, num_workers)` starts `argv` once per worker, each with a
 TF_CONFIG that names free localhost ports for every worker and its own
-index, waits for them with a time limit, and kills them all on failure or
-when the `with` block ends. Only 127.0.0.1 ports; every wait is bounded.
+index (or, with `envs=dtensor_envs(n)`, DTensor's multi-client variables),
+waits for them with a time limit, and kills them all on failure or when the
+`with` block ends. Only 127.0.0.1 ports; every wait is bounded.
 """
 
+import glob
 import json
 import os
 import socket
 import subprocess
 import time
+
+import tensorflow as tf
 
 
 def free_ports(count):
@@ -34,18 +38,32 @@ def tf_configs(num_workers, ports=None):
           for index in range(num_workers)]
 
 
+def dtensor_envs(num_clients, ports=None):
+  """DTensor's multi-client variables, one dict per client process."""
+  ports = ports or free_ports(num_clients)
+  jobs = ",".join(f"localhost:{port}" for port in ports)
+  return [{"DTENSOR_CLIENT_ID": str(index),
+           "DTENSOR_NUM_CLIENTS": str(num_clients),
+           "DTENSOR_JOB_NAME": "worker", "DTENSOR_JOBS": jobs}
+          for index in range(num_clients)]
+
+
 class LocalCluster:
   """Worker processes of one cluster; see the module."""
 
   def __init__(self, argv, num_workers, *, env=None, timeout=300,
-               configs=None):
+               configs=None, envs=None):
+    """envs: per-process variables; default: TF_CONFIG from `configs` (or
+    fresh `tf_configs(num_workers)`)."""
     self.timeout = timeout
     self.started = time.time()
+    envs = envs or [{"TF_CONFIG": config}
+                    for config in (configs or tf_configs(num_workers))]
     self.processes = [
-        subprocess.Popen(argv, env=dict(env or os.environ, TF_CONFIG=config),
+        subprocess.Popen(argv, env=dict(env or os.environ, **extra),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-        for config in (configs or tf_configs(num_workers))]
+        for extra in envs]
 
   def __enter__(self):
     return self
@@ -72,3 +90,20 @@ class LocalCluster:
     except subprocess.TimeoutExpired:
       self.kill()
       raise
+
+
+def train_losses(model_dir):
+  """{step: training loss} from a run's TensorBoard summaries."""
+  losses = {}
+  for path in glob.glob(os.path.join(model_dir, "train", "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == "loss":
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return losses
+
+
+def summary(model_dir):
+  """A run's summary.json."""
+  with open(os.path.join(model_dir, "summary.json")) as f:
+    return json.load(f)

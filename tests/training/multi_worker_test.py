@@ -5,7 +5,6 @@ Each worker is `python -m thattn.bin.train` with its TF_CONFIG
 process with the same global batch and seed.
 """
 
-import glob
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.training import local_cluster
 
@@ -26,22 +24,6 @@ def _env(tmp_path):
   (tmp_path / "tmp").mkdir(exist_ok=True)
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
               TMPDIR=str(tmp_path / "tmp"))
-
-
-def _train_losses(model_dir):
-  """{step: training loss} from the run's TensorBoard summaries."""
-  losses = {}
-  for path in glob.glob(os.path.join(model_dir, "train", "events.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == "loss":
-          losses[event.step] = float(tf.make_ndarray(value.tensor))
-  return losses
-
-
-def _summary(model_dir):
-  with open(os.path.join(model_dir, "summary.json")) as f:
-    return json.load(f)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +55,13 @@ def test_workers_equal_one_process(tmp_path, flags, one_process,
     outputs = cluster.wait()
   for code, _, stderr in outputs:
     assert code == 0, stderr[-3000:]
-  reference, losses = _train_losses(one_process), _train_losses(model_dir)
+  reference, losses = local_cluster.train_losses(one_process), local_cluster.train_losses(model_dir)
   assert sorted(losses) == list(range(1, 9))
   np.testing.assert_allclose([losses[s] for s in range(1, 9)],
                              [reference[s] for s in range(1, 9)], rtol=1e-5)
   np.testing.assert_allclose(
-      _summary(model_dir)["held_out_ln_ppl_after"],
-      _summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+      local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
+      local_cluster.summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
   # The chief wrote the run; the others only to temporary folders, removed.
   assert sorted(os.listdir(model_dir / "checkpoints"))[-1] == (
       "ckpt-8.index")
@@ -115,8 +97,8 @@ def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
            for line in stdout.splitlines() if line.startswith("step ")]
   assert steps == list(range(resumed + 1, 9))  # each step once
   np.testing.assert_allclose(
-      _summary(model_dir)["held_out_ln_ppl_after"],
-      _summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+      local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
+      local_cluster.summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
 
 
 def test_an_unreachable_worker_fails_in_bounded_time(tmp_path, flags):

@@ -236,6 +236,8 @@ def main(argv):
       if split:
         cli.print_now(f"No GPU: the CPU runs the mesh as {split} logical "
                       "devices, sharing its cores (sharded, not faster).")
+      if dtensor.num_clients() > 1:  # before TensorFlow initializes
+        dtensor.connect_clients()
     summary = trainer.train(
         model_dir=model_dir, task=task_class.name, model=model,
         data=tasks.DataOptions(

@@ -22,9 +22,11 @@ tensor, the logical axis and the sizes, and saying what to change.
 
 from thattn.sharding.dtensor_layouts import batch_layout
 from thattn.sharding.dtensor_layouts import build_sharded
+from thattn.sharding.dtensor_layouts import connect_clients
 from thattn.sharding.dtensor_layouts import copy_weights
 from thattn.sharding.dtensor_layouts import layout
 from thattn.sharding.dtensor_layouts import logical_axes_of
+from thattn.sharding.dtensor_layouts import make_distributed_mesh
 from thattn.sharding.dtensor_layouts import make_mesh
 from thattn.sharding.dtensor_layouts import mesh_spec_of
 from thattn.sharding.dtensor_layouts import plan_weights

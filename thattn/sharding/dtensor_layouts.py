@@ -74,6 +74,45 @@ def make_mesh(mesh_spec, device_type="CPU"):
       device_type=device_type)
 
 
+def make_distributed_mesh(mesh_spec, device_type="CPU"):
+  """A `dtensor.Mesh` over the local devices of every client of a job.
+
+  Multi-client DTensor: each process is one client, told its place by
+  TensorFlow's variables DTENSOR_CLIENT_ID, DTENSOR_NUM_CLIENTS,
+  DTENSOR_JOB_NAME and DTENSOR_JOBS; the mesh's devices are the clients'
+  local devices in client order. Initializes DTensor's accelerator system
+  (once per process), which connects the clients.
+
+  Raises ValueError if the clients' devices do not add up to the mesh.
+  """
+  if isinstance(mesh_spec, str):
+    mesh_spec = rules_lib.MeshSpec.parse(mesh_spec)
+  connect_clients(device_type)
+  local = dtensor.num_local_devices(device_type)
+  if local * dtensor.num_clients() != mesh_spec.size:
+    raise ValueError(
+        f"mesh {mesh_spec} needs {mesh_spec.size} {device_type} devices, but "
+        f"{dtensor.num_clients()} clients with {local} each have "
+        f"{local * dtensor.num_clients()}.")
+  return dtensor.create_distributed_mesh(list(mesh_spec.axes),
+                                         device_type=device_type)
+
+
+_clients_connected = []
+
+
+def connect_clients(device_type="CPU"):
+  """Initializes multi-client DTensor once per process; see above.
+
+  It must run before TensorFlow initializes its runtime (the first op or
+  device listing after the logical devices are configured), so binaries
+  call it first thing.
+  """
+  if not _clients_connected:
+    dtensor.initialize_accelerator_system(device_type)
+    _clients_connected.append(device_type)
+
+
 def mesh_spec_of(mesh):
   """The MeshSpec of a `dtensor.Mesh` (or of a MeshSpec: itself)."""
   if isinstance(mesh, rules_lib.MeshSpec):

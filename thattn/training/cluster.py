@@ -33,7 +33,14 @@ def task_spec():
           config.get("cluster", {}))
 
 
+def is_dtensor_client():
+  """Whether this process is one client of a multi-client DTensor job."""
+  return int(os.environ.get("DTENSOR_NUM_CLIENTS") or 1) > 1
+
+
 def is_chief():
+  if is_dtensor_client():  # DTensor's clients: client 0 leads
+    return int(os.environ.get("DTENSOR_CLIENT_ID") or 0) == 0
   task_type, index, cluster = task_spec()
   if "chief" in cluster:
     return task_type == "chief"

@@ -43,14 +43,24 @@ What DTensor (TF 2.21) cannot run is refused before the first step, with
 the layers named: dropout (stateful random ops; pretraining runs without
 it, fine-tuning needs --dropout_rate=0) and tf-keras layer norms with
 epsilon >= 1.001e-5 (FusedBatchNormV3; --task=recall's model has them).
-Multi-host meshes and TPUs are not supported. The mesh uses the local GPUs
-if there are enough, else the CPUs; only CPUs are tested here. On a machine
-with one CPU device and no GPU, `split_cpu` (called by thattn-train) makes
-the mesh's devices as logical CPU devices, which share the CPU's cores: the
-sharded program runs, with its communication, but no faster.
+TPUs are not supported. The mesh uses the local GPUs if there are enough,
+else the CPUs; only CPUs are tested here. On a machine with one CPU device
+and no GPU, `split_cpu` (called by thattn-train) makes the mesh's devices
+as logical CPU devices, which share the CPU's cores: the sharded program
+runs, with its communication, but no faster.
+
+Multi-client (one mesh across processes or hosts): start the same command
+once per client with TensorFlow's DTENSOR_CLIENT_ID, DTENSOR_NUM_CLIENTS,
+DTENSOR_JOB_NAME and DTENSOR_JOBS; each client contributes its local
+devices (mesh size / clients; `split_cpu` makes that many on a CPU) and
+`connect_clients` joins the job before TensorFlow initializes. Every client
+computes the same step-addressed global batch and copies it onto the mesh,
+every client writes its shards of each checkpoint into the one model_dir,
+and client 0 writes the rest of the run's files (`thattn.training.cluster`).
 """
 
 import numbers
+import os
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -114,16 +124,28 @@ def split_cpu(mesh_shape):
   initialized already (then `make_mesh` explains what to do).
   """
   mesh_spec = sharding.MeshSpec.parse(mesh_shape)
+  local = mesh_spec.size // num_clients()  # multi-client: this client's part
   cpus = tf.config.list_physical_devices("CPU")
   if (tf.config.list_physical_devices("GPU") or len(cpus) != 1 or
-      mesh_spec.size == 1):
+      local <= 1):
     return 0
   try:
     tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * mesh_spec.size)
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * local)
   except RuntimeError:  # already initialized
     return 0
-  return mesh_spec.size
+  return local
+
+
+def connect_clients():
+  """Joins this client to a multi-client DTensor job (DTENSOR_* variables)."""
+  device_type = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+  sharding.connect_clients(device_type)
+
+
+def num_clients():
+  """The clients of a multi-client DTensor job (DTENSOR_NUM_CLIENTS), or 1."""
+  return int(os.environ.get("DTENSOR_NUM_CLIENTS") or 1)
 
 
 def _device_type(mesh_spec):
@@ -155,8 +177,9 @@ class DTensorDevices(devices.Devices):
     self.mesh_spec, self.rules = check_options(
         strategy=options.strategy, mesh_shape=options.mesh_shape,
         layout_rules=options.layout_rules, tpu=options.tpu)
-    self.mesh = sharding.make_mesh(self.mesh_spec,
-                                   _device_type(self.mesh_spec))
+    make_mesh = (sharding.make_distributed_mesh if num_clients() > 1
+                 else sharding.make_mesh)
+    self.mesh = make_mesh(self.mesh_spec, _device_type(self.mesh_spec))
     sharding.plan_layouts(
         [(f"batch of --batch_size={options.batch_size}",
           [options.batch_size], [sharding.BATCH])],

@@ -248,11 +248,14 @@ def _start(*, model_dir, write_dir, task_class, model, data, options, log):
   checkpoint = tf.train.Checkpoint(
       optimizer=optimizer, initial_eval=initial_eval,
       **task.checkpoint_items())
+  # Multi-client DTensor: every client writes its shards of one checkpoint,
+  # in model_dir; otherwise each process saves to its write_dir.
+  checkpoint_dir = model_dir if cluster.is_dtensor_client() else write_dir
   manager = tf.train.CheckpointManager(
-      checkpoint, run_dir.path(write_dir, run_dir.CHECKPOINTS),
+      checkpoint, run_dir.path(checkpoint_dir, run_dir.CHECKPOINTS),
       max_to_keep=options.max_checkpoints)
   # A worker that is not the chief resumes from the chief's checkpoints.
-  start_step = _restore(manager if write_dir == model_dir else
+  start_step = _restore(manager if checkpoint_dir == model_dir else
                         tf.train.CheckpointManager(
                             checkpoint,
                             run_dir.path(model_dir, run_dir.CHECKPOINTS),
