@@ -23,6 +23,10 @@ EXTRAS_REQUIRE = {
     "bench": ["gin-config", "scipy"],
     # TFDS sources (c4, lm1b, wikipedia, glue, squad); tested with mock data.
     "tfds": ["tensorflow-datasets"],
+    # The Mesh TensorFlow backend (thattn.mtf): mesh_tensorflow.transformer
+    # imports gin, tensorflow_datasets and pkg_resources (gone in
+    # setuptools 81). thattn.mtf.compat says why each is needed.
+    "mtf": ["gin-config", "tensorflow-datasets", "setuptools<81"],
     # Viewing thattn-train's summaries (writing them needs only TensorFlow).
     "tensorboard": ["tensorboard"],
     # thattn-ablate's plots and heatmaps.

@@ -59,3 +59,28 @@ def test_dense_layer_lowers_and_runs_on_one_cpu_device():
   assert y_value.shape == (3, 5)
   np.testing.assert_allclose(y_value, x_value @ kernel_value, rtol=1e-5,
                              atol=1e-5)
+
+
+def test_mesh_tensorflow_transformer_imports_and_install_is_idempotent():
+  transformer = compat.import_transformer()
+  compat.install_transformer()
+  assert compat.import_transformer() is transformer
+  for name in ("transformer", "transformer_layers", "attention",
+               "learning_rate_schedules", "utils"):
+    importlib.import_module(f"mesh_tensorflow.transformer.{name}")
+  v1 = importlib.import_module("tensorflow.compat.v1")
+  assert v1.estimator.ModeKeys.TRAIN == "train"
+  assert tf.estimator is v1.estimator  # gin.tf subclasses its hook
+
+
+def test_the_removed_tpu_estimator_says_so_when_used():
+  compat.install_transformer()
+  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  from tensorflow.python.tpu import tpu_estimator
+  # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top
+  try:
+    tpu_estimator.TPUEstimator  # pylint: disable=pointless-statement
+  except AttributeError as error:
+    assert "removed from TensorFlow with TPUEstimator" in str(error)
+  else:
+    raise AssertionError("the stand-in should have no TPUEstimator")

@@ -1,12 +1,20 @@
 """The Mesh TensorFlow backend of thattn.
 
-For now this holds `compat`, which makes mesh-tensorflow 0.1.21 importable on
-TensorFlow 2.21 (see its docstring for the two missing symbols it supplies):
+Mesh TensorFlow's own attention layers (`mesh_tensorflow.transformer`) run
+on TensorFlow 2.21 and are shown equal to thattn's Keras layers:
 
-    from thattn.mtf import compat
-    mtf = compat.import_mesh_tensorflow()
+- `compat`: makes mesh-tensorflow 0.1.21 and `mesh_tensorflow.transformer`
+  importable on TF 2.21 (`import_mesh_tensorflow`, `import_transformer`).
+- `layers`: thattn's own mtf layer for what mtf lacks, grouped talking
+  heads (`GroupedTalkingHeadsSelfAttention`, `...EncDecAttention`, gin names
+  `thattn.*`), and `attention_layer(gin_name, **kwargs)`.
+- `layout`: thattn's sharding rules as mtf `layout` / `mesh_shape`, and
+  `PlacementMeshImpl` over logical CPU devices.
+- `convert`: per-layer weight conversion, mtf variables <-> Keras weights
+  (keyword-only; the conventions that differ are in its docstring).
+- `runner`: runs one mtf attention layer forward and backward on a mesh.
+- `weight_maps`: which mtf variable is which Keras weight, by dim name.
 
-thattn's tests use it to check `thattn.optimizers.Adafactor` against
-`mesh_tensorflow.optimize.AdafactorOptimizer`. Importing this package does
-not import mesh_tensorflow.
+See docs/mtf.md. Importing this package does not import mesh_tensorflow;
+the submodules other than `compat` need the `[mtf]` extra.
 """

@@ -18,13 +18,34 @@ that TF 2.21 no longer has, so a plain `import mesh_tensorflow` fails:
 real `tf.compat.v1.estimator` is present. It does not touch anything else in
 TensorFlow. With it, mtf's core (ops, layers, optimize, placement and SIMD
 mesh implementations) imports and runs on CPU in a `tf.compat.v1` graph.
-`mesh_tensorflow.transformer` still does not import: it needs
-tensorflow_datasets and more, which thattn does not use.
+
+`mesh_tensorflow.transformer` needs three more things (`install_transformer()`
+adds them, on top of `install()`):
+
+3. `tf_estimator.ModeKeys` (`transformer.py` uses `ModeKeys.TRAIN` as a
+   default argument at import time). TF 2.16 dropped it with `tf.estimator`;
+   the same string constants ("train", "eval", "infer") still live in
+   `tensorflow.python.saved_model.model_utils.mode_keys.EstimatorModeKeys`,
+   which the stand-in exposes as `ModeKeys`.
+4. `tf.estimator` on the top-level `tensorflow` module: `gin.tf` (imported by
+   `transformer/utils.py`) subclasses `tf.estimator.SessionRunHook`. The same
+   stand-in is set as `tf.estimator`.
+5. `tensorflow.python.tpu.tpu_config` and `tpu_estimator` (imported by
+   `transformer/utils.py`; removed with TPUEstimator in TF 2.16). They are
+   registered as empty modules whose attributes raise an AttributeError
+   saying that TPUEstimator is gone: only `utils.run` and its estimator
+   helpers use them, and those cannot run on TF 2.21 (thattn runs mtf in a
+   `tf.compat.v1` session instead).
+
+It also needs the `[mtf]` extra of setup.py: gin-config, tensorflow-datasets
+(imported by `transformer/dataset.py` and `vocabulary.py`) and setuptools < 81
+(`utils.py` imports `pkg_resources`, which setuptools 81 removes).
 
 Usage:
 
     from thattn.mtf import compat
     mtf = compat.import_mesh_tensorflow()
+    transformer = compat.import_transformer()  # mesh_tensorflow.transformer
 """
 
 import importlib
@@ -76,3 +97,81 @@ def import_mesh_tensorflow():
   """Installs the compat symbols and returns the `mesh_tensorflow` module."""
   install()
   return importlib.import_module("mesh_tensorflow")
+
+
+_TPU_MODULES = ("tensorflow.python.tpu.tpu_config",
+                "tensorflow.python.tpu.tpu_estimator")
+
+
+def _install_mode_keys():
+  """Adds `ModeKeys` to the estimator stand-in (change 3 above)."""
+  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  from tensorflow.python.saved_model.model_utils import mode_keys
+  # pylint: enable=g-direct-tensorflow-import,g-import-not-at-top
+  estimator = sys.modules[_ESTIMATOR_MODULE]
+  if not hasattr(estimator, "ModeKeys"):
+    estimator.ModeKeys = mode_keys.EstimatorModeKeys
+
+
+def _install_top_level_estimator():
+  """Sets `tf.estimator` to the stand-in when TF has none (change 4 above)."""
+  if not hasattr(tf, "estimator"):
+    tf.estimator = sys.modules[_ESTIMATOR_MODULE]
+
+
+class _RemovedModule(types.ModuleType):
+  """A module TF 2.21 no longer has: any attribute read says so."""
+
+  def __getattr__(self, name):
+    if name.startswith("__"):
+      raise AttributeError(name)
+    raise AttributeError(
+        f"{self.__name__}.{name} was removed from TensorFlow with "
+        "TPUEstimator (TF 2.16); thattn's stand-in only lets "
+        "mesh_tensorflow.transformer.utils import. Run Mesh TensorFlow "
+        "models in a tf.compat.v1 session instead of utils.run.")
+
+
+def _install_tpu_stand_ins():
+  """Registers the two removed TPU estimator modules (change 5 above)."""
+  package = importlib.import_module("tensorflow.python.tpu")
+  for name in _TPU_MODULES:
+    short = name.rsplit(".", 1)[1]
+    if name in sys.modules or hasattr(package, short):
+      continue
+    try:
+      importlib.import_module(name)
+      continue  # a TensorFlow that still has it
+    except ImportError:
+      pass
+    module = _RemovedModule(name, "thattn stand-in for a module removed "
+                            "from TensorFlow with TPUEstimator.")
+    sys.modules[name] = module
+    setattr(package, short, module)
+
+
+def install_transformer():
+  """`install()` plus what `mesh_tensorflow.transformer` needs; idempotent."""
+  install()
+  _install_mode_keys()
+  _install_top_level_estimator()
+  _install_tpu_stand_ins()
+
+
+def import_transformer():
+  """Installs every compat symbol; returns `mesh_tensorflow.transformer`.
+
+  Raises:
+    ImportError naming the `[mtf]` extra when gin-config,
+    tensorflow-datasets or pkg_resources (setuptools < 81) is missing.
+  """
+  install_transformer()
+  try:
+    return importlib.import_module("mesh_tensorflow.transformer")
+  except ImportError as error:
+    if error.name in ("gin", "tensorflow_datasets", "pkg_resources"):
+      raise ImportError(
+          f"mesh_tensorflow.transformer needs {error.name!r}, which is not "
+          "installed: pip install -e '.[mtf]' (gin-config, "
+          "tensorflow-datasets, setuptools<81).", name=error.name) from error
+    raise
