@@ -28,6 +28,12 @@ import subprocess
 import sys
 import time
 
+# TensorFlow turns oneDNN on by default only on some x86 CPUs; without it,
+# its CPU allocator keeps no memory statistics (reset_memory_stats("CPU:0")
+# fails), which the peak-memory measurements need. Pin it on, before
+# TensorFlow is imported, so every machine measures the same way.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 import tensorflow as tf
 import tf_keras
 

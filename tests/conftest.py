@@ -1,6 +1,16 @@
 """Shared fixtures: a small built corpus and tokenizers learned from it."""
 
-import pytest
+import os
+
+# TensorFlow turns oneDNN on by default only on some x86 CPUs; without it,
+# its CPU allocator keeps no memory statistics (reset_memory_stats("CPU:0")
+# fails), which the peak-memory measurements need
+# (tests/layers/chunked_test.py, the benchmark smoke test), and TensorFlow's
+# start-up note differs (tests/bin/newcomer_test.py). Pin it on, before
+# TensorFlow is imported, so every machine measures the same way.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn.data import corpus
 from thattn.data import tokenizers
