@@ -49,6 +49,7 @@ setuptools.setup(
             "thattn-export=thattn.bin.export:run",
             "thattn-ablate=thattn.bin.ablate:run",
             "thattn-complexity=thattn.bin.complexity:run",
+            "thattn-convert=thattn.bin.convert:run",
         ],
     },
 )

@@ -43,7 +43,7 @@ import time
 import tensorflow as tf
 
 from thattn import tasks
-from thattn.training import run_dir
+from thattn import run_dir
 
 EXPORT_INFO = "thattn_export.json"
 

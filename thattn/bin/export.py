@@ -20,7 +20,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.training import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A model_dir written by thattn-train.")

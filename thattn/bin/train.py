@@ -42,7 +42,7 @@ from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.training import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
 

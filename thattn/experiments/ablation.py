@@ -32,7 +32,7 @@ import tf_keras
 from thattn import complexity
 from thattn import tasks
 from thattn.training import options as options_lib
-from thattn.training import run_dir
+from thattn import run_dir
 from thattn.training import trainer
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from thattn.models.factory import create_model
 from thattn.models.factory import model_config
 from thattn.models.generation import generate
 from thattn.models.generation import T5Generator
+from thattn.models.loading import load
 from thattn.models.presets import PRESETS
 from thattn.models.presets import preset_names
 from thattn.models.recall_encoder import RecallEncoder

@@ -18,12 +18,15 @@ experiments of the paper's Table 4 are a config, not a code change.
   `encoder_decoder_attention=`, which take the same forms as `attention=` and
   apply after it. A variant name keeps the other fields, except that
   "multi_head" and "general_bilinear" drop h_k, h_v and dynamic projections,
-  which they do not have.
+  which they do not have. A list of those forms, one per layer of the stack,
+  gives each layer its own config (as a converted Mesh TensorFlow model may
+  need: `thattn.mtf`); the self-attention layers of one stack share its
+  relative position bias, so they need one num_heads.
 Bad values raise ValueError naming them, before any model is built.
 """
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 from thattn import layers
 from thattn import validation
@@ -114,6 +117,9 @@ class AttentionConfig:
 
   def head_dims(self, d_model, owner="AttentionConfig"):
     """(d_k, d_v) for a model of width d_model."""
+    if self.variant == "general_bilinear":
+      # Its heads read the whole width: any h works, d_k = d_v = d_model.
+      return d_model, d_model
     key_dim = self.key_dim
     if key_dim is None:
       if d_model % self.num_heads:
@@ -217,12 +223,16 @@ class T5Config:
   num_layers: int = 12
   num_decoder_layers: Optional[int] = None  # None: num_layers
   d_ff: int = 3072
-  encoder_self_attention: AttentionConfig = dataclasses.field(
-      default_factory=AttentionConfig)
-  decoder_self_attention: AttentionConfig = dataclasses.field(
-      default_factory=AttentionConfig)
-  encoder_decoder_attention: AttentionConfig = dataclasses.field(
-      default_factory=AttentionConfig)
+  # One AttentionConfig for every layer of the stack, or a tuple of one per
+  # layer (`layer_attention(name, index)` reads either).
+  encoder_self_attention: Union[AttentionConfig, Tuple[AttentionConfig, ...]] = (
+      dataclasses.field(default_factory=AttentionConfig))
+  decoder_self_attention: Union[AttentionConfig, Tuple[AttentionConfig, ...]] = (
+      dataclasses.field(default_factory=AttentionConfig))
+  encoder_decoder_attention: Union[AttentionConfig,
+                                   Tuple[AttentionConfig, ...]] = (
+                                       dataclasses.field(
+                                           default_factory=AttentionConfig))
   activation: str = "relu"
   gated_feed_forward: bool = False
   tie_embeddings: bool = True
@@ -239,11 +249,36 @@ class T5Config:
     validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
     validation.rate("dropout_rate", self.dropout_rate, owner=owner)
     for name in ATTENTION_TYPES:
-      attention = getattr(self, name)
-      if not isinstance(attention, AttentionConfig):
-        raise ValueError(f"{owner}: {name} must be an AttentionConfig, got "
-                         f"{attention!r}.")
-      attention.head_dims(self.d_model, f"{owner}.{name}")
+      self._check_attention(name, owner)
+
+  def _check_attention(self, name, owner):
+    """One AttentionConfig, or one per layer of the stack."""
+    attention = getattr(self, name)
+    layers_count = (self.num_layers if name == "encoder_self_attention" else
+                    self.decoder_layers)
+    if isinstance(attention, (list, tuple)):
+      attention = tuple(attention)
+      object.__setattr__(self, name, attention)
+      if len(attention) != layers_count:
+        raise ValueError(
+            f"{owner}: {name} has {len(attention)} per-layer configs, "
+            f"expected one AttentionConfig or {layers_count}, one per layer.")
+    configs = attention if isinstance(attention, tuple) else (attention,)
+    for index, config in enumerate(configs):
+      where = f"{owner}.{name}" + (
+          f"[{index}]" if isinstance(attention, tuple) else "")
+      if not isinstance(config, AttentionConfig):
+        raise ValueError(f"{where} must be an AttentionConfig, got "
+                         f"{config!r}.")
+      config.head_dims(self.d_model, where)
+    # The stack's relative position bias is one weight [buckets, h] that
+    # every self-attention layer of the stack adds to its logits.
+    heads = sorted({config.num_heads for config in configs})
+    if name != "encoder_decoder_attention" and len(heads) > 1:
+      raise ValueError(
+          f"{owner}: {name} has layers with num_heads {heads}; a stack "
+          "shares one relative position bias, so every self-attention layer "
+          "of a stack needs the same num_heads.")
 
   @property
   def family(self):
@@ -253,13 +288,29 @@ class T5Config:
   def decoder_layers(self):
     return self.num_decoder_layers or self.num_layers
 
+  def layer_attention(self, name, index):
+    """The AttentionConfig of layer `index` for attention type `name`."""
+    attention = getattr(self, name)
+    return attention[index] if isinstance(attention, tuple) else attention
+
 
 def _attention_fields(config):
   return ("attention",) if isinstance(config, BertConfig) else ATTENTION_TYPES
 
 
 def _updated_attention(attention, value, key):
-  """`attention` with an override: a variant name, a dict or a config."""
+  """`attention` with an override: a variant name, a dict or a config.
+
+  For T5, a list or tuple of these gives each layer of the stack its own
+  config (each applied to the stack's config or to its own layer's).
+  """
+  if isinstance(value, (list, tuple)):
+    return tuple(_updated_attention(
+        attention[min(index, len(attention) - 1)]
+        if isinstance(attention, tuple) else attention,
+        item, f"{key}[{index}]") for index, item in enumerate(value))
+  if isinstance(attention, tuple):
+    return tuple(_updated_attention(item, value, key) for item in attention)
   if isinstance(value, AttentionConfig):
     return value
   if isinstance(value, str):
@@ -305,7 +356,7 @@ def apply_overrides(config, **overrides):
       attention = _updated_attention(attention, overrides["attention"],
                                      "attention")
     if shared:
-      attention = dataclasses.replace(attention, **shared)
+      attention = _updated_attention(attention, shared, "shared fields")
     if field != "attention" and field in overrides:
       attention = _updated_attention(attention, overrides[field], field)
     changes[field] = attention

@@ -18,7 +18,8 @@ Dropout, where T5 puts it (all at `dropout_rate`): on the embeddings, on
 the attention weights, on the feed-forward hidden layer, on every sublayer's
 output before its residual add, and on each stack's final RMSNorm output.
 
-The three attention types take their own `AttentionConfig`. Weights start as
+The three attention types take their own `AttentionConfig`, one for the
+whole stack or one per layer. Weights start as
 in Mesh TensorFlow's T5: embeddings N(0, 1); attention and the feed-forward
 input N(0, 1/d_model), with 1/sqrt(d_k) folded into P_q; the feed-forward
 output N(0, 1/d_ff). (Mesh TensorFlow starts P_o at N(0, 1/(h d_v)); that is
@@ -67,10 +68,13 @@ def _attention(config, attention_config, name):
       use_bias=False, kernel_initializer=_normal(config.d_model ** -0.5))
 
 
-def _position_bias(config, attention_config, bidirectional, name):
+def _position_bias(config, attention_name, bidirectional, name):
+  # Every self-attention layer of a stack has this num_heads (T5Config
+  # checks it), so layer 0's stands for the stack.
+  num_heads = config.layer_attention(attention_name, 0).num_heads
   return embeddings.StackPositionBias(
       relative_position.RelativePositionBias(
-          attention_config.num_heads, bidirectional=bidirectional,
+          num_heads, bidirectional=bidirectional,
           num_buckets=config.relative_num_buckets,
           max_distance=config.relative_max_distance,
           name="relative_position_bias"),
@@ -82,10 +86,13 @@ def _make_decoder_layers(config, embedding):
                                                  name=name)
   layer_blocks = [
       blocks.PreNormBlock(
-          self_attention=_attention(config, config.decoder_self_attention,
-                                    "self_attention"),
-          cross_attention=_attention(config, config.encoder_decoder_attention,
-                                     "cross_attention"),
+          self_attention=_attention(
+              config, config.layer_attention("decoder_self_attention", index),
+              "self_attention"),
+          cross_attention=_attention(
+              config,
+              config.layer_attention("encoder_decoder_attention", index),
+              "cross_attention"),
           feed_forward=_feed_forward(config), causal=True,
           dropout_rate=config.dropout_rate,
           epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
@@ -100,8 +107,8 @@ def _make_decoder_layers(config, embedding):
   return DecoderLayers(
       embedding=embedding,
       embedding_dropout=dropout("decoder_embedding_dropout"),
-      position_bias=_position_bias(config, config.decoder_self_attention,
-                                   False, "decoder_position_bias"),
+      position_bias=_position_bias(config, "decoder_self_attention", False,
+                                   "decoder_position_bias"),
       blocks=layer_blocks,
       final_norm=blocks.RMSNorm(config.layer_norm_epsilon,
                                 name="decoder_final_norm"),
@@ -160,12 +167,13 @@ def build_t5(config, name=None):
   x = tf_keras.layers.Dropout(config.dropout_rate,
                               name="encoder_embedding_dropout")(
                                   embedding(encoder_tokens))
-  bias = _position_bias(config, config.encoder_self_attention, True,
+  bias = _position_bias(config, "encoder_self_attention", True,
                         "encoder_position_bias")(x)
   for index in range(config.num_layers):
     block = blocks.PreNormBlock(
-        self_attention=_attention(config, config.encoder_self_attention,
-                                  "self_attention"),
+        self_attention=_attention(
+            config, config.layer_attention("encoder_self_attention", index),
+            "self_attention"),
         feed_forward=_feed_forward(config), dropout_rate=config.dropout_rate,
         epsilon=config.layer_norm_epsilon, name=f"encoder_block_{index}")
     x = block(x, attention_mask=memory_mask, position_bias=bias)

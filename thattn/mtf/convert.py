@@ -1,225 +1,239 @@
-"""Weights of one attention layer: Mesh TensorFlow <-> thattn's Keras layers.
+"""Mesh TensorFlow model_dirs <-> thattn model_dirs, and per-layer weights.
 
-    mtf_layer = transformer_layers.TalkingHeadsSelfAttention(
-        key_heads_dims=[("key_heads", 3)], softmax_heads_dims=[("heads", 4)],
-        value_heads_dims=[("value_heads", 5)], key_size=8, value_size=8)
-    keras = convert.keras_layer(layer=mtf_layer, d_model=16)
-    weights = convert.mtf_to_keras(layer=mtf_layer, variables=values,
-                                   d_model=16)   # {"query/kernel": ...}
-    keras(x, x)  # build
-    convert.set_keras_weights(layers=[keras], weights=weights)
-    back = convert.keras_to_mtf(layer=mtf_layer, d_model=16,
-                                weights=convert.keras_weights(layers=[keras]))
+Whole models (what `thattn-convert` runs):
 
-`variables` maps mtf variable names relative to the layer's scope (as in
-a checkpoint under `.../TalkingHeadsSelfAttention/`) to arrays. Weights are
-keyed by thattn's tokens (docs/architecture.md, "Weights"):
+    convert.mtf_to_thattn(mtf_model_dir="t5_small", model_dir="runs/t5_small",
+                          vocabulary="t5_small/sentencepiece.model")
+    model = thattn.models.load("runs/t5_small")
+    convert.thattn_to_mtf(model_dir="runs/t5_small", mtf_model_dir="back")
 
-| mtf layer | mtf variable | thattn token | how |
-|---|---|---|---|
-| SelfAttention, EncDecAttention | `q`, `k`, `v` `[d_model, heads*d_kv]` | `query/kernel`, `key/kernel`, `value/kernel` `[d_model, h, d_k]` | heads-major reshape (`combine_dims=True`, mtf's default; `False` stores `[d_model, heads, d_kv]`) |
-| | `o` `[heads*d_kv, d_model]` | `output/kernel` `[h, d_v, d_model]` | reshape |
-| TalkingHeads*Attention | `q/kernel`, `k/kernel` `[d_model, key_heads..., d_k]` | `query/kernel`, `key/kernel` | by dim name |
-| | `v/kernel`, `y/kernel` | `value/kernel`, `output/kernel` | by dim name |
-| | `logits/kernel` `[shared, key_heads, heads]` | `pre_softmax_projection` P_l | by dim name |
-| | `weights/kernel` | `post_softmax_projection` P_w | by dim name |
-| | `logits/logits_dynamic_{i}/kernel` | `x2l/kernel`, `m2l/kernel` | i counts enabled ones, x2l first |
-| | `weights/weights_dynamic_{i}/kernel` | `x2w/kernel`, `m2w/kernel` | likewise |
-| GeneralBilinear*Attention | `q/kernel` `[_d_model, heads, d_model]` | `bilinear_p` `[d_X, d_M, h]` | transpose (0, 2, 1) |
-| | `y/kernel` `[heads, _d_model, d_model]` | `bilinear_q` `[d_M, d_Y, h]` | transpose (1, 2, 0) |
-| any self-attention | `relative_attention_bias` `[heads..., buckets]` | `relative_attention_bias` `[buckets, h]` of `RelativePositionBias` | transpose |
+An mtf model_dir holds `operative_config.gin` and TF1 checkpoints
+`model.ckpt-N` (as T5's public checkpoints do). `mtf_to_thattn` builds the
+mtf model from the gin config (`thattn.mtf.models`), reads its architecture
+as a `T5Config` (`thattn.mtf.architecture`), maps every variable
+(`thattn.mtf.model_map`) and writes a thattn model_dir: `run_config.json`
+(task span_corruption, a T5 preset whose every field the overrides set),
+`checkpoints/` (the backbone, restorable by `thattn.models.load`,
+`thattn-train --init_checkpoint` and `thattn-export`) and, given a
+vocabulary, `tokenizer/`. `thattn_to_mtf` writes the gin config and a
+checkpoint that `mesh_tensorflow.transformer` builds and restores.
 
-Heads dims are matched by *name*: a heads dim present in all three
-talking-heads lists is a head group (thattn's `num_head_groups`, heads
-group-major), and each list's order in mtf may differ from Keras's. The
-mapping is reshapes and transposes only, so a round trip is bit-exact
-(except with `fold_scaling_into_initializer=False`, below).
+Both write into a hidden staging folder beside the output and rename it
+into place at the end: a failed conversion leaves nothing at the output, and
+an output that exists and is not empty is never touched.
 
-Conventions that differ between the two backends:
-
-| | Mesh TensorFlow | thattn Keras | conversion |
-|---|---|---|---|
-| 1/sqrt(d_k) | in P_q's initializer (std `(d_model*d_k)**-0.5`); `fold_scaling_into_initializer=False` scales Q at run time; `unit_scaling_convention` scales every einsum | in P_q's initializer only, never at run time | run-time Q scale folded into `query/kernel` (one float rounding each way); `unit_scaling_convention=True` refused |
-| initializers | TF1 truncated normals, std = pre-truncation sigma (realized std about 0.88x) | VarianceScaling / normals | none: weights are copied, not re-initialized |
-| logits dtype | `SelfAttention`: float32; talking heads and general bilinear: the activation dtype | softmax always in float32 | equal in float32 |
-| masks | -1e9 *added* to the logits (segment ids, causal priorities) | `where(mask, L, -1e9)` after P_l | equal unless a row is fully masked (mtf: softmax of the unmasked logits; thattn: uniform) |
-| dropout | one mask shared by all query positions (noise shape drops `length`) | elementwise on U | not convertible; equal outputs need dropout off |
-| biases | none | `use_bias=False` | refused if present on the Keras side |
-| P_l / P_w | created only when the two head lists' *names* differ; then `dynamic_projections` silently ignored when they match | `project_logits` / `project_weights`; dynamic terms need them | such mtf configs refused |
-| enc-dec widths | memory width must equal d_model | any width | the Keras layer is built for d_model |
-
-Not converted (ValueError): `num_memory_heads` (multi-query), `shared_kv`,
-`keep_query_heads_dims`, `attention_func`, `attention_kwargs`, hyperprompts,
-`relative_attention_type="contextual"`, relative bias on enc-dec attention
-(mtf's span positions), other mtf layers. `z_loss_coeff` only adds an
-auxiliary training loss and does not change the layer's output.
+Per-layer weights (`keras_layer`, `mtf_to_keras`, `keras_to_mtf`, ...)
+are `thattn.mtf.layer_weights`'s, re-exported here.
 """
 
-import numpy as np
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
 
-from thattn import layers as keras_layers
-from thattn.mtf import weight_maps
+import tensorflow as tf
 
+from thattn import models
+from thattn import run_dir
+from thattn.data import tokenizers
+from thattn.mtf import architecture
+from thattn.mtf import model_map
+from thattn.mtf import models as mtf_models
+# The per-layer conversion, part of this module's interface.
+from thattn.mtf.layer_weights import keras_layer  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import keras_relative_bias  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import keras_to_mtf  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import keras_weights  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import mtf_to_keras  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import mtf_variable_dims  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import mtf_variable_shapes  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import set_keras_weights  # pylint: disable=unused-import
+from thattn.mtf.layer_weights import token_of  # pylint: disable=unused-import
 
-def _keras_dims(weight):
-  return "[" + ", ".join("*".join(axis) or "1" for axis in weight.keras_axes
-                         ) + "]"
-
-
-def _mtf_dims(weight):
-  return "[" + ", ".join("*".join(axis) for axis in weight.mtf_axes) + "]"
-
-
-def _rearrange(array, source, target, sizes):
-  """Reshapes `source` axes into atoms, transposes to `target`, reshapes."""
-  atoms = [a for axis in source for a in axis]
-  array = np.reshape(array, [sizes[a] for a in atoms])
-  wanted = [a for axis in target for a in axis]
-  for i in reversed(range(len(atoms))):  # atoms the target lacks: size 1
-    if atoms[i] not in wanted:
-      array = np.squeeze(array, i)
-      del atoms[i]
-  for a in wanted:  # atoms the source lacks: size 1
-    if a not in atoms:
-      array = np.expand_dims(array, -1)
-      atoms.append(a)
-  array = np.transpose(array, [atoms.index(a) for a in wanted])
-  return np.reshape(array, [int(np.prod([sizes[a] for a in axis]))
-                            for axis in target])
-
-
-def _checked(values, expected, what, description):
-  """Refuses missing, unknown and misshapen entries of `values`."""
-  missing = [name for name in expected if name not in values]
-  if missing:
-    raise ValueError(f"{description}: {what} {missing[0]!r} is missing; "
-                     f"expected {', '.join(expected)}.")
-  unknown = [name for name in values if name not in expected]
-  if unknown:
-    raise ValueError(f"{description}: unknown {what} {unknown[0]!r}; "
-                     f"expected {', '.join(expected)}.")
-  for name, (shape, dims) in expected.items():
-    got = tuple(np.shape(values[name]))
-    if got != shape:
-      raise ValueError(f"{description}: {what} {name!r} has shape {got}, "
-                       f"expected {shape} {dims}.")
+# T5's vocabulary: 0 pads and starts decoding, 1 ends a sequence.
+T5_EOS_ID = 1
+DEFAULT_SEQUENCE_LENGTH = 512
+CONVERTED_FROM = "converted_from"
 
 
-def mtf_variable_shapes(*, layer, d_model):
-  """{mtf variable name: shape} that `layer` creates for width d_model."""
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  return {w.mtf_name: spec.shape(w.mtf_axes) for w in spec.weights}
+@contextlib.contextmanager
+def _staged(target, what):
+  """Yields a staging folder that becomes `target` when the block succeeds."""
+  target = os.path.abspath(target)
+  if tf.io.gfile.exists(target) and tf.io.gfile.listdir(target):
+    raise ValueError(f"{target} exists and is not empty; choose a new "
+                     f"{what} (nothing was written).")
+  parent, name = os.path.split(target)
+  staging = os.path.join(parent, f".{name}.incomplete-{os.getpid()}")
+  if tf.io.gfile.exists(staging):
+    shutil.rmtree(staging)  # our own leftover: same name, same process id
+  os.makedirs(staging)
+  try:
+    yield staging
+    if tf.io.gfile.exists(target):
+      os.rmdir(target)  # empty, checked above; fails if a writer came since
+    os.rename(staging, target)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
 
 
-def mtf_variable_dims(*, layer, d_model):
-  """{mtf variable name: dimension names}, as mtf names them."""
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  # A combined axis takes its first dimension's name, as mtf's
-  # `_combined_dim` does.
-  return {w.mtf_name: tuple(axis[0] for axis in w.mtf_axes)
-          for w in spec.weights}
+def _gin_setting(gin_text, name, default):
+  """A gin binding of the mtf model's config (macros evaluated)."""
+  with mtf_models.gin_scope(gin_text):
+    architecture.check_vocab_embedding()
+    value = mtf_models.bound_value(name, default)
+    return default if value is None else value
 
 
-def mtf_to_keras(*, layer, variables, d_model):
-  """thattn weights {token: array} from an mtf layer's {variable: array}.
-
-  Raises:
-    ValueError naming the variable, its shape and the expected shape when a
-    variable is missing, unknown or misshapen, or when the layer's
-    configuration has no Keras counterpart (see the module docstring).
-  """
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  _checked(variables, {w.mtf_name: (spec.shape(w.mtf_axes), _mtf_dims(w))
-                       for w in spec.weights}, "mtf variable",
-           spec.description)
-  weights = {}
-  for w in spec.weights:
-    value = np.asarray(variables[w.mtf_name])
-    keras = _rearrange(value, w.mtf_axes, w.keras_axes, spec.sizes)
-    weights[w.token] = keras if w.scale == 1.0 else (
-        keras * np.asarray(w.scale, keras.dtype))
-  return weights
-
-
-def keras_to_mtf(*, layer, weights, d_model):
-  """An mtf layer's {variable: array} from thattn weights {token: array}.
-
-  Raises:
-    ValueError naming the weight, its shape and the expected shape.
-  """
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  _checked(weights, {w.token: (spec.shape(w.keras_axes), _keras_dims(w))
-                     for w in spec.weights}, "thattn weight",
-           spec.description)
-  variables = {}
-  for w in spec.weights:
-    value = np.asarray(weights[w.token])
-    if w.scale != 1.0:
-      value = value / np.asarray(w.scale, value.dtype)
-    variables[w.mtf_name] = _rearrange(value, w.keras_axes, w.mtf_axes,
-                                       spec.sizes)
-  return variables
+def _vocabulary(vocabulary, rows, divisor):
+  """The thattn tokenizer for `vocabulary`, checked against the embedding."""
+  if tf.io.gfile.isdir(vocabulary):
+    tokenizer = tokenizers.load(vocabulary)
+  else:
+    if not tf.io.gfile.exists(vocabulary):
+      raise ValueError(f"vocabulary={vocabulary!r} does not exist; expected "
+                       "a SentencePiece model file or a thattn tokenizer "
+                       "folder.")
+    with tf.io.gfile.GFile(vocabulary, "rb") as f:
+      tokenizer = tokenizers.SentencepieceTokenizer(f.read())
+  size = tokenizer.vocab_size
+  padded = -(-size // divisor) * divisor
+  if padded != rows:
+    raise ValueError(
+        f"vocabulary {vocabulary} has {size} tokens (padded to a multiple of "
+        f"{divisor}: {padded}), but the checkpoint's shared/embedding has "
+        f"{rows} rows; expected the vocabulary the model was trained with.")
+  return tokenizer
 
 
-def keras_layer(*, layer, d_model, name=None):
-  """thattn's Keras attention layer computing what mtf `layer` computes.
-
-  Unbuilt: call it (or `build_from_shapes`) with width-d_model inputs
-  before `set_keras_weights`. `fused_kernel` is left to thattn's choice.
-  """
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  return spec.keras_class(output_dim=d_model, name=name, **spec.keras_kwargs)
-
-
-def keras_relative_bias(*, layer, d_model, bidirectional, name=None):
-  """thattn's `RelativePositionBias` for `layer`'s relative bias, or None.
-
-  `bidirectional` is mtf's `not model.fully_autoregressive`: False for the
-  causal self-attention of a decoder or language model.
-  """
-  spec = weight_maps.layer_map(layer, d_model=d_model)
-  if not any(w.token == weight_maps.RELATIVE_BIAS for w in spec.weights):
-    return None
-  return keras_layers.RelativePositionBias(
-      num_heads=spec.keras_kwargs["num_heads"], bidirectional=bidirectional,
-      num_buckets=spec.sizes[weight_maps.BUCKETS], name=name)
+def _overrides(config):
+  """Every T5Config field as JSON-ready overrides."""
+  overrides = {}
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    if isinstance(value, models.AttentionConfig):
+      value = dataclasses.asdict(value)
+    elif isinstance(value, tuple) and value and isinstance(
+        value[0], models.AttentionConfig):
+      value = [dataclasses.asdict(item) for item in value]
+    overrides[field.name] = value
+  return json.loads(json.dumps(overrides))  # tuples -> lists, as on disk
 
 
-def token_of(variable_name):
-  """The thattn token of a Keras variable name ("layer/query/kernel:0")."""
-  path = variable_name.split(":")[0]
-  for token in ("relative_attention_bias", "pre_softmax_projection",
-                "post_softmax_projection", "bilinear_p", "bilinear_q"):
-    if path.endswith(token):
-      return token
-  return "/".join(path.split("/")[-2:])
+def _load_mtf(mtf_model_dir, checkpoint_step):
+  """(gin text, checkpoint path, {name: array}, Bitransformer) of a dir."""
+  gin_text = mtf_models.read_operative_config(mtf_model_dir)
+  kind = mtf_models.model_type(gin_text)
+  if kind != "bitransformer":
+    raise ValueError(f"{mtf_model_dir}: model_type {kind!r} in "
+                     f"{mtf_models.OPERATIVE_CONFIG}; thattn-convert takes "
+                     "'bitransformer' (T5) models.")
+  checkpoint = mtf_models.latest_checkpoint(mtf_model_dir, checkpoint_step)
+  variables = mtf_models.read_checkpoint(checkpoint)
+  if "shared/embedding" not in variables:
+    raise ValueError(f"{checkpoint} has no shared/embedding variable; "
+                     "expected a Bitransformer with a shared embedding.")
+  rows = variables["shared/embedding"].shape[0]
+  mtf_model = mtf_models.build_model(gin_text=gin_text, vocab_size=rows)
+  return gin_text, checkpoint, variables, mtf_model
 
 
-def keras_weights(*, layers):
-  """{token: array} of thattn Keras layers (an attention layer and its
-  optional `RelativePositionBias`)."""
-  weights = {}
-  for layer in layers:
-    for variable in layer.weights:
-      token = token_of(variable.name)
-      if token in weights:
-        raise ValueError(f"two weights have token {token!r} (the second is "
-                         f"{variable.name!r}); pass one attention layer and "
-                         "at most one RelativePositionBias.")
-      weights[token] = variable.numpy()
-  return weights
+def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
+                  vocabulary=None, sequence_length=DEFAULT_SEQUENCE_LENGTH,
+                  log=print):
+  """Writes the thattn model_dir of an mtf Bitransformer's model_dir.
 
+  Args:
+    mtf_model_dir: holds operative_config.gin and model.ckpt-N.
+    model_dir: the thattn model_dir to write; must not exist or be empty.
+    checkpoint_step: N of model.ckpt-N; None for the newest.
+    vocabulary: a SentencePiece model file or a thattn tokenizer folder,
+      written as the model_dir's tokenizer (needed to export and fine-tune
+      on text); its size, padded as mtf pads it, must match the embedding.
+    sequence_length: the input length recorded for fine-tuning and serving.
+    log: where progress lines go.
 
-def set_keras_weights(*, layers, weights):
-  """Assigns {token: array} to built thattn Keras layers.
+  Returns:
+    The thattn T5Config.
 
   Raises:
-    ValueError naming the token, its shape and the layer's shape, or the
-    weight that `weights` lacks or the layers lack.
+    ValueError naming the file, variable or gin binding that cannot be
+    converted; nothing is written then.
   """
-  variables = {token_of(v.name): v for layer in layers for v in layer.weights}
-  _checked(weights, {token: (tuple(v.shape.as_list()), f"({v.name})")
-                     for token, v in variables.items()}, "thattn weight",
-           " + ".join(layer.name for layer in layers))
-  for token, variable in variables.items():
-    variable.assign(np.asarray(weights[token], variable.dtype.as_numpy_dtype))
+  gin_text, checkpoint, variables, mtf_model = _load_mtf(mtf_model_dir,
+                                                         checkpoint_step)
+  rows = variables["shared/embedding"].shape[0]
+  config = architecture.t5_config(
+      mtf_model, vocab_size=rows,
+      layer_norm_epsilon=_gin_setting(gin_text, "sublayer_rms_norm.epsilon",
+                                      1e-6),
+      dropout_rate=_gin_setting(gin_text, "sublayer_dropout.dropout_rate",
+                                0.0))
+  tokenizer = None
+  if vocabulary is not None:
+    tokenizer = _vocabulary(vocabulary, rows, _gin_setting(
+        gin_text, "Unitransformer.vocab_divisor", 128))
+  keras_model = models.build_model(config)
+  model_map.mtf_to_keras(mtf_model=mtf_model, keras_model=keras_model,
+                         variables=variables)
+  step = int(re.search(r"(\d+)$", checkpoint).group(1))
+  preset = "t5_1_1_base" if config.gated_feed_forward else "t5_base"
+  run_config = {
+      "task": "span_corruption", "preset": preset,
+      "overrides": _overrides(config), "sequence_length": sequence_length,
+      "eos_id": T5_EOS_ID,
+      "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
+      CONVERTED_FROM: {"mtf_model_dir": os.path.abspath(mtf_model_dir),
+                       "checkpoint": checkpoint, "step": step}}
+  with _staged(model_dir, "--model_dir") as staging:
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(backbone=keras_model),
+        run_dir.path(staging, run_dir.CHECKPOINTS), max_to_keep=1)
+    manager.save(checkpoint_number=step)
+    if tokenizer is not None:
+      tokenizer.save(run_dir.path(staging, run_dir.TOKENIZER))
+    run_dir.write_json(run_dir.path(staging, run_dir.RUN_CONFIG), run_config,
+                       sort_keys=True)
+  log(f"Converted {checkpoint} (step {step}) to {model_dir}: T5, "
+      f"{config.num_layers}+{config.decoder_layers} layers, d_model "
+      f"{config.d_model}, vocabulary {rows}"
+      f"{', tokenizer written' if tokenizer else ', no tokenizer'}.")
+  return config
+
+
+def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
+  """Writes an mtf model_dir (gin + model.ckpt-N) of a thattn T5 model_dir.
+
+  Args:
+    model_dir: a thattn model_dir with a T5 backbone.
+    mtf_model_dir: the folder to write; must not exist or be empty.
+    checkpoint: a checkpoint prefix of model_dir; None for the latest.
+    log: where progress lines go.
+
+  Returns:
+    The gin config text written.
+
+  Raises:
+    ValueError when the run is not a T5, or has something mtf lacks.
+  """
+  run_config = run_dir.read_run_config(model_dir)
+  config = models.model_config(run_config["preset"],
+                               **run_config.get("overrides", {}))
+  gin_text = architecture.gin_text(config)
+  checkpoint = checkpoint or run_dir.latest_checkpoint(model_dir)
+  keras_model = models.load(model_dir, checkpoint=checkpoint)
+  mtf_model = mtf_models.build_model(gin_text=gin_text,
+                                     vocab_size=config.vocab_size)
+  variables = model_map.keras_to_mtf(mtf_model=mtf_model,
+                                     keras_model=keras_model)
+  match = re.search(r"-(\d+)$", checkpoint)
+  step = int(match.group(1)) if match else 0
+  with _staged(mtf_model_dir, "--mtf_model_dir") as staging:
+    mtf_models.write_model_dir(mtf_model_dir=staging, gin_text=gin_text,
+                               variables=variables, step=step)
+  log(f"Converted {checkpoint} to {mtf_model_dir}: "
+      f"{mtf_models.OPERATIVE_CONFIG} and model.ckpt-{step}.")
+  return gin_text

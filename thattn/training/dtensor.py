@@ -68,7 +68,7 @@ import tf_keras
 
 from thattn import sharding
 from thattn.training import devices
-from thattn.training import run_dir
+from thattn import run_dir
 from thattn.training import strategies
 
 # Mesh TensorFlow's classic "batch:batch;heads:model;d_ff:model;vocab:model"

@@ -42,7 +42,7 @@ from thattn.training import dtensor
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
 from thattn.training import progress as progress_lib
-from thattn.training import run_dir
+from thattn import run_dir
 from thattn.training import run_lock
 from thattn.training import strategies
 

@@ -1,0 +1,362 @@
+"""A Mesh TensorFlow model's architecture as thattn's T5Config, and back.
+
+`t5_config(model, ...)` reads a built `mesh_tensorflow.transformer`
+`Bitransformer` (T5's layout: pre-norm RMSNorm stacks whose blocks are
+[self-attention, feed-forward] in the encoder and [self-attention, enc-dec
+attention, feed-forward] in the decoder) and returns the `T5Config` of the
+thattn model that computes the same logits. `gin_text(config)` writes the
+gin config of the mtf model that computes what a thattn T5Config computes.
+
+What both sides must agree on, and the mtf bindings that carry it:
+
+| thattn T5Config | Mesh TensorFlow |
+|---|---|
+| d_model | `Unitransformer.d_model` |
+| vocab_size | rows of `shared/embedding` (`Unitransformer.vocab_divisor` pads it; thattn writes 1) |
+| num_layers, num_decoder_layers | blocks of `encoder/` and `decoder/make_layer_stack` |
+| d_ff, activation, gated_feed_forward | `DenseReluDense.hidden_size`, `.activation` ("relu"; "gelu" is the tanh form; ["gelu", "linear"] gated) |
+| *_attention (one or per layer) | the attention layers, through `thattn.mtf.weight_maps` |
+| relative_num_buckets | `relative_attention_num_buckets`, with `relative_attention_type = "bias_shared"` on every self-attention layer (mtf's max distance is fixed at 128) |
+| tie_embeddings | `Unitransformer.shared_embedding_and_softmax_weights` (logits scaled by d_model**-0.5 when tied) |
+| layer_norm_epsilon | `sublayer_rms_norm.epsilon` |
+| dropout_rate | `sublayer_dropout.dropout_rate` and the layers' dropout_rate |
+
+Anything else (absolute positions, separate encoder and decoder
+embeddings, other sublayers, per-layer relative biases, feed-forward
+biases, other layer classes, head groups) is a ValueError naming it.
+"""
+
+import dataclasses
+
+from thattn import models
+from thattn.mtf import compat
+from thattn.mtf import layers as mtf_layers
+from thattn.mtf import weight_maps
+
+mtf = compat.import_mesh_tensorflow()
+_tl = mtf_layers.transformer_layers
+transformer = compat.import_transformer().transformer
+
+# mtf's _relative_position_bucket has max_distance=128 and no setting for it.
+MTF_MAX_DISTANCE = 128
+_MTF_LAYERS = "mesh_tensorflow.transformer.transformer_layers"
+_ACTIVATIONS = {  # mtf DenseReluDense.activation -> (thattn, gated)
+    "relu": ("relu", False), "gelu": ("gelu_approximate", False),
+    ("relu", "linear"): ("relu", True),
+    ("gelu", "linear"): ("gelu_approximate", True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """One block of a stack: its mtf layers by role (None where absent)."""
+  self_attention: object
+  cross_attention: object
+  feed_forward: object
+
+
+def _refuse(what, expected):
+  raise ValueError(f"Mesh TensorFlow model: {what}; thattn's converter "
+                   f"expects {expected}.")
+
+
+def _is_attention(layer, enc_dec):
+  kinds = ((_tl.EncDecAttention, _tl.TalkingHeadsEncDecAttention,
+            _tl.GeneralBilinearEncDecAttention,
+            mtf_layers.GroupedTalkingHeadsEncDecAttention) if enc_dec else
+           (_tl.SelfAttention, _tl.TalkingHeadsSelfAttention,
+            _tl.GeneralBilinearSelfAttention,
+            mtf_layers.GroupedTalkingHeadsSelfAttention))
+  if not isinstance(layer, kinds):
+    return False
+  # The enc-dec classes subclass the self-attention ones.
+  return enc_dec or not isinstance(layer, (
+      _tl.EncDecAttention, _tl.TalkingHeadsEncDecAttention,
+      _tl.GeneralBilinearEncDecAttention,
+      mtf_layers.GroupedTalkingHeadsEncDecAttention))
+
+
+def blocks(stack_name, unitransformer, *, decoder):
+  """The stack's layers grouped into `Block`s, refusing other layouts."""
+  layers = list(unitransformer.layer_stack.layers)
+  roles = ("self", "cross", "ff") if decoder else ("self", "ff")
+  expected = ("[self-attention, enc-dec attention, DenseReluDense]" if decoder
+              else "[self-attention, DenseReluDense]")
+  if not layers or len(layers) % len(roles):
+    _refuse(f"{stack_name} has {len(layers)} layers "
+            f"{[type(l).__name__ for l in layers]}",
+            f"blocks of {expected}")
+  result = []
+  for start in range(0, len(layers), len(roles)):
+    group = dict(zip(roles, layers[start:start + len(roles)]))
+    checks = {"self": _is_attention(group["self"], False),
+              "cross": _is_attention(group.get("cross"), True)
+                       if decoder else True,
+              "ff": type(group["ff"]) is _tl.DenseReluDense}  # pylint: disable=unidiomatic-typecheck
+    bad = [role for role, ok in checks.items() if not ok]
+    if bad:
+      layer = group[bad[0]]
+      _refuse(f"{stack_name} layer {layer.name!r} is a "
+              f"{type(layer).__name__}", f"blocks of {expected}")
+    result.append(Block(group["self"], group.get("cross"), group["ff"]))
+  return result
+
+
+def check_stack(stack_name, unitransformer):
+  """Refuses sublayers, positions and options thattn's T5 lacks."""
+  stack = unitransformer.layer_stack
+  if type(stack) is not transformer.LayerStack:  # pylint: disable=unidiomatic-typecheck
+    _refuse(f"{stack_name} is a {type(stack).__name__}", "a LayerStack")
+  expected = {
+      "sublayers_initial": [transformer.sublayer_dropout],
+      "sublayers_per_layer": [transformer.sublayer_rms_norm,
+                              transformer.sublayer_call_layer,
+                              transformer.sublayer_dropout,
+                              transformer.sublayer_residual],
+      "sublayers_final": [transformer.sublayer_rms_norm,
+                          transformer.sublayer_dropout]}
+  for name, functions in expected.items():
+    got = list(getattr(stack, "_" + name) or [])
+    if got != functions:
+      _refuse(f"{stack_name}/LayerStack.{name} = "
+              f"{[getattr(f, '__name__', f) for f in got]}",
+              f"{[f.__name__ for f in functions]} (T5's pre-norm block)")
+  options = {
+      "positional_embedding": (unitransformer.positional_embedding, False),
+      "sinusoid_positional_embedding": (
+          unitransformer.sinusoid_positional_embedding, False),
+      "ensemble": (unitransformer.ensemble_dim, None),
+      "input_full_attention": (unitransformer.input_full_attention, False),
+      "token_dropout_rate": (unitransformer.token_dropout_rate, 0.0)}
+  for name, (value, wanted) in options.items():
+    if value != wanted:
+      _refuse(f"{stack_name}/Unitransformer.{name} = {value!r}",
+              f"{wanted!r} (thattn's T5 has relative positions only)")
+
+
+def feed_forward_settings(block_list, stack_name):
+  """(d_ff, activation, gated) shared by every DenseReluDense of a stack."""
+  settings = set()
+  for block in block_list:
+    ff = block.feed_forward
+    if ff.use_bias:
+      _refuse(f"{stack_name} layer {ff.name!r} has use_bias=True",
+              "DenseReluDense.use_bias = False (T5 has no biases)")
+    key = (tuple(ff.activation) if isinstance(ff.activation, (list, tuple))
+           else ff.activation)
+    if key not in _ACTIVATIONS:
+      _refuse(f"{stack_name} layer {ff.name!r} has activation {key!r}",
+              f"one of {list(_ACTIVATIONS)}")
+    settings.add((ff.hidden_size,) + _ACTIVATIONS[key])
+  return settings
+
+
+def attention_config(layer, d_model):
+  """The thattn AttentionConfig of an mtf attention layer."""
+  spec = weight_maps.layer_map(layer, d_model=d_model)
+  kwargs = spec.keras_kwargs
+  if kwargs.get("num_head_groups", 1) > 1:
+    _refuse(f"layer {layer.name!r} has {kwargs['num_head_groups']} head "
+            "groups", "no heads dim shared by all three head lists (thattn's "
+            "model configs have no head groups)")
+  if spec.keras_class is weight_maps.keras_layers.GeneralBilinearAttention:
+    return models.AttentionConfig(variant="general_bilinear",
+                                  num_heads=kwargs["num_heads"])
+  if spec.keras_class is weight_maps.keras_layers.MultiHeadAttention:
+    return models.AttentionConfig(num_heads=kwargs["num_heads"],
+                                  key_dim=kwargs["key_dim"])
+  logits, weights = kwargs["project_logits"], kwargs["project_weights"]
+  variant = {(True, True): "talking_heads", (True, False): "project_logits",
+             (False, True): "project_weights",
+             (False, False): "multi_head"}[(logits, weights)]
+  heads = {} if variant == "multi_head" else dict(
+      num_key_heads=kwargs["num_key_heads"],
+      num_value_heads=kwargs["num_value_heads"],
+      dynamic_projections=tuple(kwargs["dynamic_projections"]))
+  return models.AttentionConfig(
+      variant=variant, num_heads=kwargs["num_heads"],
+      key_dim=kwargs["key_dim"], value_dim=kwargs["value_dim"], **heads)
+
+
+def _one_or_per_layer(configs):
+  return configs[0] if len(set(configs)) == 1 else tuple(configs)
+
+
+def check_relative_bias(stack_name, block_list):
+  """The buckets of a stack whose self-attention layers share one bias."""
+  kinds = {b.self_attention.relative_attention_type for b in block_list}
+  if kinds != {"bias_shared"}:
+    _refuse(f"{stack_name}'s self-attention layers have "
+            f"relative_attention_type {sorted(map(str, kinds))}",
+            "'bias_shared' on every one (thattn's T5 shares one relative "
+            "position bias per stack)")
+  buckets = {b.self_attention.relative_attention_num_buckets
+             for b in block_list}
+  if len(buckets) > 1:
+    _refuse(f"{stack_name} has relative_attention_num_buckets "
+            f"{sorted(buckets)}", "one value per model")
+  return buckets.pop()
+
+
+def t5_config(model, *, vocab_size, layer_norm_epsilon, dropout_rate):
+  """The T5Config of an mtf Bitransformer (see the module docstring)."""
+  if not isinstance(model, transformer.Bitransformer):
+    _refuse(f"the model is a {type(model).__name__}",
+            "a Bitransformer (T5's encoder-decoder)")
+  if not model.shared_embedding:
+    _refuse("Bitransformer.shared_embedding = False",
+            "True (thattn's T5 has one token embedding)")
+  d_model = model.encoder.model_dim.size
+  stacks = {}
+  for name, unit, decoder in (("encoder", model.encoder, False),
+                              ("decoder", model.decoder, True)):
+    check_stack(name, unit)
+    stacks[name] = blocks(name, unit, decoder=decoder)
+  buckets = {check_relative_bias(name, b) for name, b in stacks.items()}
+  settings = set().union(*(feed_forward_settings(b, name)
+                           for name, b in stacks.items()))
+  if len(buckets) > 1 or len(settings) > 1:
+    _refuse(f"the stacks differ in buckets {sorted(buckets)} or feed-forward "
+            f"(d_ff, activation, gated) {sorted(settings)}",
+            "one of each per model")
+  (d_ff, activation, gated), = settings
+  attention = lambda layers: _one_or_per_layer(
+      [attention_config(layer, d_model) for layer in layers])
+  return models.T5Config(
+      vocab_size=vocab_size, d_model=d_model,
+      num_layers=len(stacks["encoder"]),
+      num_decoder_layers=len(stacks["decoder"]), d_ff=d_ff,
+      encoder_self_attention=attention(
+          [b.self_attention for b in stacks["encoder"]]),
+      decoder_self_attention=attention(
+          [b.self_attention for b in stacks["decoder"]]),
+      encoder_decoder_attention=attention(
+          [b.cross_attention for b in stacks["decoder"]]),
+      activation=activation, gated_feed_forward=gated,
+      tie_embeddings=model.decoder.shared_embedding_and_softmax_weights,
+      relative_num_buckets=buckets.pop(),
+      relative_max_distance=MTF_MAX_DISTANCE, dropout_rate=dropout_rate,
+      layer_norm_epsilon=layer_norm_epsilon)
+
+
+def check_vocab_embedding():
+  """Refuses vocab embeddings other than mtf's plain VocabEmbedding (gin)."""
+  cls = transformer.get_vocab_embedding_cls()
+  if cls is not transformer.VocabEmbedding:
+    _refuse(f"get_vocab_embedding_cls.cls = {cls.__name__}",
+            "VocabEmbedding (a plain embedding table)")
+
+
+# ---- thattn T5Config -> gin ---------------------------------------------------
+
+
+def _gin_value(value):
+  """A Python value as gin literal text; classes as @references."""
+  if isinstance(value, type):
+    module = (_MTF_LAYERS if value.__module__.endswith("transformer_layers")
+              else "thattn")
+    return f"@{module}.{value.__name__}"
+  if isinstance(value, dict):
+    return "{" + ", ".join(f"{_gin_value(k)}: {_gin_value(v)}"
+                           for k, v in value.items()) + "}"
+  if isinstance(value, (list, tuple)):
+    items = ", ".join(_gin_value(v) for v in value)
+    return (f"({items},)" if len(value) == 1 else f"({items})"
+            ) if isinstance(value, tuple) else f"[{items}]"
+  return repr(value)
+
+
+def mtf_attention(attention, *, d_model, enc_dec, buckets, dropout_rate):
+  """(mtf layer class, its kwargs) computing what `attention` computes."""
+  d_k, d_v = attention.head_dims(d_model)
+  h, h_k, h_v = (attention.num_heads, attention.key_heads,
+                 attention.value_heads)
+  relative = {} if enc_dec else dict(relative_attention_type="bias_shared",
+                                     relative_attention_num_buckets=buckets)
+  common = dict(dropout_rate=dropout_rate, **relative)
+  if attention.variant == "general_bilinear":
+    cls = (_tl.GeneralBilinearEncDecAttention if enc_dec else
+           _tl.GeneralBilinearSelfAttention)
+    return cls, dict(heads_dims=[("heads", h)], **common)
+  if attention.variant == "multi_head" and d_k == d_v:
+    cls = _tl.EncDecAttention if enc_dec else _tl.SelfAttention
+    return cls, dict(num_heads=h, key_value_size=d_k, **common)
+  # mtf makes P_l (P_w) exactly when the key (value) heads and the softmax
+  # heads have different names.
+  projects_logits = attention.variant in ("talking_heads", "dynamic",
+                                          "project_logits")
+  projects_weights = attention.variant in ("talking_heads", "dynamic",
+                                           "project_weights")
+  dynamic = (("x2l", "m2l", "x2w", "m2w") if attention.variant == "dynamic"
+             else attention.dynamic_projections)
+  cls = (_tl.TalkingHeadsEncDecAttention if enc_dec else
+         _tl.TalkingHeadsSelfAttention)
+  return cls, dict(
+      key_heads_dims=[("key_heads" if projects_logits else "heads", h_k)],
+      softmax_heads_dims=[("heads", h)],
+      value_heads_dims=[("value_heads" if projects_weights else "heads", h_v)],
+      key_size=d_k, value_size=d_v, dynamic_projections=list(dynamic),
+      **common)
+
+
+def _stack_layers(config, *, decoder):
+  """make_layer_stack's `layers`: [[class, name, kwargs], ...] per block."""
+  activation, gated = config.activation, config.gated_feed_forward
+  if activation not in ("relu", "gelu_approximate"):
+    _refuse(f"thattn activation {activation!r}", "'relu' or "
+            "'gelu_approximate' (mtf's gelu is the tanh form)")
+  mtf_activation = {"relu": "relu", "gelu_approximate": "gelu"}[activation]
+  feed_forward = dict(hidden_size=config.d_ff, dropout_rate=config.dropout_rate,
+                      activation=[mtf_activation, "linear"] if gated
+                      else mtf_activation)
+  kinds = ((("decoder_self_attention", False),
+            ("encoder_decoder_attention", True)) if decoder else
+           (("encoder_self_attention", False),))
+  count = config.decoder_layers if decoder else config.num_layers
+  layers = []
+  for index in range(count):
+    for role, (name, enc_dec) in enumerate(kinds):
+      cls, kwargs = mtf_attention(
+          config.layer_attention(name, index), d_model=config.d_model,
+          enc_dec=enc_dec, buckets=config.relative_num_buckets,
+          dropout_rate=config.dropout_rate)
+      layers.append([cls, f"block_{index:03d}/layer_{role:03d}", kwargs])
+    layers.append([_tl.DenseReluDense, f"block_{index:03d}/layer_{len(kinds):03d}",
+                   feed_forward])
+  return layers
+
+
+def gin_text(config):
+  """The operative gin config of the mtf Bitransformer for a T5Config.
+
+  Every layer is listed with its own arguments (`make_layer_stack` with
+  `block_scope=False` and explicit `block_XXX/layer_YYY` names), so per-layer
+  attention configs survive and the variable names are T5's.
+  """
+  if not isinstance(config, models.T5Config):
+    raise ValueError(f"Mesh TensorFlow export needs a T5Config, got "
+                     f"{type(config).__name__} (BERT and ALBERT have no mtf "
+                     "counterpart here).")
+  if config.relative_max_distance != MTF_MAX_DISTANCE:
+    _refuse(f"thattn relative_max_distance={config.relative_max_distance}",
+            f"{MTF_MAX_DISTANCE} (mtf's fixed relative position distance)")
+  lines = [
+      "# Written by thattn-convert: the Mesh TensorFlow Bitransformer that "
+      "computes", "# what the thattn T5 model computes.",
+      f"import {_MTF_LAYERS}", "import thattn.mtf.layers", "",
+      "utils.run.model_type = 'bitransformer'",
+      "Bitransformer.shared_embedding = True",
+      f"Unitransformer.d_model = {config.d_model}",
+      "Unitransformer.positional_embedding = False",
+      "Unitransformer.shared_embedding_and_softmax_weights = "
+      f"{config.tie_embeddings}",
+      "# thattn's vocabulary is not padded to a multiple of 128.",
+      "Unitransformer.vocab_divisor = 1",
+      f"sublayer_rms_norm.epsilon = {config.layer_norm_epsilon!r}",
+      f"sublayer_dropout.dropout_rate = {config.dropout_rate!r}"]
+  for scope, decoder in (("encoder", False), ("decoder", True)):
+    layers = _stack_layers(config, decoder=decoder)
+    lines += [f"{scope}/make_layer_stack.block_scope = False",
+              f"{scope}/make_layer_stack.num_layers = 1",
+              f"{scope}/make_layer_stack.layers = ["]
+    lines += [f"    {_gin_value(layer)}," for layer in layers] + ["]"]
+  return "\n".join(lines) + "\n"

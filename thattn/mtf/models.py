@@ -1,0 +1,450 @@
+"""Whole Mesh TensorFlow models from gin configs, run on a mesh, and saved.
+
+An mtf model_dir (as T5's public checkpoints) holds its run's gin config,
+`operative_config.gin`, and TF1 name-based checkpoints `model.ckpt-N`:
+
+    text = models.read_operative_config(mtf_model_dir)
+    values = models.read_checkpoint(models.latest_checkpoint(mtf_model_dir))
+    y = models.logits(gin_text=text, vocab_size=32100, variables=values,
+                      inputs=ids, targets=ids)
+
+The models are mtf's own `Bitransformer` and `Unitransformer`, built as
+`mesh_tensorflow.transformer.utils.build_model` builds them inside
+`gin_scope`, which parses the gin text over mtf's `defaults.gin` as every
+mtf and T5 run does (`utils.parse_gin_defaults_and_flags`). mtf's layers
+read some bindings when *called*, so whatever calls a model runs in the
+same scope. `logits` feeds a model as mtf's training and eval do, in EVAL
+mode and float32, on `PlacementMeshImpl` (one device, or logical CPUs with
+thattn's rules).
+"""
+# The interface's `model_type` keyword shadows the function of that name.
+# pylint: disable=redefined-outer-name
+
+import contextlib
+import importlib
+import os
+import re
+import tokenize
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from thattn.mtf import compat
+from thattn.mtf import layers  # pylint: disable=unused-import
+from thattn.mtf import layout as layout_lib
+
+compat.install_transformer()
+mtf = compat.import_mesh_tensorflow()
+# After the compat patches. They register every mtf configurable a model
+# binds, and `utils.run`, whose model_type names the model.
+transformer = importlib.import_module("mesh_tensorflow.transformer.transformer")
+importlib.import_module("mesh_tensorflow.transformer.transformer_layers")
+importlib.import_module("mesh_tensorflow.transformer.utils")
+
+OPERATIVE_CONFIG = "operative_config.gin"
+CHECKPOINT_PREFIX = "model.ckpt"
+BITRANSFORMER = "bitransformer"
+MODEL_TYPES = (BITRANSFORMER, "lm", "delimited_lm", "aligned")
+MTF_DEFAULTS = os.path.join(os.path.dirname(transformer.__file__), "gin",
+                            "defaults.gin")
+
+_EVAL = tf.compat.v1.estimator.ModeKeys.EVAL
+_LANGUAGE_MODELS = ("lm", "delimited_lm")  # autoregressive Unitransformers
+_IMPORT = re.compile(r"^\s*import\s+([A-Za-z_][\w.]*)(\s+as\s+\w+)?\s*(#.*)?$")
+_PARSE_ERRORS = (SyntaxError, tokenize.TokenError, ValueError, TypeError,
+                 KeyError, AttributeError, ImportError, OSError)
+_CHECKPOINT = re.compile(re.escape(CHECKPOINT_PREFIX) + r"-(\d+)")
+# The gin texts of the gin_scopes entered and not yet left, innermost last.
+_SCOPES = []
+
+
+def read_operative_config(mtf_model_dir):
+  """The text of DIR/operative_config.gin; ValueError naming it if missing."""
+  path = os.path.join(mtf_model_dir, OPERATIVE_CONFIG)
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f"{path} does not exist: an mtf model_dir holds the "
+                     f"gin config of its run as {OPERATIVE_CONFIG}.")
+  with tf.io.gfile.GFile(path) as f:
+    return f.read()
+
+
+def _without_unimportable_imports(gin_text):
+  """`gin_text` with each `import x.y` gin cannot import commented out."""
+  lines = gin_text.splitlines()
+  for index, line in enumerate(lines):
+    match = _IMPORT.match(line)
+    try:
+      if match:
+        importlib.import_module(match.group(1))
+    except Exception:  # pylint: disable=broad-except
+      # Not installed, or failing on TF 2.21: gin could not import it
+      # either. A comment, not a deletion, keeps gin's line numbers.
+      lines[index] = f"# thattn dropped (not importable): {line.strip()}"
+  return "\n".join(lines)
+
+
+def _parse(gin_text):
+  """Clears gin and parses mtf's defaults.gin, then `gin_text`."""
+  gin.clear_config()
+  gin.parse_config_file(MTF_DEFAULTS, skip_unknown=True)
+  try:
+    # A real T5 operative config binds t5, dataset and TPU configurables
+    # that do not exist here; the architecture bindings are all mtf's.
+    gin.parse_config(_without_unimportable_imports(gin_text),
+                     skip_unknown=True)
+  except _PARSE_ERRORS as error:
+    gin.clear_config()
+    where = (f" at line {error.lineno}: {error.text.strip()!r}" if
+             isinstance(error, SyntaxError) and error.text else "")
+    raise ValueError(f"cannot parse the gin config{where}: "
+                     f"{type(error).__name__}: {error}") from error
+
+
+@contextlib.contextmanager
+def gin_scope(gin_text):
+  """Makes `gin_text` gin's whole config for the duration of the block.
+
+  Clears gin's config, parses mtf's defaults.gin and then `gin_text` (an
+  operative_config.gin, or a hand-written config without `include`s) with
+  mtf's transformer and thattn's mtf layers registered, yields, and clears
+  gin again on exit (also on error). `import` lines of modules that cannot
+  be imported (e.g. `import t5.models.mesh_transformer`) are dropped and
+  bindings of unknown configurables skipped. Scopes nest: leaving an inner
+  scope restores the outer one's config.
+
+  Raises:
+    ValueError naming the offending line when gin cannot parse `gin_text`.
+  """
+  reuse = bool(_SCOPES) and _SCOPES[-1] == gin_text  # nothing to (re)parse
+  try:
+    if not reuse:
+      _parse(gin_text)
+    _SCOPES.append(gin_text)
+    try:
+      yield
+    finally:
+      _SCOPES.pop()
+  finally:
+    if not reuse:
+      gin.clear_config()
+      if _SCOPES:
+        _parse(_SCOPES[-1])  # the outer scope's config, as it was
+
+
+def _evaluated(value):
+  """`value` with every gin macro (`%name`) in it replaced by its value."""
+  if isinstance(value, (list, tuple)):
+    return type(value)(_evaluated(item) for item in value)
+  if isinstance(value, dict):
+    return {key: _evaluated(item) for key, item in value.items()}
+  if (isinstance(value, gin.config.ConfigurableReference) and
+      value.configurable.selector == "gin.macro"):
+    return _evaluated(value.scoped_configurable_fn())
+  return value
+
+
+def bound_value(name, default=None):
+  """What the current gin config binds to `name`, with macros evaluated.
+
+  Use inside `gin_scope`. `name` is "[scope/]configurable.parameter", e.g.
+  "sublayer_dropout.dropout_rate" (`%dropout_rate` in T5's configs and
+  mtf's defaults.gin). References to configurables (`@x`) stay references.
+  Returns `default` when nothing binds `name`.
+  """
+  try:
+    return _evaluated(gin.query_parameter(name))
+  except ValueError:
+    return default
+
+
+def _bound_model_type():
+  return bound_value("utils.run.model_type", BITRANSFORMER)
+
+
+def model_type(gin_text):
+  """`utils.run.model_type` (or `run.model_type`) of `gin_text`.
+
+  "bitransformer" when unbound. mtf's `utils.run` is registered here,
+  although it cannot run on TF 2.21.
+  """
+  with gin_scope(gin_text):
+    return _bound_model_type()
+
+
+def build_model(*, gin_text, vocab_size, model_type=None, mesh_shape=None,
+                layout=None):
+  """The mtf model as `mesh_tensorflow.transformer.utils.build_model` makes it.
+
+  Args:
+    gin_text: the gin config.
+    vocab_size: the input and output vocabulary size (mtf pads it to a
+      multiple of `Unitransformer.vocab_divisor`, 128 by default).
+    model_type: "bitransformer", "lm", "delimited_lm" or "aligned"; None
+      reads `utils.run.model_type` from `gin_text`.
+    mesh_shape, layout: a thattn MeshSpec and LayoutRules (or strings), or
+      None; mtf's MoE layers read them.
+
+  Returns:
+    A `Bitransformer` or `Unitransformer`. Call it inside
+    `gin_scope(gin_text)`: mtf reads some bindings at call time.
+
+  Raises:
+    ValueError naming an unsupported model type.
+  """
+  with gin_scope(gin_text):
+    kind = model_type or _bound_model_type()
+    if kind not in MODEL_TYPES:
+      raise ValueError(f"unsupported mtf model_type {kind!r}; expected one "
+                       f"of {', '.join(MODEL_TYPES)}.")
+    common = dict(
+        input_vocab_size=vocab_size, output_vocab_size=vocab_size,
+        mesh_shape=(None if mesh_shape is None else
+                    layout_lib.mtf_mesh_shape(mesh_shape)),
+        layout=None if layout is None else layout_lib.mtf_layout(layout))
+    if kind == BITRANSFORMER:
+      return transformer.make_bitransformer(**common)
+    return transformer.Unitransformer(
+        autoregressive=kind in _LANGUAGE_MODELS,
+        layer_stack=transformer.make_layer_stack(), **common)
+
+
+def _ids(name, value, vocab_size):
+  """`value` checked as int32 [batch, length] ids below `vocab_size`."""
+  ids = np.asarray(value)
+  if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"{name} must be integer ids [batch, length], got "
+                     f"dtype {ids.dtype} shape {ids.shape}.")
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f"{name} ids must be in [0, {vocab_size}), got "
+                     f"[{ids.min()}, {ids.max()}].")
+  return ids.astype(np.int32)
+
+
+def _call(model, kind, mesh, inputs, targets):
+  """The model's logits in EVAL mode, fed as mtf's training and eval do."""
+  def to_mtf(ids):
+    dims = [mtf.Dimension("batch", ids.shape[0]),
+            mtf.Dimension("length", ids.shape[1])]
+    return mtf.import_tf_tensor(mesh, tf.constant(ids), mtf.Shape(dims))
+  targets = to_mtf(targets)
+  # A Bitransformer shifts the targets itself and takes min(ids, 1) as
+  # sequence ids (0 is padding); the language models read the shifted
+  # targets, without sequence ids, as mtf's model_fn gives them.
+  inputs = (transformer.autoregressive_inputs(targets)
+            if kind in _LANGUAGE_MODELS else to_mtf(inputs))
+  logits, _ = model.call_simple(
+      inputs=inputs, targets=targets, compute_loss=False, mode=_EVAL,
+      variable_dtype=mtf.VariableDType(tf.float32))
+  return logits
+
+
+def _check_inputs(kind, inputs, targets, vocab_size):
+  """(inputs, targets) as int32 arrays; inputs None for the language models."""
+  targets = _ids("targets", targets, vocab_size)
+  if kind in _LANGUAGE_MODELS:
+    if inputs is not None:
+      raise ValueError(f"a {kind!r} model reads the targets shifted right; "
+                       "got inputs, expected inputs=None.")
+    return None, targets
+  if inputs is None:
+    raise ValueError(f"a {kind!r} model needs inputs, got None.")
+  inputs = _ids("inputs", inputs, vocab_size)
+  if kind == "aligned" and inputs.shape != targets.shape:
+    raise ValueError(f"an 'aligned' model needs inputs shaped as targets "
+                     f"{targets.shape}, got {inputs.shape}.")
+  return inputs, targets
+
+
+def _build(*, gin_text, vocab_size, kind, inputs=None, targets=None,
+           mesh=None, rules=None):
+  """(mtf mesh, logits, trainable variables) in the default tf.Graph.
+
+  Without targets: on ids [1, 2], enough to make every variable."""
+  kind = kind or _bound_model_type()
+  model = build_model(gin_text=gin_text, vocab_size=vocab_size,
+                      model_type=kind, mesh_shape=mesh, layout=rules)
+  if targets is None:
+    targets = np.ones((1, 2), np.int32)
+    inputs = None if kind in _LANGUAGE_MODELS else targets
+  inputs, targets = _check_inputs(kind, inputs, targets, vocab_size)
+  mtf_mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  output = _call(model, kind, mtf_mesh, inputs, targets)
+  return mtf_mesh, output, list(mtf_mesh.graph.trainable_variables)
+
+
+def variable_shapes(*, gin_text, vocab_size, model_type=None):
+  """{mtf variable name: shape tuple} of the model's trainable variables."""
+  with gin_scope(gin_text), tf.Graph().as_default():
+    _, _, variables = _build(gin_text=gin_text, vocab_size=vocab_size,
+                             kind=model_type)
+    return {v.name: tuple(v.shape.to_integer_list) for v in variables}
+
+
+def initial_variables(*, gin_text, vocab_size, seed, model_type=None):
+  """{name: float32 array}: mtf's own initializers under graph seed `seed`."""
+  with gin_scope(gin_text), tf.Graph().as_default() as graph:
+    tf.compat.v1.set_random_seed(seed)
+    # mtf makes each variable's master when it builds the graph: no lowering.
+    _, _, variables = _build(gin_text=gin_text, vocab_size=vocab_size,
+                             kind=model_type)
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      values = session.run({v.name: v.get_master() for v in variables})
+  return {k: np.asarray(v, np.float32) for k, v in values.items()}
+
+
+def _assign_ops(variables, values):
+  """Placeholders, their values and assign ops loading the mtf masters."""
+  names = {v.name: v for v in variables}
+  missing = sorted(set(names) - set(values))
+  unknown = sorted(set(values) - set(names))
+  if missing or unknown:
+    raise ValueError(f"variables do not match the model: missing {missing}, "
+                     f"unknown {unknown}.")
+  feeds, ops = {}, []
+  for name, variable in names.items():
+    master = variable.get_master()
+    value = np.asarray(values[name], np.float32)
+    expected = tuple(master.shape.as_list())
+    if value.shape != expected:
+      raise ValueError(f"variable {name!r} has shape {value.shape}, expected "
+                       f"{expected} {[d.name for d in variable.shape.dims]}.")
+    placeholder = tf.compat.v1.placeholder(tf.float32, value.shape)
+    ops.append(tf.compat.v1.assign(master, placeholder))
+    feeds[placeholder] = value
+  return feeds, ops
+
+
+def logits(*, gin_text, vocab_size, variables, inputs=None, targets,
+           model_type=None, mesh=None, rules=None):
+  """float32 logits [batch, length, padded vocab] of the model, EVAL mode.
+
+  Args:
+    gin_text, vocab_size, model_type: as `build_model`.
+    variables: {mtf variable name: array} for every trainable variable.
+    inputs: int ids [batch, input length] for a Bitransformer, [batch,
+      length] for "aligned"; None for "lm" and "delimited_lm".
+    targets: int ids [batch, length]; 0 is padding for a Bitransformer.
+    mesh: a thattn MeshSpec or its string; None runs on one device.
+    rules: thattn LayoutRules or their string, with `mesh`.
+
+  Raises:
+    ValueError listing missing and unknown variable names, naming a
+    misshapen variable with both shapes, or naming bad ids, model type,
+    mesh or rules.
+  """
+  if mesh is None and rules is not None:
+    raise ValueError(f"rules {str(rules)!r} need a mesh, got mesh=None.")
+  with gin_scope(gin_text), tf.Graph().as_default() as graph:
+    mtf_mesh, output, mtf_variables = _build(
+        gin_text=gin_text, vocab_size=vocab_size, kind=model_type,
+        inputs=inputs, targets=targets, mesh=mesh, rules=rules)
+    feeds, assigns = _assign_ops(mtf_variables, variables)
+    if mesh is None:
+      mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+          shape=[], layout={}, devices=[""])
+    else:
+      layout_lib.check_variables(mtf_variables, mesh=mesh, rules=rules or "")
+      mesh_impl = layout_lib.placement_mesh_impl(mesh=mesh, rules=rules or "")
+    # autostack=False: on a multi-device mesh mtf would otherwise merge
+    # same-shaped variables into stacked ones and rename them.
+    lowering = mtf.Lowering(mtf_mesh.graph, {mtf_mesh: mesh_impl},
+                            autostack=False)
+    fetch = lowering.export_to_tf_tensor(output)
+    # All ops made before the first run: TF warns of later graph changes.
+    init = tf.compat.v1.global_variables_initializer()
+    copy = lowering.copy_masters_to_slices()
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(init)
+      session.run(assigns, feeds)
+      session.run(copy)
+      return np.asarray(session.run(fetch), np.float32)
+
+
+def read_checkpoint(checkpoint_path):
+  """{name: float32 array} of the model variables in a TF1 checkpoint.
+
+  Optimizer slots ("..._slot_vr" etc.), `global_step` and non-float
+  entries are skipped; bfloat16 (T5's master dtype) and float16 are cast.
+  ValueError naming `checkpoint_path` and the cause when it cannot be read.
+  """
+  try:
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    dtypes = reader.get_variable_to_dtype_map()
+    return {name: np.asarray(reader.get_tensor(name)).astype(np.float32)
+            for name, dtype in sorted(dtypes.items())
+            if dtype.is_floating and "_slot_" not in name
+            and name != "global_step"}
+  except (tf.errors.OpError, ValueError, OSError, IndexError) as error:
+    # IndexError: TF's reader of a truncated .data file ("Read less bytes").
+    raise ValueError(f"cannot read the checkpoint {checkpoint_path!r}: "
+                     f"{type(error).__name__}: {error}") from error
+
+
+def _steps(mtf_model_dir):
+  """The steps N of the model.ckpt-N.index files in the dir, ascending."""
+  pattern = os.path.join(mtf_model_dir, CHECKPOINT_PREFIX + "-*.index")
+  matches = (_CHECKPOINT.fullmatch(os.path.basename(path)[:-len(".index")])
+             for path in tf.io.gfile.glob(pattern))
+  return sorted(int(match.group(1)) for match in matches if match)
+
+
+def _state_file_step(mtf_model_dir):
+  """The step the `checkpoint` state file names, or None."""
+  try:
+    state = tf.train.get_checkpoint_state(mtf_model_dir)
+  except (tf.errors.OpError, ValueError):
+    return None  # an unreadable state file: the steps on disk decide
+  # By basename: the file may name the dir the run wrote (e.g. gs://...).
+  match = state and _CHECKPOINT.fullmatch(
+      os.path.basename(state.model_checkpoint_path))
+  return int(match.group(1)) if match else None
+
+
+def latest_checkpoint(mtf_model_dir, step=None):
+  """The prefix DIR/model.ckpt-<step>, or of the newest checkpoint.
+
+  The newest is the one the `checkpoint` state file names when its files
+  exist, else the highest step. ValueError naming the dir and the steps it
+  has when there is no checkpoint (of `step`).
+  """
+  steps = _steps(mtf_model_dir)
+  if step is None and steps:
+    named = _state_file_step(mtf_model_dir)
+    step = named if named in steps else steps[-1]
+  if step is None or step not in steps:
+    wanted = "any checkpoint" if step is None else f"step {step}"
+    raise ValueError(f"{mtf_model_dir} has no {CHECKPOINT_PREFIX}-N of "
+                     f"{wanted}; it has steps {steps}.")
+  return os.path.join(mtf_model_dir, f"{CHECKPOINT_PREFIX}-{step}")
+
+
+def write_model_dir(*, mtf_model_dir, gin_text, variables, step):
+  """Writes operative_config.gin and a TF1 checkpoint model.ckpt-<step>.
+
+  The checkpoint holds float32 `variables` under exactly their names and
+  an int64 `global_step`, with the `checkpoint` state file, as mtf's Saver
+  writes it. The dir is made if needed; atomic staging is the caller's job.
+  """
+  if "global_step" in variables:
+    raise ValueError(f"got a 'global_step' variable; it is step={step}.")
+  tf.io.gfile.makedirs(mtf_model_dir)
+  with tf.io.gfile.GFile(os.path.join(mtf_model_dir, OPERATIVE_CONFIG),
+                         "w") as f:
+    f.write(gin_text)
+  with tf.Graph().as_default() as graph:
+    feeds, saved = {}, {}
+    for index, (name, value) in enumerate(sorted(variables.items())):
+      value = np.asarray(value, np.float32)
+      placeholder = tf.compat.v1.placeholder(tf.float32, value.shape)
+      # Saved under the dict key; graph names need not be checkpoint names.
+      saved[name] = tf.compat.v1.Variable(placeholder, name=f"v{index}")
+      feeds[placeholder] = value
+    saved["global_step"] = tf.compat.v1.Variable(
+        np.int64(step), dtype=tf.int64, name="global_step")
+    saver = tf.compat.v1.train.Saver(var_list=saved, max_to_keep=None)
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer(), feeds)
+      saver.save(session, os.path.join(mtf_model_dir, CHECKPOINT_PREFIX),
+                 global_step=step, write_meta_graph=False)
