@@ -16,6 +16,8 @@ Special tokens come first. WordPiece: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
 end-of-sequence token and uses [SEP] for it. SentencePiece: <pad>=0,
 <unk>=1, </s>=2 (end of sequence), then [CLS], [SEP], [MASK] and the
 sentinels as control symbols (never produced from text, decoded as "").
+T5's own vocabularies (`T5SentencepieceTokenizer`): <pad>=0, </s>=1,
+<unk>=2, and 100 sentinels past the model's pieces.
 `tokenizer.special` holds the ids.
 
 `save(directory)` writes `tokenizer.json` and the vocabulary (`vocab.txt` or
@@ -148,7 +150,7 @@ class WordpieceTokenizer(Tokenizer):
       f.write("".join(token + "\n" for token in self.vocab))
 
 
-class SentencepieceTokenizer(Tokenizer):
+class _Sentencepiece(Tokenizer):
   """`tensorflow_text.SentencepieceTokenizer` over a serialized model.
 
   Known pitfall (tensorflow-text 2.21): the SentencePiece resource is owned
@@ -158,25 +160,10 @@ class SentencepieceTokenizer(Tokenizer):
   one created before fails with "Resource ... SentencepieceOp ... does not
   exist"."""
 
-  kind = "sentencepiece"
-
-  def __init__(self, model, *, num_sentinels=0, name=None):
+  def __init__(self, model, sp, vocab_size, special, name=None):
+    super().__init__(vocab_size, special, name=name)
     self.model = bytes(model)
-    self.num_sentinels = num_sentinels
-    sp = tf_text.SentencepieceTokenizer(model=self.model, out_type=tf.int32)
-    names = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "</s>")
-    tokens = names + sentinel_tokens(num_sentinels)
-    ids = [int(i) for i in sp.string_to_id(tf.constant(tokens)).numpy()]
-    unknown = ids[1]
-    missing = [t for t, i in zip(tokens, ids) if i == unknown and
-               t != "<unk>"]
-    if missing:
-      raise ValueError(f"The SentencePiece model lacks {missing[:5]} "
-                       f"({len(missing)} missing special tokens); train it "
-                       "with train_sentencepiece.")
-    special = SpecialIds(*ids[:6], sentinels=tuple(ids[6:]))
-    super().__init__(int(sp.vocab_size()), special, name=name)
-    self._sp = sp
+    self._sp = sp  # _sentencepiece_op(model)
 
   def _tokenize_with_offsets(self, strings):
     ids, starts, ends = self._sp.tokenize_with_offsets(strings)
@@ -185,14 +172,118 @@ class SentencepieceTokenizer(Tokenizer):
   def _detokenize(self, ids):
     return self._sp.detokenize(ids)
 
-  def _config(self):
-    return {"num_sentinels": self.num_sentinels,
-            "model_file": SENTENCEPIECE_MODEL_FILE}
-
   def _save_vocabulary(self, directory):
     with tf.io.gfile.GFile(os.path.join(directory, SENTENCEPIECE_MODEL_FILE),
                            "wb") as f:
       f.write(self.model)
+
+
+def _sentencepiece_op(model):
+  return tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+
+
+def _piece_ids(sp, pieces):
+  return [int(i) for i in sp.string_to_id(tf.constant(pieces)).numpy()]
+
+
+class SentencepieceTokenizer(_Sentencepiece):
+  """thattn's SentencePiece layout (see the module), e.g. from
+  `train_sentencepiece`; see `_Sentencepiece` for a pitfall."""
+
+  kind = "sentencepiece"
+
+  def __init__(self, model, *, num_sentinels=0, name=None):
+    sp = _sentencepiece_op(bytes(model))
+    names = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "</s>")
+    tokens = names + sentinel_tokens(num_sentinels)
+    ids = _piece_ids(sp, tokens)
+    unknown = ids[1]
+    missing = [t for t, i in zip(tokens, ids) if i == unknown and
+               t != "<unk>"]
+    if missing:
+      raise ValueError(f"The SentencePiece model lacks {missing[:5]} "
+                       f"({len(missing)} missing special tokens); train it "
+                       "with train_sentencepiece.")
+    special = SpecialIds(*ids[:6], sentinels=tuple(ids[6:]))
+    super().__init__(model, sp, int(sp.vocab_size()), special, name=name)
+    self.num_sentinels = num_sentinels
+
+  def _config(self):
+    return {"num_sentinels": self.num_sentinels,
+            "model_file": SENTENCEPIECE_MODEL_FILE}
+
+
+# T5's vocabularies: <pad>=0, </s>=1, <unk>=2, and 100 sentinels past the end.
+T5_SPECIAL_PIECES = ("<pad>", "</s>", "<unk>")
+T5_EXTRA_IDS = 100
+
+
+class T5SentencepieceTokenizer(_Sentencepiece):
+  """T5's vocabulary: a SentencePiece model plus `extra_ids` sentinel ids.
+
+  The layout of T5's public vocabularies (seqio's SentencePieceVocabulary):
+  the model's P pieces keep their ids, with <pad>=0, </s>=1 (end of
+  sequence) and <unk>=2; the sentinel <extra_id_i> is id P + extra_ids - 1
+  - i, past the model's pieces (<extra_id_0> is the last). `vocab_size` may
+  be larger than P + extra_ids: it is then the model's embedding rows, which
+  Mesh TensorFlow pads to a multiple of 128; those ids never occur.
+
+  T5's vocabulary has no [CLS], [SEP] or [MASK]: </s> stands for [CLS] and
+  [SEP], and <extra_id_0> for [MASK]. `detokenize` drops the sentinels, as
+  it drops control symbols of thattn's layout (seqio decodes them as
+  <unk>). See `_Sentencepiece` for a pitfall.
+  """
+
+  kind = "t5_sentencepiece"
+
+  def __init__(self, model, *, extra_ids=T5_EXTRA_IDS, vocab_size=None,
+               name=None):
+    sp = _sentencepiece_op(bytes(model))
+    ids = _piece_ids(sp, T5_SPECIAL_PIECES)
+    if ids != [0, 1, 2]:
+      raise ValueError(
+          f"The SentencePiece model is not in T5's layout: expected "
+          f"{dict(zip(T5_SPECIAL_PIECES, (0, 1, 2)))}, got "
+          f"{dict(zip(T5_SPECIAL_PIECES, ids))}.")
+    pieces = int(sp.vocab_size())
+    minimum = pieces + extra_ids
+    vocab_size = minimum if vocab_size is None else int(vocab_size)
+    if vocab_size < minimum:
+      raise ValueError(f"vocab_size={vocab_size} is smaller than the "
+                       f"model's {pieces} pieces plus extra_ids={extra_ids}.")
+    sentinels = tuple(minimum - 1 - i for i in range(extra_ids))
+    special = SpecialIds(pad=0, unk=2, cls=1, sep=1,
+                         mask=sentinels[0] if sentinels else 2, eos=1,
+                         sentinels=sentinels)
+    super().__init__(model, sp, vocab_size, special, name=name)
+    self.pieces = pieces
+    self.extra_ids = extra_ids
+
+  def _detokenize(self, ids):
+    pieces = tf.ragged.boolean_mask(ids, ids < self.pieces)
+    return self._sp.detokenize(pieces)
+
+  def _config(self):
+    return {"extra_ids": self.extra_ids, "vocab_size": self.vocab_size,
+            "model_file": SENTENCEPIECE_MODEL_FILE}
+
+
+def from_sentencepiece_model(model, *, vocab_size=None):
+  """The tokenizer of a serialized SentencePiece model, in either layout.
+
+  A model with thattn's control symbols ([CLS], [SEP], [MASK], as
+  `train_sentencepiece` makes) is a `SentencepieceTokenizer` with as many
+  sentinels as it has; any other is read as T5's vocabulary
+  (`T5SentencepieceTokenizer`, 100 extra ids, `vocab_size` rows).
+  """
+  sp = _sentencepiece_op(bytes(model))
+  unknown, mask = _piece_ids(sp, ["<unk>", "[MASK]"])
+  if mask == unknown:
+    return T5SentencepieceTokenizer(model, vocab_size=vocab_size)
+  count = 0
+  while _piece_ids(sp, [f"<extra_id_{count}>"])[0] != unknown:
+    count += 1
+  return SentencepieceTokenizer(model, num_sentinels=count)
 
 
 def load(directory):
@@ -208,10 +299,14 @@ def load(directory):
       vocab = f.read().splitlines()
     return WordpieceTokenizer(vocab, lower_case=config["lower_case"],
                               num_sentinels=config["num_sentinels"])
-  if config.get("kind") == SentencepieceTokenizer.kind:
+  if config.get("kind") in (SentencepieceTokenizer.kind,
+                            T5SentencepieceTokenizer.kind):
     with tf.io.gfile.GFile(os.path.join(directory, config["model_file"]),
                            "rb") as f:
       model = f.read()
+    if config["kind"] == T5SentencepieceTokenizer.kind:
+      return T5SentencepieceTokenizer(model, extra_ids=config["extra_ids"],
+                                      vocab_size=config["vocab_size"])
     return SentencepieceTokenizer(model, num_sentinels=config["num_sentinels"])
   raise ValueError(f"{config_path}: unknown tokenizer kind "
                    f"{config.get('kind')!r}.")

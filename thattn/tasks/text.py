@@ -52,16 +52,22 @@ def has_tokenizer(folder):
       os.path.join(folder, tokenizers.CONFIG_FILE))
 
 
-def prepare_tokenizer(data, tokenizer_dir, documents=None, log=print):
-  """The run's tokenizer: resumed, given, default, or learned; saved once.
+def prepare_tokenizer(data, tokenizer_dir, documents=None, log=print,
+                      init_tokenizer_dir=None):
+  """The run's tokenizer: resumed, the init run's, given, default, or learned.
 
-  Order: `tokenizer_dir` (a resumed run keeps its tokenizer); a folder
-  named by `data.tokenizer`; for the default corpus, the cached default
-  tokenizer of that kind; else one learned from `documents`.
+  Order: `tokenizer_dir` (a resumed run keeps its tokenizer); the
+  tokenizer of the --init_checkpoint run (its backbone was trained on those
+  ids: it wins over --tokenizer); a folder named by `data.tokenizer`; for
+  the default corpus, the cached default tokenizer of that kind; else one
+  learned from `documents`. Saved once, in `tokenizer_dir`.
   """
   if has_tokenizer(tokenizer_dir):
     return tokenizers.load(tokenizer_dir)
-  if data.tokenizer not in TOKENIZER_KINDS:
+  if has_tokenizer(init_tokenizer_dir):
+    log(f"Tokenizer: the --init_checkpoint run's, {init_tokenizer_dir}.")
+    tokenizer = tokenizers.load(init_tokenizer_dir)
+  elif data.tokenizer not in TOKENIZER_KINDS:
     if not tf.io.gfile.isdir(data.tokenizer):
       raise ValueError(f"tokenizer must be one of {TOKENIZER_KINDS} or a "
                        f"folder written by Tokenizer.save, got "
@@ -92,8 +98,9 @@ class TextTask(base.Task):
     super().__init__(data=data, files=files, log=log, **kwargs)
     self.data = data
     train, heldout = load_documents(data)
-    self.tokenizer = prepare_tokenizer(data, files.tokenizer_dir, train,
-                                       log=log)
+    self.tokenizer = prepare_tokenizer(
+        data, files.tokenizer_dir, train, log=log,
+        init_tokenizer_dir=files.init_tokenizer_dir)
     self.train_rows = self._rows(train)
     self.eval_rows = self._rows(heldout)
     log(f"Data: train {base.sizes(self.train_rows)}; held out "
