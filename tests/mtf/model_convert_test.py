@@ -147,7 +147,12 @@ def test_thattn_to_mtf_to_thattn_is_bit_exact(converted, tmp_path):
   _, _, model_dir = converted
   convert.thattn_to_mtf(model_dir=model_dir, mtf_model_dir=str(tmp_path / "m"),
                         log=lambda _: None)
-  convert.mtf_to_thattn(mtf_model_dir=str(tmp_path / "m"),
+  assert_converts_back_bit_exact(str(tmp_path / "m"), model_dir, tmp_path)
+
+
+def assert_converts_back_bit_exact(mtf_model_dir, model_dir, tmp_path):
+  """mtf_model_dir (written from model_dir) converts to model_dir's weights."""
+  convert.mtf_to_thattn(mtf_model_dir=mtf_model_dir,
                         model_dir=str(tmp_path / "t"), log=lambda _: None)
   before, after = models.load(model_dir), models.load(str(tmp_path / "t"))
   assert [w.name for w in before.weights] == [w.name for w in after.weights]

@@ -99,3 +99,20 @@ def run(main, module_name, doc):
 
 
 _HELP_FLAGS = {"--help", "--helpshort", "--helpfull", "--helpxml", "-?"}
+# What pip installs for the Mesh TensorFlow backend (setup.py's extra).
+MTF_EXTRA = ("pip install 'thattn[mtf]' (from a checkout: pip install -e "
+             "'.[mtf]')")
+
+
+def import_mtf(module, program):
+  """`thattn.mtf.<module>`, or exit naming the extra that is missing.
+
+  mesh_tensorflow.transformer imports gin and tensorflow_datasets, which
+  only the [mtf] extra installs.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.import_module(f"thattn.mtf.{module}")
+  except ImportError as error:
+    sys.exit(f"{program}: error: Mesh TensorFlow needs the [mtf] extra "
+             f"({error}); {MTF_EXTRA}.")

@@ -22,7 +22,7 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from thattn.mtf import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
+convert = cli.import_mtf("convert", "thattn-convert")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("to", "thattn", ["thattn", "mtf"], "thattn: read "

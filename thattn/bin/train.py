@@ -15,6 +15,8 @@ Examples:
         --eval_files=dev.tsv --glue_task=sst2 --init_checkpoint=<mlm run>
     thattn-train --task=recall --sequence_length=64 --key_dim=4
     thattn-train --strategy=dtensor --mesh_shape=batch:2,model:2
+    thattn-train --backend=mtf --task=span_corruption --preset=t5_tiny \\
+        --mesh_shape=batch:2,model:2      # in Mesh TensorFlow
 
 Runs go to ./thattn_runs/<task>_<preset>_<attention>, plus one part per
 model or training flag given (e.g. _h8 for --num_heads=8), unless
@@ -48,7 +50,7 @@ from thattn.training import trainer  # pylint: disable=g-import-not-at-top,wrong
 
 # Flags that change what a run computes: a default run name includes each
 # one given, so that runs of a sweep get their own model_dirs.
-_NAMED_FLAGS = ("num_heads", "key_dim", "d_model", "num_layers", "d_ff",
+_NAMED_FLAGS = ("backend", "num_heads", "key_dim", "d_model", "num_layers", "d_ff",
                 "sequence_length", "batch_size", "optimizer", "learning_rate",
                 "warmup_steps", "dropout_rate", "mixed_precision", "seed",
                 "tokenizer", "vocab_size", "train_files", "glue_task")
@@ -125,6 +127,13 @@ flags.DEFINE_integer("num_layers", None, "Layers; default: the preset's.")
 flags.DEFINE_integer("d_ff", None, "Feed-forward width; default: the "
                      "preset's.")
 # Devices and reproducibility.
+flags.DEFINE_enum("backend", options_lib.KERAS, list(options_lib.BACKENDS),
+                  "keras: tf-keras models (every task). mtf: the T5 model "
+                  "built and trained in Mesh TensorFlow "
+                  "(mesh_tensorflow.transformer, with mtf's Adafactor), on "
+                  "--mesh_shape by --layout_rules; its model_dir is an mtf "
+                  "model_dir that thattn-convert takes to Keras "
+                  "(thattn.mtf.training).")
 flags.DEFINE_enum("mixed_precision", "off", list(options_lib.MIXED_PRECISION),
                   "Compute dtype (variables stay float32).")
 flags.DEFINE_integer("seed", 0, "Seed of initialization and data.")
@@ -139,12 +148,13 @@ flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored: "
                    "before stopping with the addresses that did not answer.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
-flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor: the mesh's "
-                    "axes and sizes, major to minor, e.g. batch:2,model:2 "
-                    "(4 devices). Required with dtensor; an error without it. "
-                    "Without a GPU, the CPU is split into that many logical "
-                    "devices.")
-flags.DEFINE_string("layout_rules", None, "--strategy=dtensor: logical axis "
+flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor or "
+                    "--backend=mtf: the mesh's axes and sizes, major to minor, e.g. "
+                    "batch:2,model:2 (4 devices). Required with dtensor; "
+                    "mtf without it runs on one device. Without a GPU, the "
+                    "CPU is split into that many logical devices.")
+flags.DEFINE_string("layout_rules", None, "--strategy=dtensor or "
+                    "--backend=mtf: logical axis "
                     "-> mesh axis rules in Mesh TensorFlow's form; logical "
                     "axes without a rule are replicated. Default: "
                     f"{dtensor.DEFAULT_LAYOUT_RULES!r} (data "
@@ -199,7 +209,7 @@ def _options(task_class):
       tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint,
       resume_from=FLAGS.resume_from, cluster_timeout=FLAGS.cluster_timeout,
       mesh_shape=FLAGS.mesh_shape,
-      layout_rules=FLAGS.layout_rules)
+      layout_rules=FLAGS.layout_rules, backend=FLAGS.backend)
 
 
 def _default_model_dir(task_class, model):
@@ -231,36 +241,51 @@ def main(argv):
   try:
     if export_dir:  # refused now, not after training
       export.check_export_dir(os.path.abspath(export_dir))
-    if FLAGS.strategy == strategies.DTENSOR and FLAGS.mesh_shape:
+    if FLAGS.mesh_shape and (FLAGS.strategy == strategies.DTENSOR or
+                             FLAGS.backend == options_lib.MTF):
       split = dtensor.split_cpu(FLAGS.mesh_shape)
       if split:
         cli.print_now(f"No GPU: the CPU runs the mesh as {split} logical "
                       "devices, sharing its cores (sharded, not faster).")
       if dtensor.num_clients() > 1:  # before TensorFlow initializes
         dtensor.connect_clients()
-    summary = trainer.train(
+    train = trainer.train
+    if FLAGS.backend == options_lib.MTF:
+      train = cli.import_mtf("training", "thattn-train").train
+    summary = train(
         model_dir=model_dir, task=task_class.name, model=model,
         data=tasks.DataOptions(
             train_files=FLAGS.train_files, eval_files=FLAGS.eval_files,
             tokenizer=FLAGS.tokenizer, vocab_size=FLAGS.vocab_size,
             glue_task=FLAGS.glue_task, on_overflow=FLAGS.on_overflow),
         options=_options(task_class), log=cli.print_now)
+    if export_dir and not (summary.get("already_finished") and
+                           export.is_export(export_dir)):
+      _export(model_dir, export_dir)
   except ValueError as e:  # bad flags or data (DataError): no traceback
     sys.exit(f"thattn-train: error: {e}")
   except tf.errors.UnavailableError as e:  # a task of the cluster died
     sys.exit(f"thattn-train: error: the cluster lost a task "
              f"({str(e).splitlines()[0]}). Restart every task with the same "
              f"command to resume from the last checkpoint in {model_dir}.")
-  if export_dir and not (summary.get("already_finished") and
-                         export.is_export(export_dir)):
-    export.export(model_dir=model_dir, export_dir=export_dir,
-                  log=cli.print_now)
   _print_where(model_dir, summary, export_dir)
 
 
+def _export(model_dir, export_dir):
+  if FLAGS.backend == options_lib.MTF:  # converted to Keras, then exported
+    cli.import_mtf("training", "thattn-train").export(
+        model_dir=model_dir, export_dir=export_dir, log=cli.print_now)
+  else:
+    export.export(model_dir=model_dir, export_dir=export_dir,
+                  log=cli.print_now)
+
+
 def _print_where(model_dir, summary, export_dir):
+  checkpoints = (model_dir + " (Mesh TensorFlow: model.ckpt-N)"
+                 if FLAGS.backend == options_lib.MTF else
+                 run_dir.path(model_dir, run_dir.CHECKPOINTS))
   lines = [
-      f"Checkpoints:  {run_dir.path(model_dir, run_dir.CHECKPOINTS)}",
+      f"Checkpoints:  {checkpoints}",
       f"TensorBoard:  tensorboard --logdir {model_dir}",
       f"Summary:      {run_dir.path(model_dir, run_dir.SUMMARY)}",
   ]

@@ -34,6 +34,10 @@ from thattn.layers import talking_heads
 
 ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
                    "encoder_decoder_attention")
+# A T5Config's stacks: T5's encoder-decoder, or one stack (Mesh TensorFlow's
+# Unitransformer): a decoder-only language model ("lm") or an encoder-only
+# model with one output per input position ("aligned").
+T5_STACKS = ("encoder_decoder", "decoder", "encoder")
 # Overrides that set one AttentionConfig field on every attention layer.
 SHARED_ATTENTION_FIELDS = ("num_heads", "key_dim", "value_dim",
                            "num_key_heads", "num_value_heads",
@@ -240,16 +244,30 @@ class T5Config:
   relative_max_distance: int = 128
   dropout_rate: float = 0.1
   layer_norm_epsilon: float = 1e-6
+  # "encoder_decoder" (T5), or one stack: "decoder" (a language model of
+  # decoder_layers causal blocks with decoder_self_attention, read from
+  # `decoder_input_tokens`) or "encoder" (num_layers bidirectional blocks
+  # with encoder_self_attention, read from `encoder_input_tokens`); both
+  # give logits at every position.
+  stacks: str = "encoder_decoder"
 
   def __post_init__(self):
     owner = type(self).__name__
     _check_sizes(self, ("vocab_size", "d_model", "num_layers",
                         "num_decoder_layers", "d_ff", "relative_num_buckets",
                         "relative_max_distance"))
+    validation.one_of("stacks", self.stacks, T5_STACKS, owner=owner)
     validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
     validation.rate("dropout_rate", self.dropout_rate, owner=owner)
-    for name in ATTENTION_TYPES:
+    for name in self.attention_types:
       self._check_attention(name, owner)
+
+  @property
+  def attention_types(self):
+    """The attention types the stacks have (the others are not built)."""
+    return {"encoder_decoder": ATTENTION_TYPES,
+            "decoder": ("decoder_self_attention",),
+            "encoder": ("encoder_self_attention",)}[self.stacks]
 
   def _check_attention(self, name, owner):
     """One AttentionConfig, or one per layer of the stack."""

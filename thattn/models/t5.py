@@ -81,9 +81,28 @@ def _position_bias(config, attention_name, bidirectional, name):
       name=name)
 
 
+def _lm_head(config, embedding):
+  """The tied embedding, or (untied) a float32 Dense, so that the logits
+  and the loss stay in float32."""
+  if config.tie_embeddings:
+    return embedding
+  return tf_keras.layers.Dense(
+      config.vocab_size, use_bias=False,
+      kernel_initializer=_normal(config.d_model ** -0.5), dtype="float32",
+      name="lm_head")
+
+
+def _logits(lm_head, x):
+  if isinstance(lm_head, embeddings.TokenEmbedding):
+    return lm_head(x, mode="logits")
+  return lm_head(x)
+
+
 def _make_decoder_layers(config, embedding):
+  """The decoder's layers; without enc-dec attention in a decoder-only model."""
   dropout = lambda name: tf_keras.layers.Dropout(config.dropout_rate,
                                                  name=name)
+  cross = config.stacks == "encoder_decoder"
   layer_blocks = [
       blocks.PreNormBlock(
           self_attention=_attention(
@@ -92,18 +111,11 @@ def _make_decoder_layers(config, embedding):
           cross_attention=_attention(
               config,
               config.layer_attention("encoder_decoder_attention", index),
-              "cross_attention"),
+              "cross_attention") if cross else None,
           feed_forward=_feed_forward(config), causal=True,
           dropout_rate=config.dropout_rate,
           epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
       for index in range(config.decoder_layers)]
-  lm_head = embedding
-  if not config.tie_embeddings:
-    # float32, so the logits and the loss stay in float32.
-    lm_head = tf_keras.layers.Dense(
-        config.vocab_size, use_bias=False,
-        kernel_initializer=_normal(config.d_model ** -0.5), dtype="float32",
-        name="lm_head")
   return DecoderLayers(
       embedding=embedding,
       embedding_dropout=dropout("decoder_embedding_dropout"),
@@ -112,7 +124,8 @@ def _make_decoder_layers(config, embedding):
       blocks=layer_blocks,
       final_norm=blocks.RMSNorm(config.layer_norm_epsilon,
                                 name="decoder_final_norm"),
-      final_dropout=dropout("decoder_output"), lm_head=lm_head)
+      final_dropout=dropout("decoder_output"),
+      lm_head=_lm_head(config, embedding))
 
 
 def run_decoder(parts, tokens, memory, memory_mask, training=None,
@@ -142,31 +155,16 @@ def run_decoder(parts, tokens, memory, memory_mask, training=None,
                        decode_step=decode_step)
       new_caches.append(cache)
   x = parts.final_dropout(parts.final_norm(x), training=training)
-  if isinstance(parts.lm_head, embeddings.TokenEmbedding):
-    logits = parts.lm_head(x, mode="logits")
-  else:
-    logits = parts.lm_head(x)
+  logits = _logits(parts.lm_head, x)
   return logits if caches is None else (logits, new_caches)
 
 
-def build_t5(config, name=None):
-  """The T5 encoder-decoder with its LM head, for a `T5Config`."""
-  if not isinstance(config, config_lib.T5Config):
-    raise ValueError(f"build_t5 needs a T5Config, got {config!r}.")
-  encoder_tokens = tf_keras.Input([None], dtype=tf.int32,
-                                  name="encoder_input_tokens")
-  decoder_tokens = tf_keras.Input([None], dtype=tf.int32,
-                                  name="decoder_input_tokens")
-  embedding = embeddings.TokenEmbedding(
-      config.vocab_size, config.d_model, embeddings_initializer=_normal(1.0),
-      logits_scale=config.d_model ** -0.5 if config.tie_embeddings else 1.0,
-      name="token_embedding")
-
-  memory_mask = embeddings.PaddingMask(PAD_ID, name="encoder_mask")(
-      encoder_tokens)
+def _run_encoder(config, embedding, tokens):
+  """Encoder tokens -> (its output M, the padding mask)."""
+  mask = embeddings.PaddingMask(PAD_ID, name="encoder_mask")(tokens)
   x = tf_keras.layers.Dropout(config.dropout_rate,
                               name="encoder_embedding_dropout")(
-                                  embedding(encoder_tokens))
+                                  embedding(tokens))
   bias = _position_bias(config, "encoder_self_attention", True,
                         "encoder_position_bias")(x)
   for index in range(config.num_layers):
@@ -176,18 +174,43 @@ def build_t5(config, name=None):
             "self_attention"),
         feed_forward=_feed_forward(config), dropout_rate=config.dropout_rate,
         epsilon=config.layer_norm_epsilon, name=f"encoder_block_{index}")
-    x = block(x, attention_mask=memory_mask, position_bias=bias)
+    x = block(x, attention_mask=mask, position_bias=bias)
   x = blocks.RMSNorm(config.layer_norm_epsilon, name="encoder_final_norm")(x)
   memory = tf_keras.layers.Dropout(config.dropout_rate,
                                    name="encoder_output")(x)
+  return memory, mask
 
-  logits = run_decoder(_make_decoder_layers(config, embedding),
-                       decoder_tokens, memory, memory_mask)
+
+def build_t5(config, name=None):
+  """The T5 model with its LM head for a `T5Config`, by `config.stacks`.
+
+  "encoder_decoder": inputs `encoder_input_tokens` and
+  `decoder_input_tokens`; "decoder" (a language model): the decoder alone,
+  on `decoder_input_tokens` (the tokens shifted right); "encoder": the
+  encoder and the LM head, on `encoder_input_tokens`. Logits [b, n, vocab].
+  """
+  if not isinstance(config, config_lib.T5Config):
+    raise ValueError(f"build_t5 needs a T5Config, got {config!r}.")
+  inputs = {name: tf_keras.Input([None], dtype=tf.int32, name=name)
+            for name, stack in (("encoder_input_tokens", "decoder"),
+                                ("decoder_input_tokens", "encoder"))
+            if config.stacks != stack}
+  embedding = embeddings.TokenEmbedding(
+      config.vocab_size, config.d_model, embeddings_initializer=_normal(1.0),
+      logits_scale=config.d_model ** -0.5 if config.tie_embeddings else 1.0,
+      name="token_embedding")
+  memory = memory_mask = None
+  if "encoder_input_tokens" in inputs:
+    memory, memory_mask = _run_encoder(config, embedding,
+                                       inputs["encoder_input_tokens"])
+  if config.stacks == "encoder":
+    logits = _logits(_lm_head(config, embedding), memory)
+  else:
+    logits = run_decoder(_make_decoder_layers(config, embedding),
+                         inputs["decoder_input_tokens"], memory, memory_mask)
   # Names the output "logits" in a SavedModel's serving signature.
   logits = tf_keras.layers.Activation("linear", dtype="float32",
                                       name="logits")(logits)
-  inputs = {"encoder_input_tokens": encoder_tokens,
-            "decoder_input_tokens": decoder_tokens}
   return tf_keras.Model(inputs, logits, name=name or "t5")
 
 

@@ -37,6 +37,9 @@ mtf = compat.import_mesh_tensorflow()
 _tl = mtf_layers.transformer_layers
 transformer = compat.import_transformer().transformer
 
+# T5Config.stacks -> mtf's utils.run.model_type.
+_MODEL_TYPES = {"encoder_decoder": "bitransformer", "decoder": "lm",
+                "encoder": "aligned"}
 # mtf's _relative_position_bucket has max_distance=128 and no setting for it.
 MTF_MAX_DISTANCE = 128
 _MTF_LAYERS = "mesh_tensorflow.transformer.transformer_layers"
@@ -197,11 +200,40 @@ def check_relative_bias(stack_name, block_list):
   return buckets.pop()
 
 
+def _unitransformer_config(model, **common):
+  """The one-stack T5Config of an mtf Unitransformer ("lm" or "aligned")."""
+  name = model.name
+  check_stack(name, model)
+  block_list = blocks(name, model, decoder=False)
+  settings = feed_forward_settings(block_list, name)
+  if len(settings) > 1:
+    _refuse(f"{name}'s feed-forward layers differ: (d_ff, activation, "
+            f"gated) {sorted(settings)}", "one of each per model")
+  (d_ff, activation, gated), = settings
+  d_model = model.model_dim.size
+  attention = _one_or_per_layer(
+      [attention_config(b.self_attention, d_model) for b in block_list])
+  stack = "decoder" if model.autoregressive else "encoder"
+  return models.T5Config(
+      d_model=d_model, num_layers=len(block_list), d_ff=d_ff,
+      **{f"{stack}_self_attention": attention}, activation=activation,
+      gated_feed_forward=gated,
+      tie_embeddings=model.shared_embedding_and_softmax_weights,
+      relative_num_buckets=check_relative_bias(name, block_list),
+      relative_max_distance=MTF_MAX_DISTANCE, stacks=stack, **common)
+
+
 def t5_config(model, *, vocab_size, layer_norm_epsilon, dropout_rate):
-  """The T5Config of an mtf Bitransformer (see the module docstring)."""
+  """The T5Config of an mtf Bitransformer or Unitransformer (see the module
+  docstring): an autoregressive Unitransformer is a decoder-only config, a
+  non-autoregressive one an encoder-only config."""
+  common = dict(vocab_size=vocab_size, layer_norm_epsilon=layer_norm_epsilon,
+                dropout_rate=dropout_rate)
+  if type(model) is transformer.Unitransformer:  # pylint: disable=unidiomatic-typecheck
+    return _unitransformer_config(model, **common)
   if not isinstance(model, transformer.Bitransformer):
     _refuse(f"the model is a {type(model).__name__}",
-            "a Bitransformer (T5's encoder-decoder)")
+            "a Bitransformer (T5's encoder-decoder) or a Unitransformer")
   if not model.shared_embedding:
     _refuse("Bitransformer.shared_embedding = False",
             "True (thattn's T5 has one token embedding)")
@@ -222,8 +254,7 @@ def t5_config(model, *, vocab_size, layer_norm_epsilon, dropout_rate):
   attention = lambda layers: _one_or_per_layer(
       [attention_config(layer, d_model) for layer in layers])
   return models.T5Config(
-      vocab_size=vocab_size, d_model=d_model,
-      num_layers=len(stacks["encoder"]),
+      d_model=d_model, num_layers=len(stacks["encoder"]),
       num_decoder_layers=len(stacks["decoder"]), d_ff=d_ff,
       encoder_self_attention=attention(
           [b.self_attention for b in stacks["encoder"]]),
@@ -234,8 +265,7 @@ def t5_config(model, *, vocab_size, layer_norm_epsilon, dropout_rate):
       activation=activation, gated_feed_forward=gated,
       tie_embeddings=model.decoder.shared_embedding_and_softmax_weights,
       relative_num_buckets=buckets.pop(),
-      relative_max_distance=MTF_MAX_DISTANCE, dropout_rate=dropout_rate,
-      layer_norm_epsilon=layer_norm_epsilon)
+      relative_max_distance=MTF_MAX_DISTANCE, **common)
 
 
 def check_vocab_embedding():
@@ -298,8 +328,12 @@ def mtf_attention(attention, *, d_model, enc_dec, buckets, dropout_rate):
       **common)
 
 
-def _stack_layers(config, *, decoder):
-  """make_layer_stack's `layers`: [[class, name, kwargs], ...] per block."""
+def _stack_layers(config, *, self_attention, cross_attention, count):
+  """make_layer_stack's `layers`: [[class, name, kwargs], ...] per block.
+
+  Each block: the `self_attention` type's layer, the `cross_attention`
+  type's (None: none), a DenseReluDense; `count` blocks.
+  """
   activation, gated = config.activation, config.gated_feed_forward
   if activation not in ("relu", "gelu_approximate"):
     _refuse(f"thattn activation {activation!r}", "'relu' or "
@@ -308,10 +342,8 @@ def _stack_layers(config, *, decoder):
   feed_forward = dict(hidden_size=config.d_ff, dropout_rate=config.dropout_rate,
                       activation=[mtf_activation, "linear"] if gated
                       else mtf_activation)
-  kinds = ((("decoder_self_attention", False),
-            ("encoder_decoder_attention", True)) if decoder else
-           (("encoder_self_attention", False),))
-  count = config.decoder_layers if decoder else config.num_layers
+  kinds = ((self_attention, False),) + (
+      ((cross_attention, True),) if cross_attention else ())
   layers = []
   for index in range(count):
     for role, (name, enc_dec) in enumerate(kinds):
@@ -326,7 +358,9 @@ def _stack_layers(config, *, decoder):
 
 
 def gin_text(config):
-  """The operative gin config of the mtf Bitransformer for a T5Config.
+  """The operative gin config of the mtf model for a T5Config: a
+  Bitransformer, or a Unitransformer ("lm" for a decoder-only config,
+  "aligned" for an encoder-only one).
 
   Every layer is listed with its own arguments (`make_layer_stack` with
   `block_scope=False` and explicit `block_XXX/layer_YYY` names), so per-layer
@@ -339,12 +373,12 @@ def gin_text(config):
   if config.relative_max_distance != MTF_MAX_DISTANCE:
     _refuse(f"thattn relative_max_distance={config.relative_max_distance}",
             f"{MTF_MAX_DISTANCE} (mtf's fixed relative position distance)")
+  model_type = _MODEL_TYPES[config.stacks]
   lines = [
-      "# Written by thattn-convert: the Mesh TensorFlow Bitransformer that "
-      "computes", "# what the thattn T5 model computes.",
+      f"# Written by thattn: the Mesh TensorFlow {model_type} that computes",
+      "# what the thattn T5 model computes.",
       f"import {_MTF_LAYERS}", "import thattn.mtf.layers", "",
-      "utils.run.model_type = 'bitransformer'",
-      "Bitransformer.shared_embedding = True",
+      f"utils.run.model_type = {model_type!r}",
       f"Unitransformer.d_model = {config.d_model}",
       "Unitransformer.positional_embedding = False",
       "Unitransformer.shared_embedding_and_softmax_weights = "
@@ -353,10 +387,22 @@ def gin_text(config):
       "Unitransformer.vocab_divisor = 1",
       f"sublayer_rms_norm.epsilon = {config.layer_norm_epsilon!r}",
       f"sublayer_dropout.dropout_rate = {config.dropout_rate!r}"]
-  for scope, decoder in (("encoder", False), ("decoder", True)):
-    layers = _stack_layers(config, decoder=decoder)
-    lines += [f"{scope}/make_layer_stack.block_scope = False",
-              f"{scope}/make_layer_stack.num_layers = 1",
-              f"{scope}/make_layer_stack.layers = ["]
+  stacks = {  # gin scope: (self-attention, enc-dec attention, blocks)
+      "encoder_decoder": {
+          "encoder/": ("encoder_self_attention", None, config.num_layers),
+          "decoder/": ("decoder_self_attention", "encoder_decoder_attention",
+                       config.decoder_layers)},
+      "decoder": {"": ("decoder_self_attention", None,
+                       config.decoder_layers)},
+      "encoder": {"": ("encoder_self_attention", None, config.num_layers)},
+  }[config.stacks]
+  if config.stacks == "encoder_decoder":
+    lines.append("Bitransformer.shared_embedding = True")
+  for scope, (self_attention, cross_attention, count) in stacks.items():
+    layers = _stack_layers(config, self_attention=self_attention,
+                           cross_attention=cross_attention, count=count)
+    lines += [f"{scope}make_layer_stack.block_scope = False",
+              f"{scope}make_layer_stack.num_layers = 1",
+              f"{scope}make_layer_stack.layers = ["]
     lines += [f"    {_gin_value(layer)}," for layer in layers] + ["]"]
   return "\n".join(lines) + "\n"

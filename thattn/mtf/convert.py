@@ -98,8 +98,15 @@ def _vocabulary(vocabulary, rows, divisor):
                        "a SentencePiece model file or a thattn tokenizer "
                        "folder.")
     with tf.io.gfile.GFile(vocabulary, "rb") as f:
-      tokenizer = tokenizers.SentencepieceTokenizer(f.read())
+      model = f.read()
+    try:
+      # T5's own vocabularies (100 sentinels past the pieces) or thattn's.
+      tokenizer = tokenizers.from_sentencepiece_model(model, vocab_size=rows)
+    except ValueError as error:
+      raise ValueError(f"vocabulary {vocabulary}: {error}") from error
   size = tokenizer.vocab_size
+  if isinstance(tokenizer, tokenizers.T5SentencepieceTokenizer):
+    size = tokenizer.pieces + tokenizer.extra_ids  # the ids it can produce
   padded = -(-size // divisor) * divisor
   if padded != rows:
     raise ValueError(
@@ -123,28 +130,48 @@ def _overrides(config):
   return json.loads(json.dumps(overrides))  # tuples -> lists, as on disk
 
 
+def _embedding_name(variables, kind):
+  """The name of the model's token embedding in the checkpoint, or None.
+
+  A Bitransformer's is `shared/embedding`; a Unitransformer's is
+  `<its name>/embedding` (`transformer/embedding` by default).
+  """
+  if kind == mtf_models.BITRANSFORMER:
+    return "shared/embedding" if "shared/embedding" in variables else None
+  names = [name for name in variables if re.fullmatch(r"[^/]+/embedding",
+                                                      name)]
+  return names[0] if len(names) == 1 else None
+
+
 def _load_mtf(mtf_model_dir, checkpoint_step):
-  """(gin text, checkpoint path, {name: array}, Bitransformer) of a dir."""
+  """(gin text, checkpoint path, {name: array}, model, embedding rows).
+
+  The model is the Bitransformer or Unitransformer the gin config builds.
+  """
   gin_text = mtf_models.read_operative_config(mtf_model_dir)
   kind = mtf_models.model_type(gin_text)
-  if kind != "bitransformer":
+  if kind not in mtf_models.MODEL_TYPES:
     raise ValueError(f"{mtf_model_dir}: model_type {kind!r} in "
                      f"{mtf_models.OPERATIVE_CONFIG}; thattn-convert takes "
-                     "'bitransformer' (T5) models.")
+                     f"{', '.join(mtf_models.MODEL_TYPES)}.")
   checkpoint = mtf_models.latest_checkpoint(mtf_model_dir, checkpoint_step)
   variables = mtf_models.read_checkpoint(checkpoint)
-  if "shared/embedding" not in variables:
-    raise ValueError(f"{checkpoint} has no shared/embedding variable; "
-                     "expected a Bitransformer with a shared embedding.")
-  rows = variables["shared/embedding"].shape[0]
+  embedding = _embedding_name(variables, kind)
+  if embedding is None:
+    expected = ("shared/embedding (a Bitransformer with a shared embedding)"
+                if kind == mtf_models.BITRANSFORMER else
+                "one <name>/embedding (a Unitransformer's)")
+    raise ValueError(f"{checkpoint} has no token embedding variable for "
+                     f"model_type {kind!r}; expected {expected}.")
+  rows = variables[embedding].shape[0]
   mtf_model = mtf_models.build_model(gin_text=gin_text, vocab_size=rows)
-  return gin_text, checkpoint, variables, mtf_model
+  return gin_text, checkpoint, variables, mtf_model, rows
 
 
 def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
                   vocabulary=None, sequence_length=DEFAULT_SEQUENCE_LENGTH,
                   log=print):
-  """Writes the thattn model_dir of an mtf Bitransformer's model_dir.
+  """Writes the thattn model_dir of an mtf model_dir (either transformer).
 
   Args:
     mtf_model_dir: holds operative_config.gin and model.ckpt-N.
@@ -163,9 +190,8 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
     ValueError naming the file, variable or gin binding that cannot be
     converted; nothing is written then.
   """
-  gin_text, checkpoint, variables, mtf_model = _load_mtf(mtf_model_dir,
-                                                         checkpoint_step)
-  rows = variables["shared/embedding"].shape[0]
+  gin_text, checkpoint, variables, mtf_model, rows = _load_mtf(
+      mtf_model_dir, checkpoint_step)
   config = architecture.t5_config(
       mtf_model, vocab_size=rows,
       layer_norm_epsilon=_gin_setting(gin_text, "sublayer_rms_norm.epsilon",
@@ -182,9 +208,13 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
   step = int(re.search(r"(\d+)$", checkpoint).group(1))
   preset = "t5_1_1_base" if config.gated_feed_forward else "t5_base"
   run_config = {
-      "task": "span_corruption", "preset": preset,
+      # thattn has no task for a one-stack model yet: it loads
+      # (thattn.models.load) and converts back, but does not train.
+      "task": ("span_corruption" if config.stacks == "encoder_decoder"
+               else None), "preset": preset,
       "overrides": _overrides(config), "sequence_length": sequence_length,
-      "eos_id": T5_EOS_ID,
+      # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
+      "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
       CONVERTED_FROM: {"mtf_model_dir": os.path.abspath(mtf_model_dir),
                        "checkpoint": checkpoint, "step": step}}
@@ -197,8 +227,11 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
       tokenizer.save(run_dir.path(staging, run_dir.TOKENIZER))
     run_dir.write_json(run_dir.path(staging, run_dir.RUN_CONFIG), run_config,
                        sort_keys=True)
+  layers = {"encoder_decoder": f"{config.num_layers}+{config.decoder_layers}",
+            "decoder": f"decoder-only {config.decoder_layers}",
+            "encoder": f"encoder-only {config.num_layers}"}[config.stacks]
   log(f"Converted {checkpoint} (step {step}) to {model_dir}: T5, "
-      f"{config.num_layers}+{config.decoder_layers} layers, d_model "
+      f"{layers} layers, d_model "
       f"{config.d_model}, vocabulary {rows}"
       f"{', tokenizer written' if tokenizer else ', no tokenizer'}.")
   return config

@@ -1,4 +1,5 @@
-"""Every variable of an mtf Bitransformer, as a weight of thattn's T5 model.
+"""Every variable of an mtf Bitransformer or Unitransformer, as a weight of
+thattn's T5 model (a one-stack T5Config for a Unitransformer).
 
 `mtf_to_keras(mtf_model=..., keras_model=..., variables=...)` assigns an
 mtf checkpoint's {name: array} to a built `thattn.models` T5 model;
@@ -10,14 +11,18 @@ transposes only, so a round trip is exact).
 
 | mtf variable (T5's names) | thattn weight |
 |---|---|
-| `shared/embedding` [vocab, d_model] | `token_embedding` E |
-| `decoder/logits/kernel` [d_model, vocab] (untied) | `lm_head` kernel |
+| `shared/embedding` [vocab, d_model] (`transformer/embedding`) | `token_embedding` E |
+| `decoder/logits/kernel` [d_model, vocab] (`transformer/...`; untied) | `lm_head` kernel |
 | `{stack}/block_{i}/layer_{j}/rms_norm/scale` | block i's norm before sublayer j |
 | `{stack}/block_{i}/layer_{j}/{attention class}/...` | block i's attention (see `layer_weights`) |
 | `.../SelfAttention/relative_attention_bias` of block 0 | the stack's `RelativePositionBias` (mtf's "bias_shared": block 0 owns it) |
 | `{stack}/block_{i}/layer_{j}/DenseReluDense/wi/kernel` (`wi_0`, `wi_1` gated) | feed_forward `input` (and `gate`) kernel |
 | `.../DenseReluDense/wo/kernel` | feed_forward `output` kernel |
 | `{stack}/rms_norm/scale` | `{stack}_final_norm` |
+
+`{stack}` is `encoder` or `decoder` in a Bitransformer; a Unitransformer's
+one stack is `transformer` (its name), thattn's `decoder_*` layers for a
+language model ("lm") and `encoder_*` for an "aligned" model.
 """
 
 import dataclasses
@@ -71,26 +76,49 @@ def _block_units(stack, block, keras_block, bias_layer, bias_owner):
   return units
 
 
+def _stack_units(unit, keras_model, kind, *, cross_attention):
+  """The units of one mtf stack and thattn's `{kind}_*` layers."""
+  blocks = architecture.blocks(unit.name, unit, decoder=cross_attention)
+  bias_layer = keras_model.get_layer(
+      f"{kind}_position_bias").relative_position_bias
+  first = blocks[0].self_attention
+  bias_owner = (f"{unit.name}/{first.name}/{type(first).__name__}/"
+                f"{weight_maps.RELATIVE_BIAS}")
+  units = []
+  for index, block in enumerate(blocks):
+    units += _block_units(unit.name, block,
+                          keras_model.get_layer(f"{kind}_block_{index}"),
+                          bias_layer, bias_owner)
+  units.append(_Copy(f"{unit.name}/rms_norm/scale",
+                     keras_model.get_layer(f"{kind}_final_norm").scale))
+  return units
+
+
 def _units(mtf_model, keras_model):
-  """The units of the two models, in mtf's order."""
-  units = [_Copy("shared/embedding",
-                 keras_model.get_layer("token_embedding").embeddings)]
-  for unit, decoder in ((mtf_model.encoder, False), (mtf_model.decoder, True)):
-    kind = "decoder" if decoder else "encoder"
-    blocks = architecture.blocks(unit.name, unit, decoder=decoder)
-    bias_layer = keras_model.get_layer(
-        f"{kind}_position_bias").relative_position_bias
-    first = blocks[0].self_attention
-    bias_owner = (f"{unit.name}/{first.name}/{type(first).__name__}/"
-                  f"{weight_maps.RELATIVE_BIAS}")
-    for index, block in enumerate(blocks):
-      units += _block_units(unit.name, block,
-                            keras_model.get_layer(f"{kind}_block_{index}"),
-                            bias_layer, bias_owner)
-    units.append(_Copy(f"{unit.name}/rms_norm/scale",
-                       keras_model.get_layer(f"{kind}_final_norm").scale))
-  if not mtf_model.decoder.shared_embedding_and_softmax_weights:
-    units.append(_Copy(f"{mtf_model.decoder.name}/logits/kernel",
+  """The units of the two models, in mtf's order.
+
+  A Bitransformer's stacks are `encoder/` and `decoder/` with one
+  `shared/embedding`; a Unitransformer's one stack is `transformer/` (its
+  name) with `transformer/embedding`, thattn's decoder (a language model)
+  or encoder (an "aligned" model).
+  """
+  embedding = keras_model.get_layer("token_embedding").embeddings
+  if isinstance(mtf_model, architecture.transformer.Bitransformer):
+    units = [_Copy("shared/embedding", embedding)]
+    units += _stack_units(mtf_model.encoder, keras_model, "encoder",
+                          cross_attention=False)
+    units += _stack_units(mtf_model.decoder, keras_model, "decoder",
+                          cross_attention=True)
+    logits_owner = mtf_model.decoder
+  else:
+    units = [_Copy(f"{mtf_model.name}/embedding", embedding)]
+    units += _stack_units(
+        mtf_model, keras_model,
+        "decoder" if mtf_model.autoregressive else "encoder",
+        cross_attention=False)
+    logits_owner = mtf_model
+  if not logits_owner.shared_embedding_and_softmax_weights:
+    units.append(_Copy(f"{logits_owner.name}/logits/kernel",
                        keras_model.get_layer("lm_head").kernel))
   return units
 

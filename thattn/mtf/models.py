@@ -43,6 +43,9 @@ importlib.import_module("mesh_tensorflow.transformer.transformer_layers")
 importlib.import_module("mesh_tensorflow.transformer.utils")
 
 OPERATIVE_CONFIG = "operative_config.gin"
+# Checkpoint entries under this scope are thattn's trainer state (the
+# held-out loss before training), not model variables.
+TRAINER_SCOPE = "thattn/"
 CHECKPOINT_PREFIX = "model.ckpt"
 BITRANSFORMER = "bitransformer"
 MODEL_TYPES = (BITRANSFORMER, "lm", "delimited_lm", "aligned")
@@ -230,12 +233,17 @@ def _call(model, kind, mesh, inputs, targets):
   targets = to_mtf(targets)
   # A Bitransformer shifts the targets itself and takes min(ids, 1) as
   # sequence ids (0 is padding); the language models read the shifted
-  # targets, without sequence ids, as mtf's model_fn gives them.
+  # targets, without sequence ids, as mtf's model_fn gives them (causal
+  # attention keeps padding at the end from reaching the tokens before).
   inputs = (transformer.autoregressive_inputs(targets)
             if kind in _LANGUAGE_MODELS else to_mtf(inputs))
+  # An aligned model is told where the padding is (0), as a Bitransformer
+  # tells its encoder; mtf's own feeding masks nothing without segment ids.
+  sequence_id = ({"sequence_id": mtf.minimum(inputs, 1)}
+                 if kind == "aligned" else {})
   logits, _ = model.call_simple(
       inputs=inputs, targets=targets, compute_loss=False, mode=_EVAL,
-      variable_dtype=mtf.VariableDType(tf.float32))
+      variable_dtype=mtf.VariableDType(tf.float32), **sequence_id)
   return logits
 
 
@@ -294,14 +302,29 @@ def initial_variables(*, gin_text, vocab_size, seed, model_type=None):
   return {k: np.asarray(v, np.float32) for k, v in values.items()}
 
 
-def _assign_ops(variables, values):
-  """Placeholders, their values and assign ops loading the mtf masters."""
-  names = {v.name: v for v in variables}
+def assign_ops(variables, values, *, name_of=lambda variable: variable.name,
+               what="model"):
+  """Placeholders, their values and ops that load `values` into mtf masters.
+
+  Args:
+    variables: mtf Variables.
+    values: {name: array}, one per variable, named as `name_of` names them.
+    name_of: a variable's name in `values`.
+    what: what the variables make up, for messages ("model", "layer").
+
+  Returns:
+    ({placeholder: float32 array}, [assign op]): run the ops with the feeds.
+
+  Raises:
+    ValueError listing missing and unknown names, or naming a variable whose
+    value has the wrong shape, with both shapes and the mtf dimensions.
+  """
+  names = {name_of(v): v for v in variables}
   missing = sorted(set(names) - set(values))
   unknown = sorted(set(values) - set(names))
   if missing or unknown:
-    raise ValueError(f"variables do not match the model: missing {missing}, "
-                     f"unknown {unknown}.")
+    raise ValueError(f"variables do not match the {what}: missing {missing}, "
+                     f"unknown {unknown}; the {what} has {sorted(names)}.")
   feeds, ops = {}, []
   for name, variable in names.items():
     master = variable.get_master()
@@ -340,7 +363,7 @@ def logits(*, gin_text, vocab_size, variables, inputs=None, targets,
     mtf_mesh, output, mtf_variables = _build(
         gin_text=gin_text, vocab_size=vocab_size, kind=model_type,
         inputs=inputs, targets=targets, mesh=mesh, rules=rules)
-    feeds, assigns = _assign_ops(mtf_variables, variables)
+    feeds, assigns = assign_ops(mtf_variables, variables)
     if mesh is None:
       mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
           shape=[], layout={}, devices=[""])
@@ -365,8 +388,9 @@ def logits(*, gin_text, vocab_size, variables, inputs=None, targets,
 def read_checkpoint(checkpoint_path):
   """{name: float32 array} of the model variables in a TF1 checkpoint.
 
-  Optimizer slots ("..._slot_vr" etc.), `global_step` and non-float
-  entries are skipped; bfloat16 (T5's master dtype) and float16 are cast.
+  Optimizer slots ("..._slot_vr" etc.), `global_step`, thattn's trainer
+  state (`TRAINER_SCOPE`) and non-float entries are skipped; bfloat16
+  (T5's master dtype) and float16 are cast.
   ValueError naming `checkpoint_path` and the cause when it cannot be read.
   """
   try:
@@ -375,7 +399,8 @@ def read_checkpoint(checkpoint_path):
     return {name: np.asarray(reader.get_tensor(name)).astype(np.float32)
             for name, dtype in sorted(dtypes.items())
             if dtype.is_floating and "_slot_" not in name
-            and name != "global_step"}
+            and name != "global_step"
+            and not name.startswith(TRAINER_SCOPE)}
   except (tf.errors.OpError, ValueError, OSError, IndexError) as error:
     # IndexError: TF's reader of a truncated .data file ("Read less bytes").
     raise ValueError(f"cannot read the checkpoint {checkpoint_path!r}: "

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from thattn.mtf import compat
 from thattn.mtf import layout
+from thattn.mtf import models as mtf_models
 
 compat.install_transformer()
 mtf = compat.import_mesh_tensorflow()
@@ -113,28 +114,6 @@ def _short(variable):
   return variable.name[len(SCOPE) + 1:]
 
 
-def _assign_ops(variables, values):
-  """Placeholders and assign ops that load `values` into the mtf masters."""
-  names = {_short(v): v for v in variables}
-  missing = sorted(set(names) - set(values))
-  unknown = sorted(set(values) - set(names))
-  if missing or unknown:
-    raise ValueError(f"variables do not match the layer: missing {missing}, "
-                     f"unknown {unknown}; the layer has {sorted(names)}.")
-  feeds, ops = {}, []
-  for name, variable in names.items():
-    master = variable.get_master()
-    value = np.asarray(values[name], np.float32)
-    if tuple(value.shape) != tuple(master.shape.as_list()):
-      raise ValueError(f"variable {name!r} has shape {value.shape}, expected "
-                       f"{tuple(master.shape.as_list())} "
-                       f"{[d.name for d in variable.shape.dims]}.")
-    placeholder = tf.compat.v1.placeholder(tf.float32, value.shape)
-    ops.append(tf.compat.v1.assign(master, placeholder))
-    feeds[placeholder] = value
-  return feeds, ops
-
-
 def run_layer(layer, *, query, memory=None, cotangent=None, causal=False,
               query_segments=None, memory_segments=None, variables=None,
               mesh=None, rules=None, devices=None):
@@ -194,8 +173,8 @@ def _run(graph, lowering, built, values):
                        for key, grad in built.grads.items()},
              "variables": {_short(v): v.get_master()
                            for v in built.variables}}
-  feeds, assigns = ({}, []) if values is None else _assign_ops(
-      built.variables, values)
+  feeds, assigns = ({}, []) if values is None else mtf_models.assign_ops(
+      built.variables, values, name_of=_short, what="layer")
   slices = {_short(v): [s.shape.as_list() for s in
                         lowering.variables[v].laid_out_tensor.all_slices]
             for v in built.variables}

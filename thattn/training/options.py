@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from thattn import sharding
 from thattn import validation
 from thattn.training import dtensor
 from thattn.training import optimizer as optimizer_lib
@@ -11,6 +12,10 @@ MIXED_PRECISION = ("off", "float16", "bfloat16")
 # Where a rerun resumes: the latest checkpoint (a damaged one is an error
 # that names it), or the newest one that restores.
 RESUME_FROM = ("latest", "latest_intact")
+# What builds and trains the model: tf-keras (thattn.training.trainer), or
+# Mesh TensorFlow's transformer (thattn.mtf.training).
+KERAS, MTF = "keras", "mtf"
+BACKENDS = (KERAS, MTF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,7 @@ class TrainOptions:
   # "batch:2,model:2", and the rules; None: DEFAULT_LAYOUT_RULES there.
   mesh_shape: str = None
   layout_rules: str = None
+  backend: str = KERAS  # see BACKENDS
 
   def __post_init__(self):
     for name in ("train_steps", "batch_size", "sequence_length",
@@ -58,10 +64,43 @@ class TrainOptions:
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate must be positive, got "
                        f"{self.learning_rate}.")
+    validation.one_of("backend", self.backend, BACKENDS)
     # Flag mistakes fail here, before any device or data is touched.
-    dtensor.check_options(
-        strategy=self.strategy, mesh_shape=self.mesh_shape,
-        layout_rules=self.layout_rules, tpu=self.tpu)
+    if self.backend == MTF:
+      self._check_mtf()
+    else:
+      dtensor.check_options(
+          strategy=self.strategy, mesh_shape=self.mesh_shape,
+          layout_rules=self.layout_rules, tpu=self.tpu)
+
+  def _check_mtf(self):
+    """--backend=mtf: mtf lays out the mesh itself; what it cannot do."""
+    unsupported = [
+        (f"--strategy={self.strategy}", self.strategy != "default",
+         "mtf places the model on --mesh_shape itself"),
+        (f"--optimizer={self.optimizer}", self.optimizer != "adafactor",
+         "it trains with mtf's AdafactorOptimizer"),
+        (f"--mixed_precision={self.mixed_precision}",
+         self.mixed_precision != "off", "it trains in float32"),
+        (f"--tpu={self.tpu}", bool(self.tpu), "it runs on local CPUs")]
+    for flag, given, reason in unsupported:
+      if given:
+        raise ValueError(f"{flag} does not apply with --backend=mtf: "
+                         f"{reason}; drop the flag.")
+    if self.mesh_shape is None and self.layout_rules is not None:
+      raise ValueError(f"--layout_rules={self.layout_rules!r} needs "
+                       "--mesh_shape with --backend=mtf.")
+    self.mtf_mesh()
+
+  def mtf_mesh(self):
+    """--backend=mtf: (MeshSpec, LayoutRules), or None for one device."""
+    if self.mesh_shape is None:
+      return None
+    mesh = sharding.MeshSpec.parse(self.mesh_shape)
+    rules = sharding.LayoutRules.parse(self.layout_rules or
+                                       dtensor.DEFAULT_LAYOUT_RULES)
+    rules.check_mesh(mesh)
+    return mesh, rules
 
   @property
   def peak_learning_rate(self):

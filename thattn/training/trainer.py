@@ -105,6 +105,23 @@ def _check_positions(init_checkpoint, sequence_length):
         "--on_overflow=window).")
 
 
+def resolve_model(task_class, model, options, log=print):
+  """The run's ModelOptions, checked before anything is read or written.
+
+  Without a preset: the init checkpoint's run's model, or the task's
+  default. Raises ValueError for a model the task cannot build, or one
+  with fewer learned positions than the sequence length.
+  """
+  model = model or tasks.ModelOptions(preset=None)
+  if model.preset is None and task_class.default_preset is not None:
+    model = (_inherit_model(model, options.init_checkpoint, log)
+             if options.init_checkpoint else default_model(task_class, model))
+  task_class.check_model(model)
+  if options.init_checkpoint:
+    _check_positions(options.init_checkpoint, options.sequence_length)
+  return model
+
+
 def make_devices(options, model_dir, log=print):
   """The `devices.Devices` that `options.strategy` names."""
   if options.strategy == strategies.DTENSOR:
@@ -146,15 +163,11 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
   task_class = tasks.get(task)
   options = options or options_lib.TrainOptions()
   data = data or tasks.DataOptions()
-  model = model or tasks.ModelOptions(preset=None)
-  if model.preset is None and task_class.default_preset is not None:
-    model = (_inherit_model(model, options.init_checkpoint, log)
-             if options.init_checkpoint else default_model(task_class, model))
-  # Everything that can be checked without data is checked before anything
-  # is written.
-  task_class.check_model(model)
-  if options.init_checkpoint:
-    _check_positions(options.init_checkpoint, options.sequence_length)
+  if options.backend != options_lib.KERAS:
+    raise ValueError(f"backend={options.backend!r}: this trainer is the "
+                     "Keras backend's; thattn.mtf.training trains in Mesh "
+                     "TensorFlow.")
+  model = resolve_model(task_class, model, options, log)
   guard = run_lock.StartGuard(model_dir)
   # Only the chief owns the model_dir (thattn.training.cluster): the other
   # workers of a cluster write to temporary folders, and take no lock.
@@ -207,7 +220,7 @@ class _Run:
   finished: dict = None  # the summary of a run that had already finished
 
 
-def _run_config(task, model, data, options):
+def run_config(task, model, data, options, write_dir):
   """run_config.json: every setting that changes what training computes.
 
   Settings that may change on resume are not in it: train_steps (to extend
@@ -215,16 +228,22 @@ def _run_config(task, model, data, options):
   logging and checkpoint intervals, the devices and mesh (checkpoints do
   not depend on them), determinism, init_checkpoint and --tokenizer (used
   only by a run's first start; a resumed run keeps its own tokenizer).
+  The backend is in it: a model_dir's checkpoints are one backend's.
   """
-  return dict(task.run_config(), train_files=data.train_files,
-              eval_files=data.eval_files, on_overflow=data.on_overflow,
-              batch_size=options.batch_size,
-              seed=options.seed, optimizer=options.optimizer,
-              learning_rate=options.peak_learning_rate,
-              warmup_steps=options.warmup_steps,
-              decay_fraction=options.decay_fraction,
-              mixed_precision=options.mixed_precision,
-              freeze_embeddings=model.freeze_embeddings)
+  config = dict(task.run_config(), train_files=data.train_files,
+                eval_files=data.eval_files, on_overflow=data.on_overflow,
+                batch_size=options.batch_size,
+                seed=options.seed, optimizer=options.optimizer,
+                learning_rate=options.peak_learning_rate,
+                warmup_steps=options.warmup_steps,
+                decay_fraction=options.decay_fraction,
+                mixed_precision=options.mixed_precision,
+                freeze_embeddings=model.freeze_embeddings)
+  if options.backend != options_lib.KERAS:  # Keras runs predate the key
+    config["backend"] = options.backend
+  if tf.io.gfile.exists(run_dir.path(write_dir, run_dir.TOKENIZER)):
+    config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
+  return config
 
 
 def _start(*, model_dir, write_dir, task_class, model, data, options, log):
@@ -237,10 +256,8 @@ def _start(*, model_dir, write_dir, task_class, model, data, options, log):
   tf.io.gfile.makedirs(write_dir)
   task = make_task(task_class, model_dir=write_dir, model=model, data=data,
                    options=options, log=log)
-  run_config = _run_config(task, model, data, options)
-  if tf.io.gfile.exists(run_dir.path(write_dir, run_dir.TOKENIZER)):
-    run_config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
-  run_dir.check_or_write_run_config(write_dir, run_config)
+  run_dir.check_or_write_run_config(
+      write_dir, run_config(task, model, data, options, write_dir))
   optimizer, schedule = devices.build(
       task, lambda **kwargs: optimizer_lib.make_optimizer(options, **kwargs))
   # Trainer state, outside the strategy: one copy, not one per replica.
@@ -261,7 +278,7 @@ def _start(*, model_dir, write_dir, task_class, model, data, options, log):
                             run_dir.path(model_dir, run_dir.CHECKPOINTS),
                             max_to_keep=None),
                         task, options, log)
-  finished = _finished_summary(model_dir, start_step, options, log)
+  finished = finished_summary(model_dir, start_step, options, log)
   loop = devices.train_loop(task, optimizer,
                             loss_scaling=options.mixed_precision == "float16")
   return _Run(task=task, devices=devices, loop=loop, schedule=schedule,
@@ -270,7 +287,7 @@ def _start(*, model_dir, write_dir, task_class, model, data, options, log):
               start_step=start_step, finished=finished)
 
 
-def _finished_summary(model_dir, start_step, options, log):
+def finished_summary(model_dir, start_step, options, log):
   """The summary of a run that already reached train_steps, or None."""
   summary = run_dir.read_summary(model_dir)
   if (start_step < options.train_steps or summary is None or

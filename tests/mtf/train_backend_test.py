@@ -1,0 +1,217 @@
+"""thattn-train --backend=mtf: T5 span corruption trained in Mesh TensorFlow.
+
+The binary runs for real in subprocesses (a mesh of logical CPUs needs a
+fresh process): 8 steps of a tiny talking-heads T5 with the Keras backend,
+then with mtf's Bitransformer and AdafactorOptimizer on one device and on a
+batch:2,model:2 mesh. Both backends start from the same weights (the mtf
+run converts the Keras backbone the task builds under the same seed) and
+read the same batches, so their per-step losses must agree.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.training import local_cluster
+from thattn import models
+from thattn import tasks
+from thattn.mtf import convert
+from thattn.mtf import models as mtf_models
+from thattn.mtf import training as mtf_training
+from thattn.training import options as options_lib
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def data_flags(tiny_bert_flags):
+  return tiny_bert_flags[:2]  # a text file and its tokenizer (1000 ids)
+
+
+def _command(model_dir, data_flags, *extra):
+  flags = dict(task="span_corruption", preset="t5_tiny", batch_size=4,
+               sequence_length=32, train_steps=_STEPS, warmup_steps=1,
+               log_every=1, checkpoint_every=4, eval_every=0, eval_steps=2)
+  return ([sys.executable, "-m", "thattn.bin.train",
+           f"--model_dir={model_dir}", "--deterministic"] + data_flags +
+          [f"--{name}={value}" for name, value in flags.items()] +
+          list(extra))
+
+
+def _train(model_dir, data_flags, *extra):
+  result = subprocess.run(_command(model_dir, data_flags, *extra), env=_ENV,
+                          capture_output=True, text=True, timeout=600,
+                          check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_flags):
+  """{name: (model_dir, stdout)} of the Keras run and the mtf run."""
+  root = tmp_path_factory.mktemp("backends")
+  return {
+      "keras": (root / "keras",
+                _train(root / "keras", data_flags, "--noexport")),
+      "mtf": (root / "mtf", _train(root / "mtf", data_flags,
+                                   "--backend=mtf", "--noexport")),
+  }
+
+
+def _assert_same_losses(mtf_dir, keras_dir):
+  mtf_losses = local_cluster.train_losses(str(mtf_dir))
+  keras_losses = local_cluster.train_losses(str(keras_dir))
+  assert sorted(mtf_losses) == list(range(1, _STEPS + 1))
+  assert sorted(keras_losses) == sorted(mtf_losses)
+  for step, loss in keras_losses.items():
+    np.testing.assert_allclose(mtf_losses[step], loss, rtol=1e-4,
+                               err_msg=f"step {step}")
+  # Training moved the loss: the comparison is not of two untrained models.
+  assert keras_losses[_STEPS] < keras_losses[1] - 1.0
+
+
+def test_one_device_equals_the_keras_backend_step_for_step(runs):
+  keras_dir, _ = runs["keras"]
+  mtf_dir, stdout = runs["mtf"]
+  assert "Mesh TensorFlow Bitransformer" in stdout
+  assert "one device" in stdout
+  _assert_same_losses(mtf_dir, keras_dir)
+  with open(mtf_dir / "summary.json") as f:
+    mtf_summary = json.load(f)
+  with open(keras_dir / "summary.json") as f:
+    keras_summary = json.load(f)
+  assert mtf_summary["backend"] == "mtf" and mtf_summary["steps"] == _STEPS
+  for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after"):
+    np.testing.assert_allclose(mtf_summary[key], keras_summary[key],
+                               rtol=1e-4)
+
+
+def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(
+    runs, tmp_path):
+  keras_dir, _ = runs["keras"]
+  mtf_dir, _ = runs["mtf"]
+  assert mtf_models.latest_checkpoint(str(mtf_dir)).endswith(
+      f"model.ckpt-{_STEPS}")
+  gin_text = mtf_models.read_operative_config(str(mtf_dir))
+  assert mtf_models.model_type(gin_text) == "bitransformer"
+  reader = tf.train.load_checkpoint(str(mtf_dir / f"model.ckpt-{_STEPS}"))
+  names = reader.get_variable_to_shape_map()
+  assert reader.get_tensor("global_step") == _STEPS
+  assert any(name.endswith("_slot_v") for name in names)  # Adafactor's
+  with open(mtf_dir / "run_config.json") as f:
+    assert json.load(f)["backend"] == "mtf"
+  # mtf's trained weights, converted, are the Keras backend's trained ones.
+  out = tmp_path / "converted"
+  convert.mtf_to_thattn(mtf_model_dir=str(mtf_dir), model_dir=str(out),
+                        vocabulary=str(mtf_dir / "tokenizer"),
+                        sequence_length=32, log=lambda line: None)
+  converted = models.load(str(out))
+  trained = models.load(str(keras_dir))
+  weights = {w.name: w.numpy() for w in trained.weights}
+  assert len(converted.weights) == len(weights) > 30
+  for weight in converted.weights:
+    np.testing.assert_allclose(weight.numpy(), weights[weight.name],
+                               atol=1e-4, err_msg=weight.name)
+
+
+def test_thattn_export_serves_text(runs, tmp_path):
+  mtf_dir, _ = runs["mtf"]
+  result = subprocess.run(
+      [sys.executable, "-m", "thattn.bin.export", f"--model_dir={mtf_dir}",
+       f"--export_dir={tmp_path / 'served'}"], env=_ENV, capture_output=True,
+      text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"model.ckpt-{_STEPS} (step {_STEPS})" in result.stdout  # converted
+  served = tf.saved_model.load(str(tmp_path / "served"))
+  out = served.signatures["serving_default"](
+      text=tf.constant(["The function returns a list of names."]))
+  assert out["text"].shape == (1,) and out["tokens"].shape[0] == 1
+
+
+def test_a_4_device_mesh_equals_the_keras_backend(runs, data_flags,
+                                                  tmp_path):
+  keras_dir, _ = runs["keras"]
+  stdout = _train(tmp_path / "mesh", data_flags, "--backend=mtf",
+                  "--mesh_shape=batch:2,model:2", "--noexport")
+  assert "4 logical devices" in stdout
+  sharded = [line for line in stdout.splitlines()
+             if "mesh batch:2,model:2" in line]
+  assert sharded, stdout
+  # Heads, d_ff and vocabulary on `model`: most variables are split.
+  count = int(sharded[0].split("mesh batch:2,model:2, ")[1].split()[0])
+  assert count >= 20, sharded[0]
+  _assert_same_losses(tmp_path / "mesh", keras_dir)
+
+
+def test_sigkill_then_rerun_matches_an_uninterrupted_run(runs, data_flags,
+                                                         tmp_path):
+  mtf_dir, _ = runs["mtf"]
+  killed = tmp_path / "killed"
+  process = subprocess.Popen(_command(killed, data_flags, "--backend=mtf",
+                                      "--noexport"),
+                             env=_ENV, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+  for line in process.stdout:
+    if line.startswith(f"step      6/{_STEPS}"):  # checkpoint 4 is saved
+      process.send_signal(signal.SIGKILL)
+      break
+  process.wait(timeout=60)
+  assert process.returncode == -signal.SIGKILL
+  rerun = _train(killed, data_flags, "--backend=mtf", "--noexport")
+  assert "at step 4" in rerun
+  steps = [line.split()[1] for line in rerun.splitlines()
+           if line.startswith("step ")]
+  assert steps == [f"{step}/{_STEPS}" for step in range(5, _STEPS + 1)]
+  with open(killed / "summary.json") as f:
+    resumed = json.load(f)
+  with open(mtf_dir / "summary.json") as f:
+    straight = json.load(f)
+  assert resumed["resumed_from_step"] == 4
+  for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after"):
+    assert resumed[key] == straight[key]
+  assert (local_cluster.train_losses(str(killed))[_STEPS] ==
+          local_cluster.train_losses(str(mtf_dir))[_STEPS])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(strategy="mirrored"), "--strategy=mirrored does not apply"),
+    (dict(optimizer="adam"), "--optimizer=adam does not apply"),
+    (dict(mixed_precision="bfloat16"), "it trains in float32"),
+    (dict(layout_rules="heads:model"), "needs --mesh_shape"),
+    (dict(mesh_shape="batch:2,model:2", layout_rules="heads:data"),
+     "data"),
+])
+def test_options_mtf_cannot_train_are_refused(options, message):
+  with pytest.raises(ValueError, match=message):
+    options_lib.TrainOptions(backend="mtf", **options)
+
+
+def test_tasks_and_models_mtf_cannot_train_are_refused(tmp_path):
+  options = options_lib.TrainOptions(backend="mtf")
+  with pytest.raises(ValueError, match="--task=mlm has no Mesh TensorFlow"):
+    mtf_training.train(model_dir=str(tmp_path / "mlm"), task="mlm",
+                       options=options)
+  dropout = tasks.ModelOptions(preset="t5_tiny",
+                               overrides={"dropout_rate": 0.1})
+  with pytest.raises(ValueError, match="dropout_rate=0.1"):
+    mtf_training.train(model_dir=str(tmp_path / "t5"), model=dropout,
+                       options=options)
+  assert not os.listdir(tmp_path)  # refused before anything was written
+
+
+def test_a_keras_model_dir_is_not_resumed_by_mtf(runs, data_flags):
+  keras_dir, _ = runs["keras"]
+  before = sorted(os.listdir(keras_dir))
+  result = subprocess.run(_command(keras_dir, data_flags, "--backend=mtf"),
+                          env=_ENV, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode != 0
+  assert "backend" in result.stderr and "run_config" in result.stderr
+  assert sorted(os.listdir(keras_dir)) == before

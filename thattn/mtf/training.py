@@ -1,0 +1,382 @@
+"""`thattn-train --backend=mtf`: thattn's T5 runs trained in Mesh TensorFlow.
+
+    summary = training.train(
+        model_dir="runs/t5_mtf", task="span_corruption",
+        options=TrainOptions(backend="mtf", mesh_shape="batch:2,model:2"))
+
+The model is mtf's own `Bitransformer` (`mesh_tensorflow.transformer`),
+built from the gin config that `thattn.mtf.architecture.gin_text` writes
+for the run's T5Config, and trained by a plain `tf.compat.v1` session loop
+(TensorFlow 2.21 has no TPUEstimator) on `PlacementMeshImpl`: one device,
+or `options.mesh_shape` logical CPUs laid out by `options.layout_rules`
+(thattn's one rules table; the binary splits the CPU before TensorFlow
+starts). The step's graph is `thattn.mtf.training_graph`'s.
+
+The same as the Keras backend (`thattn.training.trainer`), so that the two
+are interchangeable and agree step for step:
+- the task, its tokenizer and its step-addressed batches; run_config.json
+  (with "backend": "mtf"), the model_dir lock, progress lines, TensorBoard
+  summaries, summary.json, and resuming from the latest checkpoint;
+- the initial weights: the task builds its Keras backbone under the run's
+  seed, exactly as the Keras backend does, and `thattn.mtf.model_map`
+  converts them (or, with `init_checkpoint`, that run's backbone);
+- the loss, the optimizer and the schedule (see `training_graph`).
+
+The model_dir is an mtf model_dir: `operative_config.gin` and TF1
+checkpoints `model.ckpt-N` (the master variables under T5's names,
+Adafactor's `<name>_slot_v*`, `global_step`), which `thattn-convert` takes
+to Keras; beside them thattn's run_config.json, tokenizer/ and summaries.
+`export` serves it through that conversion.
+
+Departures, refused or documented: T5 presets only (span_corruption:
+BERT and ALBERT have no mtf model here); float32, Adafactor, no dropout.
+Adafactor factors a weight's second moment over its two largest axes, and
+mtf's multi-head SelfAttention keeps q, k, v, o combined ([d_model,
+heads * d_kv]) where Keras keeps [d_model, heads, d_kv]: where an axis
+reaches 128, the two backends factor those weights differently (both are
+Adafactor; their steps differ slightly).
+"""
+
+import contextlib
+import math
+import os
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from thattn import export as export_lib
+from thattn import models
+from thattn import run_dir
+from thattn import tasks
+from thattn.data import batches as batches_lib
+from thattn.mtf import architecture
+from thattn.mtf import convert
+from thattn.mtf import model_map
+from thattn.mtf import models as mtf_models
+from thattn.mtf import training_graph
+from thattn.training import optimizer as optimizer_lib
+from thattn.training import options as options_lib
+from thattn.training import progress as progress_lib
+from thattn.training import run_lock
+from thattn.training import trainer
+
+_CHECKPOINT_PREFIX = mtf_models.CHECKPOINT_PREFIX
+
+
+def is_mtf_run(model_dir):
+  """Whether model_dir holds a run of `--backend=mtf`."""
+  try:
+    return run_dir.read_run_config(model_dir).get(
+        "backend") == options_lib.MTF
+  except ValueError:
+    return False
+
+
+def _check_task(task_class, model):
+  if task_class.config_type is not models.T5Config:
+    raise ValueError(f"--backend=mtf trains T5 models (--task="
+                     f"span_corruption); --task={task_class.name} has no "
+                     "Mesh TensorFlow model here.")
+  dropout = model.overrides.get("dropout_rate")
+  if dropout:
+    raise ValueError(f"--backend=mtf trains without dropout, got "
+                     f"dropout_rate={dropout}; pass --dropout_rate=0.")
+
+
+def train(*, model_dir, task="span_corruption", model=None, data=None,
+          options=None, log=print):
+  """Trains a T5 task in Mesh TensorFlow; returns the summary.
+
+  Args: as `thattn.training.trainer.train`, with `options.backend == "mtf"`.
+  Raises:
+    ValueError for a task or model this backend cannot train, bad mesh or
+    rules (naming the variable and sizes), or a model_dir of another run.
+  """
+  task_class = tasks.get(task)
+  options = options or options_lib.TrainOptions(backend=options_lib.MTF)
+  if options.backend != options_lib.MTF:
+    raise ValueError(f"backend={options.backend!r}; this trainer is "
+                     "--backend=mtf's.")
+  data = data or tasks.DataOptions()
+  model = trainer.resolve_model(task_class, model, options, log)
+  _check_task(task_class, model)
+  guard = run_lock.StartGuard(model_dir)
+  with run_lock.hold(model_dir, log=log):
+    tf_keras.utils.set_random_seed(options.seed)  # as the Keras backend
+    if options.deterministic:
+      tf.config.experimental.enable_op_determinism()
+    try:
+      task_run, gin_text = _start(model_dir, task_class, model, data,
+                                  options, log)
+    except BaseException:
+      guard.rollback()  # a failed start leaves the model_dir as it was
+      raise
+    with mtf_models.gin_scope(gin_text):
+      return _train(model_dir, task_run, gin_text, options, log)
+
+
+def _start(model_dir, task_class, model, data, options, log):
+  """The task (data, tokenizer, Keras backbone) and the run's files."""
+  if (tf.io.gfile.exists(run_dir.path(model_dir, run_dir.RUN_CONFIG)) and
+      not is_mtf_run(model_dir)):
+    # run_config.json accepts keys an older run lacks; a Keras run lacks
+    # "backend", so it is refused here.
+    raise ValueError(f"{run_dir.path(model_dir, run_dir.RUN_CONFIG)} is a "
+                     "Keras run's (no \"backend\": \"mtf\"); its checkpoints "
+                     "cannot resume in Mesh TensorFlow. Use a new "
+                     "--model_dir, or convert the run with thattn-convert "
+                     "--to=mtf.")
+  tf.io.gfile.makedirs(model_dir)
+  task = trainer.make_task(task_class, model_dir=model_dir, model=model,
+                           data=data, options=options, log=log)
+  run_dir.check_or_write_run_config(
+      model_dir, trainer.run_config(task, model, data, options, model_dir))
+  gin_text = architecture.gin_text(task.model_config)
+  _check_or_write_gin(model_dir, gin_text)
+  task.build()  # the Keras backbone: the initial weights
+  if options.init_checkpoint:
+    path = run_dir.find_checkpoint(options.init_checkpoint)
+    tf.train.Checkpoint(backbone=task.backbone).restore(
+        path).expect_partial().assert_existing_objects_matched()
+    log(f"Backbone initialized from {path}.")
+  return task, gin_text
+
+
+def _check_or_write_gin(model_dir, gin_text):
+  path = os.path.join(model_dir, mtf_models.OPERATIVE_CONFIG)
+  if not tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path, "w") as f:
+      f.write(gin_text)
+  elif mtf_models.read_operative_config(model_dir) != gin_text:
+    raise ValueError(f"{path} describes another model than this run's; use "
+                     "a new --model_dir, or the flags of the run there.")
+
+
+def _build(task, gin_text, options):
+  """The `StepGraph`, with the Keras backbone's weights as initial values."""
+  mesh_and_rules = options.mtf_mesh()
+  mesh, rules = mesh_and_rules or (None, None)
+  config = task.model_config
+  model = mtf_models.build_model(gin_text=gin_text,
+                                 vocab_size=config.vocab_size,
+                                 mesh_shape=mesh, layout=rules)
+  initial = model_map.keras_to_mtf(mtf_model=model, keras_model=task.backbone)
+  _, targets_length = batches_lib.span_corruption_lengths(
+      options.sequence_length)
+  with _quiet_tensorflow_logger():  # mtf's notes on initializers replaced
+    return training_graph.build(
+        model=model, batch_size=options.batch_size,
+        inputs_length=options.sequence_length, targets_length=targets_length,
+        initial_values=initial, mesh_and_rules=mesh_and_rules,
+        seed=options.seed, max_to_keep=options.max_checkpoints)
+
+
+@contextlib.contextmanager
+def _quiet_tensorflow_logger():
+  """Hides warnings of TensorFlow's logger (mtf's) inside the block."""
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+class _Session:
+  """The step graph in a session: steps, held-out loss, saves, restores."""
+
+  def __init__(self, step_graph, model_dir):
+    self.graph = step_graph
+    self.model_dir = model_dir
+    self.session = tf.compat.v1.Session(graph=step_graph.graph)
+
+  def close(self):
+    self.session.close()
+
+  def _feeds(self, batch):
+    return {self.graph.inputs: np.asarray(batch["inputs"], np.int32),
+            self.graph.targets: np.asarray(batch["targets"], np.int32)}
+
+  def train_step(self, batch, learning_rate):
+    feeds = self._feeds(batch)
+    feeds[self.graph.learning_rate] = learning_rate
+    loss_sum, count, _ = self.session.run(
+        [self.graph.loss_sum, self.graph.count, self.graph.train_op], feeds)
+    return float(np.float32(loss_sum) / np.float32(count))
+
+  def evaluate(self, dataset):
+    """ln(PPL) over every non-padding target of `dataset`."""
+    total = count = 0.0
+    for batch in dataset:
+      batch_total, batch_count = self.session.run(
+          [self.graph.loss_sum, self.graph.count], self._feeds(batch))
+      total, count = total + float(batch_total), count + float(batch_count)
+    return total / max(count, 1.0)
+
+  @property
+  def step(self):
+    return int(self.session.run(self.graph.global_step))
+
+  @property
+  def initial_eval(self):
+    return float(self.session.run(self.graph.initial_eval))
+
+  def set_initial_eval(self, value):
+    placeholder, assign = self.graph.set_initial_eval
+    self.session.run(assign, {placeholder: value})
+
+  def initialize(self):
+    self.session.run(self.graph.initialize)
+    self.session.run(self.graph.load_ops, self.graph.load_feeds)
+    self.session.run(self.graph.copy_to_slices)
+
+  def save(self):
+    self.session.run(self.graph.copy_to_masters)
+    with self.graph.graph.as_default():  # the Saver's graph-mode path
+      return self.graph.saver.save(
+          self.session, os.path.join(self.model_dir, _CHECKPOINT_PREFIX),
+          global_step=self.step, write_meta_graph=False)
+
+  def restore(self, path):
+    with self.graph.graph.as_default():
+      self.graph.saver.restore(self.session, path)
+    self.session.run(self.graph.copy_to_slices)
+
+
+# What a damaged or foreign checkpoint raises while it is read.
+_RESTORE_ERRORS = (tf.errors.OpError, ValueError, IndexError)
+
+
+def _resume(session, options, log):
+  """Restores the newest checkpoint, or initializes; returns the step."""
+  state = tf.train.get_checkpoint_state(session.model_dir)
+  paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
+  for index, path in enumerate(paths):
+    try:
+      session.restore(path)
+    except _RESTORE_ERRORS as error:
+      cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+      if options.resume_from == "latest_intact" and index + 1 < len(paths):
+        log(f"{path} cannot be restored ({cause}); trying the one before, "
+            "as --resume_from=latest_intact asks.")
+        continue
+      raise ValueError(
+          f"The checkpoint {path} cannot be restored: {cause}. Rerun with "
+          "--resume_from=latest_intact to resume from an earlier one, or "
+          "use a new --model_dir.") from error
+    log(f"Resumed from {path} at step {session.step}.")
+    return session.step
+  session.initialize()
+  return 0
+
+
+def _train(model_dir, task, gin_text, options, log):
+  session = _Session(_build(task, gin_text, options), model_dir)
+  with contextlib.closing(session):
+    start_step = _resume(session, options, log)
+    finished = trainer.finished_summary(model_dir, start_step, options, log)
+    if finished is not None:
+      return finished
+    return _run(session, task, options, start_step, log)
+
+
+def _run(session, task, options, start_step, log):
+  """Evaluates, trains to train_steps, evaluates; the summary."""
+  _, schedule = optimizer_lib.make_optimizer(options)
+  variables = len(session.graph.variable_names)
+  mesh = (f"mesh {options.mesh_shape}, {len(session.graph.sharded)} of "
+          f"{variables} variables sharded" if options.mesh_shape else
+          "one device")
+  log(f"{task.describe()}; Mesh TensorFlow Bitransformer, {variables} "
+      f"variables; adafactor, peak learning rate "
+      f"{options.peak_learning_rate:g}; {mesh}.")
+  eval_data = task.eval_dataset(options.eval_steps)
+  if math.isnan(session.initial_eval):
+    session.set_initial_eval(session.evaluate(eval_data))
+  before = session.initial_eval
+  log(f"Held-out {task.eval_metric} before training: {before:.4f}")
+  writers = {name: tf.summary.create_file_writer(
+      run_dir.path(session.model_dir, name))
+             for name in run_dir.SUMMARY_FOLDERS}
+  started = time.time()
+  steady_rate = _steps(session, task, options, schedule, writers, eval_data,
+                       start_step, log)
+  train_seconds = time.time() - started
+  after = session.evaluate(eval_data)
+  progress_lib.write_eval(writers["eval"], session.step, task.eval_metric,
+                          after, {})
+  for writer in writers.values():
+    writer.flush()
+  metric = task.eval_metric
+  summary = {
+      "task": task.name, "preset": task.model_options.preset,
+      "backend": options_lib.MTF, "steps": session.step,
+      "resumed_from_step": start_step,
+      "steps_this_run": session.step - start_step,
+      "parameters": task.backbone.count_params(),
+      f"held_out_{metric}_before": before, f"held_out_{metric}_after": after,
+      "train_seconds": round(train_seconds, 2),
+      "tokens_per_second": round(steady_rate),
+      "model_dir": session.model_dir,
+      "checkpoint": tf.train.latest_checkpoint(session.model_dir)}
+  run_dir.write_json(run_dir.path(session.model_dir, run_dir.SUMMARY),
+                     summary)
+  log(f"Held-out {metric} after training:  {after:.4f} (before: "
+      f"{before:.4f})")
+  return summary
+
+
+def _steps(session, task, options, schedule, writers, eval_data, start_step,
+           log):
+  """The loop proper; returns tokens/s after the first step."""
+  remaining = options.train_steps - start_step
+  progress = progress_lib.Progress(task, options, schedule, writers["train"],
+                                   log)
+  steady_start, paused = None, 0.0
+  for index, batch in enumerate(task.train_dataset(start_step).take(
+      remaining)):
+    step = start_step + index
+    progress.add(session.train_step(batch, float(schedule(step))))
+    if index == 0:
+      steady_start = time.time()
+    step += 1
+    last = step == options.train_steps
+    if step % options.log_every == 0 or last:
+      progress.report(step)
+    if step % options.checkpoint_every == 0 or last:
+      session.save()
+    if options.eval_every and step % options.eval_every == 0 and not last:
+      eval_started = time.time()
+      value = session.evaluate(eval_data)
+      progress_lib.write_eval(writers["eval"], step, task.eval_metric, value,
+                              {})
+      log(f"step {step:>6}/{options.train_steps}  held-out "
+          f"{task.eval_metric} {value:.4f}")
+      progress.pause(time.time() - eval_started)
+      paused += time.time() - eval_started
+  if remaining <= 1:
+    return 0.0
+  seconds = max(time.time() - steady_start - paused, 1e-9)
+  return (remaining - 1) * task.tokens_per_step / seconds
+
+
+def export(*, model_dir, export_dir, log=print):
+  """Exports a `--backend=mtf` run: converted to Keras, then exported.
+
+  The newest checkpoint is converted (`thattn.mtf.convert.mtf_to_thattn`,
+  with the run's tokenizer and sequence length) into a temporary thattn
+  model_dir, which `thattn.export.export` exports as any Keras run.
+  """
+  config = run_dir.read_run_config(model_dir)
+  with tempfile.TemporaryDirectory(prefix="thattn-mtf-export-") as temp:
+    keras_dir = os.path.join(temp, "run")
+    convert.mtf_to_thattn(
+        mtf_model_dir=model_dir, model_dir=keras_dir,
+        vocabulary=run_dir.path(model_dir, run_dir.TOKENIZER),
+        sequence_length=config["sequence_length"], log=log)
+    return export_lib.export(model_dir=keras_dir, export_dir=export_dir,
+                             log=log)

@@ -1,0 +1,162 @@
+"""The graph of one Mesh TensorFlow training step, lowered onto a mesh.
+
+`build(...)` makes, in a fresh `tf.Graph`, what `thattn.mtf.training` runs:
+mtf's own model (a `Bitransformer` from the run's gin config) fed a batch
+[batch, length] of encoder inputs and targets, the task's loss, mtf's
+`AdafactorOptimizer` and the lowering onto `PlacementMeshImpl` (one device,
+or logical CPUs laid out by thattn's rules).
+
+The loss is the Keras backend's (`thattn.tasks.base.masked_cross_entropy`):
+the sum of cross-entropies over the targets that are not padding (id 0),
+divided by their count. mtf's own `Unitransformer` loss divides by every
+position of the batch and adds a z-loss (1e-4 * logsumexp**2) in training;
+thattn computes its loss from mtf's logits instead, so that both backends
+minimize, and report, the same number.
+
+The optimizer is Adafactor with thattn's settings (`thattn.optimizers.
+Adafactor`'s defaults, golden-tested against this very class): decay
+exponent 0.8, update clipping 1, epsilon1 1e-30, epsilon2 1e-3, parameter
+scaling, factoring from 128, no momentum. Its learning rate is fed at every
+step (the schedule's rate at the global step before the update) and the
+global step is advanced after the update, as mtf's trainers do.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from thattn.mtf import compat
+from thattn.mtf import layout as layout_lib
+from thattn.mtf import models as mtf_models
+
+mtf = compat.import_mesh_tensorflow()
+v1 = tf.compat.v1
+_TRAIN = v1.estimator.ModeKeys.TRAIN
+# The held-out loss before training, saved with the model (a resumed run
+# reports it): a plain TF variable in thattn's scope of the checkpoint.
+INITIAL_EVAL = mtf_models.TRAINER_SCOPE + "initial_eval"
+
+
+@dataclasses.dataclass
+class StepGraph:
+  """What the training loop runs: feeds, fetches and ops of one graph."""
+  graph: tf.Graph
+  inputs: tf.Tensor  # int32 [batch, input length] placeholder
+  targets: tf.Tensor  # int32 [batch, target length] placeholder
+  learning_rate: tf.Tensor  # float32 [] placeholder
+  loss_sum: tf.Tensor  # sum of cross-entropies over non-padding targets
+  count: tf.Tensor  # how many targets are not padding
+  train_op: tf.Operation  # update every variable, then the global step
+  global_step: tf.Variable
+  initial_eval: tf.Variable
+  set_initial_eval: tuple  # (float32 placeholder, op assigning it)
+  initialize: list  # initializers of every variable, then the slices
+  load_feeds: dict  # placeholders -> initial values of the model variables
+  load_ops: list  # assign the initial values to the masters
+  copy_to_slices: tf.Operation  # masters -> the slices the mesh computes on
+  copy_to_masters: tf.Operation  # slices -> masters, before a save
+  saver: object  # tf.compat.v1.train.Saver of the masters, slots and step
+  variable_names: tuple  # the model's mtf variable names
+  sharded: tuple  # the names of those the mesh splits
+
+
+def _import(mesh, placeholder):
+  dims = [mtf.Dimension("batch", placeholder.shape[0]),
+          mtf.Dimension("length", placeholder.shape[1])]
+  return mtf.import_tf_tensor(mesh, placeholder, mtf.Shape(dims))
+
+
+def _masked_cross_entropy(logits, targets):
+  """(sum over non-padding targets, their count) as mtf scalars."""
+  vocab_dim = logits.shape.dims[-1]
+  cross_entropy = mtf.layers.softmax_cross_entropy_with_logits(
+      logits, mtf.one_hot(targets, vocab_dim, dtype=logits.dtype), vocab_dim)
+  weights = mtf.layers.weights_nonzero(targets, dtype=logits.dtype)
+  return mtf.reduce_sum(cross_entropy * weights), mtf.reduce_sum(weights)
+
+
+def _optimizer(learning_rate):
+  return mtf.optimize.AdafactorOptimizer(
+      learning_rate=learning_rate,
+      decay_rate=mtf.optimize.adafactor_decay_rate_pow(0.8), beta1=0.0,
+      clipping_threshold=1.0, epsilon1=1e-30, epsilon2=1e-3,
+      multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
+
+
+def _mesh_impl(mesh_and_rules, variables):
+  """(PlacementMeshImpl, names of the variables it shards).
+
+  One device without a mesh, else the mesh's logical CPUs.
+  """
+  if mesh_and_rules is None:
+    return mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape=[], layout={}, devices=[""]), ()
+  mesh, rules = mesh_and_rules
+  # A dimension the mesh axis does not divide fails here, named.
+  plan = layout_lib.check_variables(variables, mesh=mesh, rules=rules)
+  sharded = tuple(name for name, axes in plan.items() if any(axes))
+  return layout_lib.placement_mesh_impl(mesh=mesh, rules=rules), sharded
+
+
+def build(*, model, batch_size, inputs_length, targets_length,
+          initial_values, mesh_and_rules, seed, max_to_keep):
+  """The `StepGraph` of `model` (an mtf Bitransformer, not yet called).
+
+  Call inside `thattn.mtf.models.gin_scope` of the model's gin config.
+
+  Args:
+    model: from `thattn.mtf.models.build_model`, with the mesh and layout.
+    batch_size, inputs_length, targets_length: the batches' shape.
+    initial_values: {mtf variable name: array} loaded by `load_ops`.
+    mesh_and_rules: (MeshSpec, LayoutRules), or None for one device.
+    seed: the graph's random seed.
+    max_to_keep: checkpoints the Saver keeps.
+  """
+  graph = tf.Graph()
+  with graph.as_default():
+    v1.set_random_seed(seed)
+    global_step = v1.train.get_or_create_global_step()
+    initial_eval = v1.get_variable(
+        INITIAL_EVAL, [], tf.float32, trainable=False,
+        initializer=v1.constant_initializer(float("nan")))
+    learning_rate = v1.placeholder(tf.float32, [], "learning_rate")
+    inputs = v1.placeholder(tf.int32, [batch_size, inputs_length], "inputs")
+    targets = v1.placeholder(tf.int32, [batch_size, targets_length],
+                             "targets")
+    mesh = mtf.Mesh(mtf.Graph(), "mesh")
+    mtf_targets = _import(mesh, targets)
+    logits, _ = model.call_simple(
+        inputs=_import(mesh, inputs), targets=mtf_targets,
+        compute_loss=False, mode=_TRAIN,
+        variable_dtype=mtf.VariableDType(tf.float32))
+    loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
+    variables = list(mesh.graph.trainable_variables)
+    grads = mtf.gradients([loss_sum / count],
+                          [v.outputs[0] for v in variables])
+    update_ops = _optimizer(learning_rate).apply_grads(grads, variables)
+    mesh_impl, sharded = _mesh_impl(mesh_and_rules, variables)
+    # autostack=False keeps every variable under its own (T5) name.
+    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl}, autostack=False)
+    update = tf.group([lowering.lowered_operation(op) for op in update_ops])
+    with tf.control_dependencies([update]):
+      train_op = v1.assign_add(global_step, 1).op
+    load_feeds, load_ops = mtf_models.assign_ops(variables, initial_values)
+    eval_value = v1.placeholder(tf.float32, [], "initial_eval_value")
+    step_graph = StepGraph(
+        graph=graph, inputs=inputs, targets=targets,
+        learning_rate=learning_rate,
+        loss_sum=lowering.export_to_tf_tensor(loss_sum),
+        count=lowering.export_to_tf_tensor(count), train_op=train_op,
+        global_step=global_step, initial_eval=initial_eval,
+        set_initial_eval=(eval_value, v1.assign(initial_eval, eval_value)),
+        initialize=[v1.global_variables_initializer()],
+        load_feeds=load_feeds, load_ops=load_ops,
+        copy_to_slices=lowering.copy_masters_to_slices(),
+        copy_to_masters=lowering.copy_slices_to_masters(),
+        # The masters (model variables and Adafactor's slots), the global
+        # step and the initial eval, under their own names, as mtf saves.
+        saver=v1.train.Saver(v1.global_variables(), max_to_keep=max_to_keep,
+                             save_relative_paths=True),
+        variable_names=tuple(v.name for v in variables), sharded=sharded)
+  graph.finalize()  # nothing is added while training
+  return step_graph
