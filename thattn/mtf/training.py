@@ -80,7 +80,9 @@ def _check_task(task_class, model):
     raise ValueError(f"--backend=mtf trains T5 models (--task="
                      f"span_corruption); --task={task_class.name} has no "
                      "Mesh TensorFlow model here.")
-  dropout = model.overrides.get("dropout_rate")
+  # The held-out loss is read from the training graph, which is exact only
+  # without dropout (the paper's pretraining recipe).
+  dropout = models.model_config(model.preset, **model.overrides).dropout_rate
   if dropout:
     raise ValueError(f"--backend=mtf trains without dropout, got "
                      f"dropout_rate={dropout}; pass --dropout_rate=0.")
@@ -137,7 +139,7 @@ def _start(model_dir, task_class, model, data, options, log):
   gin_text = architecture.gin_text(task.model_config)
   _check_or_write_gin(model_dir, gin_text)
   task.build()  # the Keras backbone: the initial weights
-  if options.init_checkpoint:
+  if options.init_checkpoint and not tf.train.latest_checkpoint(model_dir):
     path = run_dir.find_checkpoint(options.init_checkpoint)
     tf.train.Checkpoint(backbone=task.backbone).restore(
         path).expect_partial().assert_existing_objects_matched()
