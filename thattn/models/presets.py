@@ -103,6 +103,9 @@ _add("t5_tiny",
               encoder_decoder_attention=_TINY_ATTENTION,
               relative_num_buckets=8),
      "thattn: a 2+2-layer T5 of width 32 for CPU tests")
+_derive("t5_tiny_encoder", "t5_tiny", "thattn: t5_tiny's encoder with its LM "
+        "head (Mesh TensorFlow's aligned Unitransformer), for masked LM",
+        stacks="encoder")
 
 # ---- the paper's T5 experiments (Section 7.1; no pre-training dropout) -----
 _T5_TABLES = "Shazeer et al. 2020, talking heads, "

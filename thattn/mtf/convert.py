@@ -170,7 +170,7 @@ def _load_mtf(mtf_model_dir, checkpoint_step):
 
 def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
                   vocabulary=None, sequence_length=DEFAULT_SEQUENCE_LENGTH,
-                  log=print):
+                  task=None, log=print):
   """Writes the thattn model_dir of an mtf model_dir (either transformer).
 
   Args:
@@ -181,6 +181,9 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
       written as the model_dir's tokenizer (needed to export and fine-tune
       on text); its size, padded as mtf pads it, must match the embedding.
     sequence_length: the input length recorded for fine-tuning and serving.
+    task: the thattn task recorded in run_config.json (what thattn-export
+      serves); None: span_corruption for a Bitransformer, none for a
+      Unitransformer.
     log: where progress lines go.
 
   Returns:
@@ -210,8 +213,9 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
   run_config = {
       # thattn has no task for a one-stack model yet: it loads
       # (thattn.models.load) and converts back, but does not train.
-      "task": ("span_corruption" if config.stacks == "encoder_decoder"
-               else None), "preset": preset,
+      "task": task or ("span_corruption"
+                       if config.stacks == "encoder_decoder" else None),
+      "preset": preset,
       "overrides": _overrides(config), "sequence_length": sequence_length,
       # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
       "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,

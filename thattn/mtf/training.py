@@ -4,9 +4,10 @@
         model_dir="runs/t5_mtf", task="span_corruption",
         options=TrainOptions(backend="mtf", mesh_shape="batch:2,model:2"))
 
-The model is mtf's own `Bitransformer` (`mesh_tensorflow.transformer`),
-built from the gin config that `thattn.mtf.architecture.gin_text` writes
-for the run's T5Config, and trained by a plain `tf.compat.v1` session loop
+The model is mtf's own (`mesh_tensorflow.transformer`): a `Bitransformer`
+for span corruption, an aligned `Unitransformer` for masked LM on a T5
+encoder (`t5_tiny_encoder`), built from the gin config that
+`thattn.mtf.architecture.gin_text` writes for the run's T5Config, and trained by a plain `tf.compat.v1` session loop
 (TensorFlow 2.21 has no TPUEstimator) on `PlacementMeshImpl`: one device,
 or `options.mesh_shape` logical CPUs laid out by `options.layout_rules`
 (thattn's one rules table; the binary splits the CPU before TensorFlow
@@ -28,8 +29,8 @@ Adafactor's `<name>_slot_v*`, `global_step`), which `thattn-convert` takes
 to Keras; beside them thattn's run_config.json, tokenizer/ and summaries.
 `export` serves it through that conversion.
 
-Departures, refused or documented: T5 presets only (span_corruption:
-BERT and ALBERT have no mtf model here); float32, Adafactor, no dropout.
+Departures, refused or documented: T5 models only (BERT and ALBERT have
+no mtf model here); float32, Adafactor, no dropout.
 Adafactor factors a weight's second moment over its two largest axes, and
 mtf's multi-head SelfAttention keeps q, k, v, o combined ([d_model,
 heads * d_kv]) where Keras keeps [d_model, heads, d_kv]: where an axis
@@ -75,14 +76,25 @@ def is_mtf_run(model_dir):
     return False
 
 
+# What --backend=mtf trains: each task with its T5 model.
+_TASKS = {"span_corruption": "a T5 encoder-decoder (e.g. t5_tiny)",
+          "mlm": "a T5 encoder (e.g. t5_tiny_encoder)"}
+
+
 def _check_task(task_class, model):
-  if task_class.config_type is not models.T5Config:
-    raise ValueError(f"--backend=mtf trains T5 models (--task="
-                     f"span_corruption); --task={task_class.name} has no "
-                     "Mesh TensorFlow model here.")
+  """Refuses tasks and models that have no mtf model here."""
+  config = (models.model_config(model.preset, **model.overrides)
+            if model.preset else None)
+  if task_class.name not in _TASKS or not isinstance(config,
+                                                     models.T5Config):
+    trains = "; ".join(f"--task={name} with {what}"
+                       for name, what in _TASKS.items())
+    raise ValueError(f"--backend=mtf trains T5 models ({trains}); "
+                     f"--task={task_class.name} with preset "
+                     f"{model.preset!r} has no Mesh TensorFlow model here.")
   # The held-out loss is read from the training graph, which is exact only
   # without dropout (the paper's pretraining recipe).
-  dropout = models.model_config(model.preset, **model.overrides).dropout_rate
+  dropout = config.dropout_rate
   if dropout:
     raise ValueError(f"--backend=mtf trains without dropout, got "
                      f"dropout_rate={dropout}; pass --dropout_rate=0.")
@@ -90,7 +102,8 @@ def _check_task(task_class, model):
 
 def train(*, model_dir, task="span_corruption", model=None, data=None,
           options=None, log=print):
-  """Trains a T5 task in Mesh TensorFlow; returns the summary.
+  """Trains a T5 in Mesh TensorFlow (span corruption, or masked LM on a T5
+  encoder); returns the summary.
 
   Args: as `thattn.training.trainer.train`, with `options.backend == "mtf"`.
   Raises:
@@ -166,8 +179,10 @@ def _build(task, gin_text, options):
                                  vocab_size=config.vocab_size,
                                  mesh_shape=mesh, layout=rules)
   initial = model_map.keras_to_mtf(mtf_model=model, keras_model=task.backbone)
-  _, targets_length = batches_lib.span_corruption_lengths(
-      options.sequence_length)
+  targets_length = options.sequence_length  # masked LM: aligned
+  if task.name == "span_corruption":
+    _, targets_length = batches_lib.span_corruption_lengths(
+        options.sequence_length)
   with _quiet_tensorflow_logger():  # mtf's notes on initializers replaced
     return training_graph.build(
         model=model, batch_size=options.batch_size,
@@ -200,8 +215,8 @@ class _Session:
     self.session.close()
 
   def _feeds(self, batch):
-    return {self.graph.inputs: np.asarray(batch["inputs"], np.int32),
-            self.graph.targets: np.asarray(batch["targets"], np.int32)}
+    inputs, targets = mtf_batch(batch)
+    return {self.graph.inputs: inputs, self.graph.targets: targets}
 
   def train_step(self, batch, learning_rate):
     feeds = self._feeds(batch)
@@ -249,6 +264,24 @@ class _Session:
     self.session.run(self.graph.copy_to_slices)
 
 
+def mtf_batch(batch):
+  """(inputs, targets) int32 [batch, length] of a task's batch.
+
+  Span corruption's are its own. Masked LM's inputs are the masked tokens,
+  and its targets the original tokens at the masked positions, 0 (not
+  scored) elsewhere: the positions the Keras loss gathers.
+  """
+  if "targets" in batch:
+    return (np.asarray(batch["inputs"], np.int32),
+            np.asarray(batch["targets"], np.int32))
+  inputs = np.asarray(batch["input_word_ids"], np.int32)
+  targets = np.zeros_like(inputs)
+  rows, slots = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
+  positions = np.asarray(batch["masked_lm_positions"])[rows, slots]
+  targets[rows, positions] = np.asarray(batch["masked_lm_ids"])[rows, slots]
+  return inputs, targets
+
+
 # What a damaged or foreign checkpoint raises while it is read.
 _RESTORE_ERRORS = (tf.errors.OpError, ValueError, IndexError)
 
@@ -293,7 +326,9 @@ def _run(session, task, options, start_step, log):
   mesh = (f"mesh {options.mesh_shape}, {len(session.graph.sharded)} of "
           f"{variables} variables sharded" if options.mesh_shape else
           "one device")
-  log(f"{task.describe()}; Mesh TensorFlow Bitransformer, {variables} "
+  kind = ("Bitransformer" if task.name == "span_corruption" else
+          "aligned Unitransformer")
+  log(f"{task.describe()}; Mesh TensorFlow {kind}, {variables} "
       f"variables; adafactor, peak learning rate "
       f"{options.peak_learning_rate:g}; {mesh}.")
   eval_data = task.eval_dataset(options.eval_steps)
@@ -379,6 +414,7 @@ def export(*, model_dir, export_dir, log=print):
     convert.mtf_to_thattn(
         mtf_model_dir=model_dir, model_dir=keras_dir,
         vocabulary=run_dir.path(model_dir, run_dir.TOKENIZER),
-        sequence_length=config["sequence_length"], log=log)
+        sequence_length=config["sequence_length"], task=config["task"],
+        log=log)
     return export_lib.export(model_dir=keras_dir, export_dir=export_dir,
                              log=log)

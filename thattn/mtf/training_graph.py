@@ -1,14 +1,16 @@
 """The graph of one Mesh TensorFlow training step, lowered onto a mesh.
 
 `build(...)` makes, in a fresh `tf.Graph`, what `thattn.mtf.training` runs:
-mtf's own model (a `Bitransformer` from the run's gin config) fed a batch
-[batch, length] of encoder inputs and targets, the task's loss, mtf's
+mtf's own model (a `Bitransformer`, or for masked LM an aligned
+`Unitransformer`, from the run's gin config) fed a batch [batch, length]
+of inputs and targets, the task's loss, mtf's
 `AdafactorOptimizer` and the lowering onto `PlacementMeshImpl` (one device,
 or logical CPUs laid out by thattn's rules).
 
 The loss is the Keras backend's (`thattn.tasks.base.masked_cross_entropy`):
 the sum of cross-entropies over the targets that are not padding (id 0),
-divided by their count. mtf's own `Unitransformer` loss divides by every
+divided by their count (for masked LM the targets hold the original tokens
+at the masked positions and 0 elsewhere). mtf's own `Unitransformer` loss divides by every
 position of the batch and adds a z-loss (1e-4 * logsumexp**2) in training;
 thattn computes its loss from mtf's logits instead, so that both backends
 minimize, and report, the same number.
@@ -100,7 +102,9 @@ def _mesh_impl(mesh_and_rules, variables):
 
 def build(*, model, batch_size, inputs_length, targets_length,
           initial_values, mesh_and_rules, seed, max_to_keep):
-  """The `StepGraph` of `model` (an mtf Bitransformer, not yet called).
+  """The `StepGraph` of `model` (not yet called): an mtf Bitransformer
+  (inputs: the encoder's; targets: the decoder's), or an aligned
+  Unitransformer (inputs and targets of one length).
 
   Call inside `thattn.mtf.models.gin_scope` of the model's gin config.
 
@@ -124,11 +128,14 @@ def build(*, model, batch_size, inputs_length, targets_length,
     targets = v1.placeholder(tf.int32, [batch_size, targets_length],
                              "targets")
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
-    mtf_targets = _import(mesh, targets)
+    mtf_inputs, mtf_targets = _import(mesh, inputs), _import(mesh, targets)
+    # A Bitransformer masks the padding (0) of its inputs itself; an aligned
+    # Unitransformer is told, as thattn's T5 encoder masks it.
+    padding = ({} if isinstance(model, mtf_models.transformer.Bitransformer)
+               else {"sequence_id": mtf.minimum(mtf_inputs, 1)})
     logits, _ = model.call_simple(
-        inputs=_import(mesh, inputs), targets=mtf_targets,
-        compute_loss=False, mode=_TRAIN,
-        variable_dtype=mtf.VariableDType(tf.float32))
+        inputs=mtf_inputs, targets=mtf_targets, compute_loss=False,
+        mode=_TRAIN, variable_dtype=mtf.VariableDType(tf.float32), **padding)
     loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
     variables = list(mesh.graph.trainable_variables)
     grads = mtf.gradients([loss_sum / count],

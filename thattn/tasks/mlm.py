@@ -20,6 +20,11 @@ For ALBERT, e is the factorized embedding width E, so the tie still holds.
 The default preset is the default job's model: `bert_tiny` widened to
 d_model 128 and d_ff 512, so that it learns more than word frequencies in a
 few minutes on 2 CPU cores. Serving: BERT's encodings of raw text.
+
+A T5 encoder (T5Config with stacks="encoder", preset `t5_tiny_encoder`)
+trains too: its own LM head scores every position, and the loss is read at
+the masked ones. It is Mesh TensorFlow's "aligned" Unitransformer, so
+`--backend=mtf` trains it as well; it serves predicted token ids.
 """
 
 import tensorflow as tf
@@ -101,7 +106,23 @@ class MaskedLM(text.TextTask):
   default_preset = "bert_tiny"
   default_overrides = {"d_model": 128, "d_ff": 512}
   default_sequence_length = 128
-  config_type = models.BertConfig
+  # BERT and ALBERT, or a T5 encoder with its LM head (T5Config
+  # stacks="encoder", e.g. t5_tiny_encoder: Mesh TensorFlow's "aligned"
+  # Unitransformer, so that masked LM also trains with --backend=mtf).
+  config_type = (models.BertConfig, models.T5Config)
+
+  @classmethod
+  def fits(cls, config):
+    return not isinstance(config, models.T5Config) or (
+        config.stacks == "encoder")
+
+  @classmethod
+  def model_description(cls):
+    return "a BERT or ALBERT, or a T5 encoder (stacks='encoder'),"
+
+  @property
+  def _t5_encoder(self):
+    return isinstance(self.model_config, models.T5Config)
 
   def _rows(self, documents):
     return batches.token_rows(documents, self.tokenizer,
@@ -110,6 +131,8 @@ class MaskedLM(text.TextTask):
 
   def build(self):
     self.backbone = models.build_model(self.model_config)
+    if self._t5_encoder:
+      return  # its own LM head scores every position
     self.head = MaskedLMHead(
         self.backbone.get_layer("word_embeddings"),
         activation=self.model_config.activation,
@@ -135,6 +158,12 @@ class MaskedLM(text.TextTask):
                                shuffle=train)
 
   def loss(self, batch, training):
+    if self._t5_encoder:
+      logits = tf.gather(self.backbone(
+          {"encoder_input_tokens": batch["input_word_ids"]},
+          training=training), batch["masked_lm_positions"], batch_dims=1)
+      return base.masked_cross_entropy(batch["masked_lm_ids"], logits,
+                                       batch["masked_lm_weights"])
     outputs = self.backbone({key: batch[key] for key in serving.BERT_INPUTS},
                             training=training)
     logits = self.head(outputs["sequence_output"],
@@ -147,8 +176,11 @@ class MaskedLM(text.TextTask):
     tokenizer, files = serving.load_tokenizer(tokenizer_dir)
     backbone = models.create_model(config["preset"], **config["overrides"])
     serving.restore(checkpoint, backbone=backbone)
-    return EncoderServing({"backbone": backbone}, tokenizer,
-                          config["sequence_length"], files)
+    module = (T5EncoderServing if isinstance(
+        models.model_config(config["preset"], **config["overrides"]),
+        models.T5Config) else EncoderServing)
+    return module({"backbone": backbone}, tokenizer,
+                  config["sequence_length"], files)
 
 
 class EncoderServing(serving.BertServing):
@@ -169,3 +201,22 @@ class EncoderServing(serving.BertServing):
         input_word_ids, input_mask, input_type_ids))
     return {"sequence_output": outputs["sequence_output"],
             "pooled_output": outputs["pooled_output"]}
+
+
+class T5EncoderServing(serving.BertServing):
+  """A T5 encoder's token predictions for raw text ([CLS] text [SEP] in)."""
+
+  def _predict(self, input_word_ids):
+    logits = self._keras.backbone({"encoder_input_tokens": input_word_ids},
+                                  training=False)
+    return {"logits": logits,
+            "predicted_ids": tf.argmax(logits, -1, output_type=tf.int32)}
+
+  @tf.function(input_signature=[serving.TEXT])
+  def serve_text(self, text):  # pylint: disable=redefined-outer-name
+    ids = self._features(text)["input_word_ids"]
+    return dict(self._predict(ids), input_word_ids=ids)
+
+  @tf.function(input_signature=[serving.IDS])
+  def serve_token_ids(self, input_word_ids):
+    return self._predict(input_word_ids)

@@ -27,6 +27,14 @@ class SpanCorruption(text.TextTask):
   default_sequence_length = 128
   config_type = models.T5Config
 
+  @classmethod
+  def fits(cls, config):
+    return config.stacks == "encoder_decoder"
+
+  @classmethod
+  def model_description(cls):
+    return "a T5 encoder-decoder"
+
   def _rows(self, documents):
     raw_length, _ = batches.span_corruption_lengths(self.sequence_length)
     return batches.token_rows(documents, self.tokenizer, raw_length)
