@@ -6,7 +6,11 @@ Adafactor, an inverse-square-root schedule whose last 10% decays linearly
 to zero, and no dropout in pretraining. The task is looked up by name, and
 the devices (`thattn.training.devices`) are chosen by `options.strategy`.
 
-What a run leaves in `model_dir` is listed in `thattn.training.run_dir`. The
+This is the Keras backend. The Mesh TensorFlow backend (`--backend=mtf`,
+`thattn.mtf.training`) shares its start with it: `resolve_model`,
+`make_task`, `run_config` and `finished_summary`.
+
+What a run leaves in `model_dir` is listed in `thattn.run_dir`. The
 checkpoints hold the backbone, the head, the optimizer (its slots and
 step), and the held-out loss at step 0; a rerun of the same command resumes
 from the latest one. `run_config.json` holds the task's run config plus the
