@@ -40,6 +40,12 @@ def test_load_names_what_is_missing(tmp_path):
   folder = _model_dir(tmp_path / "recall", {"task": "recall", "preset": None})
   with pytest.raises(ValueError, match="no backbone preset"):
     models.load(folder)
+  folder = _model_dir(tmp_path / "mtf", {
+      "task": "span_corruption", "preset": "t5_tiny", "overrides": {},
+      "backend": "mtf"})
+  with pytest.raises(ValueError, match=r"--backend=mtf run; convert it "
+                     r"first: thattn-convert --mtf_model_dir=.*mtf"):
+    models.load(folder)
 
 
 def test_load_refuses_a_checkpoint_of_another_model(tmp_path):

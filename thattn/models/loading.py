@@ -37,11 +37,19 @@ def load(model_dir, *, checkpoint=None):
 
   Raises:
     ValueError when model_dir has no run_config.json or no checkpoint, when
-    its run has no backbone preset (the recall task), or when the
+    its run has no backbone preset (the recall task) or is a Mesh
+    TensorFlow run (`--backend=mtf`: convert it first), or when the
     checkpoint cannot be read or does not hold this backbone (naming the
     checkpoint and the cause).
   """
   config = run_dir.read_run_config(model_dir)
+  if config.get("backend", "keras") != "keras":
+    # Its checkpoints are Mesh TensorFlow's (model.ckpt-N), not Keras's.
+    raise ValueError(
+        f"{model_dir} is a thattn-train --backend={config['backend']} run; "
+        "convert it first: thattn-convert --mtf_model_dir="
+        f"{model_dir} --model_dir=<new folder> --vocabulary="
+        f"{run_dir.path(model_dir, run_dir.TOKENIZER)}, then load that.")
   if not config.get("preset"):
     raise ValueError(
         f"{model_dir}: its run (task {config.get('task')!r}) has no backbone "
