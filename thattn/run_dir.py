@@ -12,6 +12,10 @@ What `thattn-train` leaves in a model_dir:
 | `summary.json`          | the final summary, also printed                   |
 | `export/`               | the SavedModel, unless --export_dir says elsewhere |
 | `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
+
+A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
+`checkpoints/`: `operative_config.gin` and `model.ckpt-N`
+(`thattn.mtf.training`); its run_config.json says `"backend": "mtf"`.
 """
 
 import json
@@ -26,6 +30,11 @@ TOKENIZER = "tokenizer"
 DTENSOR_LAYOUTS = "dtensor_layouts.json"
 EXPORT = "export"
 SUMMARY_FOLDERS = ("train", "eval")
+# What trained a run (run_config.json's "backend"): tf-keras, or Mesh
+# TensorFlow. Runs written before the key existed are Keras runs.
+KERAS, MTF = BACKENDS = ("keras", "mtf")
+# What a run_config.json without a key means (it predates the key).
+IMPLIED_SETTINGS = {"backend": KERAS}
 
 
 def path(model_dir, name):
@@ -43,27 +52,37 @@ def read_run_config(model_dir):
     return json.load(f)
 
 
+def backend(model_dir):
+  """The backend of the run in model_dir (`BACKENDS`); ValueError if it
+  has no run_config.json."""
+  return read_run_config(model_dir).get("backend", KERAS)
+
+
 def check_or_write_run_config(model_dir, config):
   """Writes run_config.json, or checks a rerun against the one there.
 
   A setting that a run written by an older thattn did not record is
-  accepted and recorded; every other difference is refused.
+  accepted and recorded, unless the run implies another value for it
+  (`IMPLIED_SETTINGS`: a run without "backend" is a Keras run); every other
+  difference is refused.
 
   Raises:
     ValueError naming every setting that differs from the saved run's.
   """
   config_path = path(model_dir, RUN_CONFIG)
   if tf.io.gfile.exists(config_path):
-    saved = read_run_config(model_dir)
+    recorded = read_run_config(model_dir)
+    saved = dict(IMPLIED_SETTINGS, **recorded)
     changed = sorted(key for key in saved
                      if saved.get(key) != config.get(key))
     if changed:
       details = ", ".join(f"{key}: {saved.get(key)!r} -> {config.get(key)!r}"
                           for key in changed)
-      raise ValueError(f"{model_dir} holds a run with other settings "
-                       f"({details}); rerun with the run's settings to "
-                       "resume it, or use a new --model_dir to start over.")
-    if set(config) - set(saved):
+      raise ValueError(f"{model_dir} holds a run with other settings in its "
+                       f"{RUN_CONFIG} ({details}); rerun with the run's "
+                       "settings to resume it, or use a new --model_dir to "
+                       "start over.")
+    if set(config) - set(recorded):
       write_json(config_path, config, sort_keys=True)
     return
   tf.io.gfile.makedirs(model_dir)

@@ -5,9 +5,9 @@
     saved_model_cli show --all --dir /tmp/served
 
 See `thattn.export` for the signatures. A `--backend=mtf` run is converted
-to Keras first (`thattn.mtf.training.export`). The export is atomic: a failure
-leaves no partial SavedModel at --export_dir, and any previous export there
-stays until the new one is complete.
+to Keras first (`thattn.mtf.training.export`). The export is atomic: a
+failure leaves no partial SavedModel at --export_dir, and any previous
+export there stays until the new one is complete.
 """
 
 import sys
@@ -20,7 +20,6 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -35,14 +34,6 @@ flags.DEFINE_bool("overwrite", False, "Replace --export_dir even if it holds "
 flags.mark_flag_as_required("model_dir")
 
 
-def _is_mtf_run(model_dir):
-  """Whether model_dir is a thattn-train --backend=mtf run's."""
-  try:
-    return run_dir.read_run_config(model_dir).get("backend") == "mtf"
-  except ValueError:
-    return False  # export.export names what is missing
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -50,18 +41,9 @@ def main(argv):
   export_dir = (FLAGS.export_dir or
                 run_dir.path(FLAGS.model_dir, run_dir.EXPORT))
   try:
-    if _is_mtf_run(FLAGS.model_dir):  # converted to Keras, then exported
-      if FLAGS.checkpoint or FLAGS.overwrite:
-        raise ValueError("--checkpoint and --overwrite apply to Keras runs; "
-                         f"{FLAGS.model_dir} is a --backend=mtf run, whose "
-                         "newest checkpoint is exported.")
-      cli.import_mtf("training", "thattn-export").export(
-          model_dir=FLAGS.model_dir, export_dir=export_dir,
-          log=cli.print_now)
-    else:
-      export.export(model_dir=FLAGS.model_dir, export_dir=export_dir,
-                    checkpoint=FLAGS.checkpoint, overwrite=FLAGS.overwrite,
-                    log=cli.print_now)
+    cli.export_run(model_dir=FLAGS.model_dir, export_dir=export_dir,
+                   program="thattn-export", checkpoint=FLAGS.checkpoint,
+                   overwrite=FLAGS.overwrite, log=cli.print_now)
   except ValueError as e:
     sys.exit(f"thattn-export: error: {e}")
   cli.print_now(f"Inspect it: saved_model_cli show --all --dir {export_dir}")

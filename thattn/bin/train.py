@@ -50,8 +50,8 @@ from thattn.training import trainer  # pylint: disable=g-import-not-at-top,wrong
 
 # Flags that change what a run computes: a default run name includes each
 # one given, so that runs of a sweep get their own model_dirs.
-_NAMED_FLAGS = ("backend", "num_heads", "key_dim", "d_model", "num_layers", "d_ff",
-                "sequence_length", "batch_size", "optimizer", "learning_rate",
+_NAMED_FLAGS = ("backend", "num_heads", "key_dim", "d_model", "num_layers",
+                "d_ff", "sequence_length", "batch_size", "optimizer", "learning_rate",
                 "warmup_steps", "dropout_rate", "mixed_precision", "seed",
                 "tokenizer", "vocab_size", "train_files", "glue_task")
 
@@ -149,8 +149,8 @@ flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored: "
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
 flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor or "
-                    "--backend=mtf: the mesh's axes and sizes, major to minor, e.g. "
-                    "batch:2,model:2 (4 devices). Required with dtensor; "
+                    "--backend=mtf: the mesh's axes and sizes, major to "
+                    "minor, e.g. batch:2,model:2 (4 devices). Required with dtensor; "
                     "mtf without it runs on one device. Without a GPU, the "
                     "CPU is split into that many logical devices.")
 flags.DEFINE_string("layout_rules", None, "--strategy=dtensor or "
@@ -261,7 +261,8 @@ def main(argv):
         options=_options(task_class), log=cli.print_now)
     if export_dir and not (summary.get("already_finished") and
                            export.is_export(export_dir)):
-      _export(model_dir, export_dir)
+      cli.export_run(model_dir=model_dir, export_dir=export_dir,
+                     program="thattn-train", log=cli.print_now)
   except ValueError as e:  # bad flags or data (DataError): no traceback
     sys.exit(f"thattn-train: error: {e}")
   except tf.errors.UnavailableError as e:  # a task of the cluster died
@@ -269,15 +270,6 @@ def main(argv):
              f"({str(e).splitlines()[0]}). Restart every task with the same "
              f"command to resume from the last checkpoint in {model_dir}.")
   _print_where(model_dir, summary, export_dir)
-
-
-def _export(model_dir, export_dir):
-  if FLAGS.backend == options_lib.MTF:  # converted to Keras, then exported
-    cli.import_mtf("training", "thattn-train").export(
-        model_dir=model_dir, export_dir=export_dir, log=cli.print_now)
-  else:
-    export.export(model_dir=model_dir, export_dir=export_dir,
-                  log=cli.print_now)
 
 
 def _print_where(model_dir, summary, export_dir):

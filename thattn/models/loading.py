@@ -43,7 +43,7 @@ def load(model_dir, *, checkpoint=None):
     checkpoint and the cause).
   """
   config = run_dir.read_run_config(model_dir)
-  if config.get("backend", "keras") != "keras":
+  if run_dir.backend(model_dir) != run_dir.KERAS:
     # Its checkpoints are Mesh TensorFlow's (model.ckpt-N), not Keras's.
     raise ValueError(
         f"{model_dir} is a thattn-train --backend={config['backend']} run; "

@@ -136,3 +136,25 @@ def check_variables(variables, *, mesh, rules, prefix=""):
               else variable.name, variable.shape.to_integer_list,
               logical_axes(variable.shape)) for variable in variables]
   return sharding.plan_layouts(tensors, _rules(rules), _mesh(mesh))
+
+
+def lower(mtf_mesh, variables, *, mesh=None, rules=None, devices=None,
+          prefix=""):
+  """(mtf.Lowering of `mtf_mesh`'s graph, the layout plan).
+
+  On one device when `mesh` is None (the plan is {}); else on the mesh's
+  devices by `rules`, every variable checked first (`check_variables`:
+  the plan maps each name to a mesh axis or None per dimension).
+  autostack=False: on a multi-device mesh mtf would otherwise merge
+  same-shaped variables into stacked ones, renaming them.
+  """
+  if mesh is None:
+    mesh_impl, plan = mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape=[], layout={}, devices=[""]), {}
+  else:
+    plan = check_variables(variables, mesh=mesh, rules=rules or "",
+                           prefix=prefix)
+    mesh_impl = placement_mesh_impl(mesh=mesh, rules=rules or "",
+                                    devices=devices)
+  return mtf.Lowering(mtf_mesh.graph, {mtf_mesh: mesh_impl},
+                      autostack=False), plan

@@ -224,25 +224,41 @@ def _ids(name, value, vocab_size):
   return ids.astype(np.int32)
 
 
-def _call(model, kind, mesh, inputs, targets):
-  """The model's logits in EVAL mode, fed as mtf's training and eval do."""
-  def to_mtf(ids):
-    dims = [mtf.Dimension("batch", ids.shape[0]),
-            mtf.Dimension("length", ids.shape[1])]
-    return mtf.import_tf_tensor(mesh, tf.constant(ids), mtf.Shape(dims))
-  targets = to_mtf(targets)
+def ids_to_mtf(mesh, ids):
+  """int32 ids [batch, length] (an array or a tf.Tensor) as an mtf tensor."""
+  dims = [mtf.Dimension("batch", ids.shape[0]),
+          mtf.Dimension("length", ids.shape[1])]
+  return mtf.import_tf_tensor(mesh, tf.convert_to_tensor(ids, tf.int32),
+                              mtf.Shape(dims))
+
+
+def kind_of(model):
+  """The model type of a built mtf model: "bitransformer", "lm" or
+  "aligned" (a "delimited_lm" is fed as an "lm")."""
+  if isinstance(model, transformer.Bitransformer):
+    return BITRANSFORMER
+  return "lm" if model.autoregressive else "aligned"
+
+
+def call(model, *, inputs, targets, mode):
+  """The model's float32 logits, fed as mtf's training and eval feed it.
+
+  inputs, targets: mtf int32 [batch, length] tensors (`ids_to_mtf`);
+  inputs are ignored by the language models. Call inside `gin_scope`.
+  """
+  kind = kind_of(model)
   # A Bitransformer shifts the targets itself and takes min(ids, 1) as
   # sequence ids (0 is padding); the language models read the shifted
   # targets, without sequence ids, as mtf's model_fn gives them (causal
   # attention keeps padding at the end from reaching the tokens before).
-  inputs = (transformer.autoregressive_inputs(targets)
-            if kind in _LANGUAGE_MODELS else to_mtf(inputs))
+  if kind == "lm":
+    inputs = transformer.autoregressive_inputs(targets)
   # An aligned model is told where the padding is (0), as a Bitransformer
   # tells its encoder; mtf's own feeding masks nothing without segment ids.
   sequence_id = ({"sequence_id": mtf.minimum(inputs, 1)}
                  if kind == "aligned" else {})
   logits, _ = model.call_simple(
-      inputs=inputs, targets=targets, compute_loss=False, mode=_EVAL,
+      inputs=inputs, targets=targets, compute_loss=False, mode=mode,
       variable_dtype=mtf.VariableDType(tf.float32), **sequence_id)
   return logits
 
@@ -277,7 +293,9 @@ def _build(*, gin_text, vocab_size, kind, inputs=None, targets=None,
     inputs = None if kind in _LANGUAGE_MODELS else targets
   inputs, targets = _check_inputs(kind, inputs, targets, vocab_size)
   mtf_mesh = mtf.Mesh(mtf.Graph(), "mesh")
-  output = _call(model, kind, mtf_mesh, inputs, targets)
+  output = call(model, targets=ids_to_mtf(mtf_mesh, targets), mode=_EVAL,
+                inputs=None if inputs is None else ids_to_mtf(mtf_mesh,
+                                                               inputs))
   return mtf_mesh, output, list(mtf_mesh.graph.trainable_variables)
 
 
@@ -364,16 +382,8 @@ def logits(*, gin_text, vocab_size, variables, inputs=None, targets,
         gin_text=gin_text, vocab_size=vocab_size, kind=model_type,
         inputs=inputs, targets=targets, mesh=mesh, rules=rules)
     feeds, assigns = assign_ops(mtf_variables, variables)
-    if mesh is None:
-      mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-          shape=[], layout={}, devices=[""])
-    else:
-      layout_lib.check_variables(mtf_variables, mesh=mesh, rules=rules or "")
-      mesh_impl = layout_lib.placement_mesh_impl(mesh=mesh, rules=rules or "")
-    # autostack=False: on a multi-device mesh mtf would otherwise merge
-    # same-shaped variables into stacked ones and rename them.
-    lowering = mtf.Lowering(mtf_mesh.graph, {mtf_mesh: mesh_impl},
-                            autostack=False)
+    lowering, _ = layout_lib.lower(mtf_mesh, mtf_variables, mesh=mesh,
+                                   rules=rules)
     fetch = lowering.export_to_tf_tensor(output)
     # All ops made before the first run: TF warns of later graph changes.
     init = tf.compat.v1.global_variables_initializer()

@@ -151,18 +151,9 @@ def run_layer(layer, *, query, memory=None, cotangent=None, causal=False,
                    query_segments=query_segments,
                    memory_segments=memory_segments, mesh_shape=mesh_shape,
                    mtf_layout=mtf_layout)
-    if mesh is None:
-      mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-          shape=[], layout={}, devices=[""])
-    else:
-      layout.check_variables(built.variables, mesh=mesh, rules=rules or "",
-                             prefix=SCOPE + "/")
-      mesh_impl = layout.placement_mesh_impl(mesh=mesh, rules=rules or "",
-                                             devices=devices)
-    # autostack=False: mtf would otherwise merge same-shaped variables into
-    # stacked ones on a multi-device mesh, renaming them.
-    lowering = mtf.Lowering(mesh_graph, {mtf_mesh: mesh_impl},
-                            autostack=False)
+    lowering, _ = layout.lower(mtf_mesh, built.variables, mesh=mesh,
+                               rules=rules, devices=devices,
+                               prefix=SCOPE + "/")
     return _run(graph, lowering, built, variables)
 
 

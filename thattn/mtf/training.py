@@ -52,12 +52,12 @@ from thattn import export as export_lib
 from thattn import models
 from thattn import run_dir
 from thattn import tasks
-from thattn.data import batches as batches_lib
 from thattn.mtf import architecture
 from thattn.mtf import convert
 from thattn.mtf import model_map
 from thattn.mtf import models as mtf_models
 from thattn.mtf import training_graph
+from thattn.training import devices as devices_lib
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
 from thattn.training import progress as progress_lib
@@ -65,15 +65,6 @@ from thattn.training import run_lock
 from thattn.training import trainer
 
 _CHECKPOINT_PREFIX = mtf_models.CHECKPOINT_PREFIX
-
-
-def is_mtf_run(model_dir):
-  """Whether model_dir holds a run of `--backend=mtf`."""
-  try:
-    return run_dir.read_run_config(model_dir).get(
-        "backend") == options_lib.MTF
-  except ValueError:
-    return False
 
 
 # What --backend=mtf trains: each task with its T5 model.
@@ -135,15 +126,6 @@ def train(*, model_dir, task="span_corruption", model=None, data=None,
 
 def _start(model_dir, task_class, model, data, options, log):
   """The task (data, tokenizer, Keras backbone) and the run's files."""
-  if (tf.io.gfile.exists(run_dir.path(model_dir, run_dir.RUN_CONFIG)) and
-      not is_mtf_run(model_dir)):
-    # run_config.json accepts keys an older run lacks; a Keras run lacks
-    # "backend", so it is refused here.
-    raise ValueError(f"{run_dir.path(model_dir, run_dir.RUN_CONFIG)} is a "
-                     "Keras run's (no \"backend\": \"mtf\"); its checkpoints "
-                     "cannot resume in Mesh TensorFlow. Use a new "
-                     "--model_dir, or convert the run with thattn-convert "
-                     "--to=mtf.")
   tf.io.gfile.makedirs(model_dir)
   task = trainer.make_task(task_class, model_dir=model_dir, model=model,
                            data=data, options=options, log=log)
@@ -179,14 +161,12 @@ def _build(task, gin_text, options):
                                  vocab_size=config.vocab_size,
                                  mesh_shape=mesh, layout=rules)
   initial = model_map.keras_to_mtf(mtf_model=model, keras_model=task.backbone)
-  targets_length = options.sequence_length  # masked LM: aligned
-  if task.name == "span_corruption":
-    _, targets_length = batches_lib.span_corruption_lengths(
-        options.sequence_length)
+  # The placeholders take the shapes of the task's batches.
+  inputs, targets = mtf_batch(next(iter(task.eval_dataset(1))))
   with _quiet_tensorflow_logger():  # mtf's notes on initializers replaced
     return training_graph.build(
-        model=model, batch_size=options.batch_size,
-        inputs_length=options.sequence_length, targets_length=targets_length,
+        model=model, batch_size=inputs.shape[0],
+        inputs_length=inputs.shape[1], targets_length=targets.shape[1],
         initial_values=initial, mesh_and_rules=mesh_and_rules,
         seed=options.seed, max_to_keep=options.max_checkpoints)
 
@@ -225,14 +205,18 @@ class _Session:
         [self.graph.loss_sum, self.graph.count, self.graph.train_op], feeds)
     return float(np.float32(loss_sum) / np.float32(count))
 
+  # What `thattn.training.devices.evaluate` asks of a train loop.
+  def distribute(self, dataset):
+    return dataset
+
+  def eval_step(self, batch):
+    """(sum of losses, non-padding targets) of one batch."""
+    return self.session.run([self.graph.loss_sum, self.graph.count],
+                            self._feeds(batch))
+
   def evaluate(self, dataset):
     """ln(PPL) over every non-padding target of `dataset`."""
-    total = count = 0.0
-    for batch in dataset:
-      batch_total, batch_count = self.session.run(
-          [self.graph.loss_sum, self.graph.count], self._feeds(batch))
-      total, count = total + float(batch_total), count + float(batch_count)
-    return total / max(count, 1.0)
+    return devices_lib.evaluate(self, dataset)
 
   @property
   def step(self):
@@ -321,13 +305,13 @@ def _train(model_dir, task, gin_text, options, log):
 
 def _run(session, task, options, start_step, log):
   """Evaluates, trains to train_steps, evaluates; the summary."""
-  _, schedule = optimizer_lib.make_optimizer(options)
+  schedule = optimizer_lib.make_schedule(options)
   variables = len(session.graph.variable_names)
   mesh = (f"mesh {options.mesh_shape}, {len(session.graph.sharded)} of "
           f"{variables} variables sharded" if options.mesh_shape else
           "one device")
-  kind = ("Bitransformer" if task.name == "span_corruption" else
-          "aligned Unitransformer")
+  kind = {mtf_models.BITRANSFORMER: "Bitransformer",
+          "aligned": "aligned Unitransformer"}[session.graph.model_type]
   log(f"{task.describe()}; Mesh TensorFlow {kind}, {variables} "
       f"variables; adafactor, peak learning rate "
       f"{options.peak_learning_rate:g}; {mesh}.")

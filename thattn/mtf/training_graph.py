@@ -58,14 +58,9 @@ class StepGraph:
   copy_to_slices: tf.Operation  # masters -> the slices the mesh computes on
   copy_to_masters: tf.Operation  # slices -> masters, before a save
   saver: object  # tf.compat.v1.train.Saver of the masters, slots and step
+  model_type: str  # "bitransformer" or "aligned" (thattn.mtf.models.kind_of)
   variable_names: tuple  # the model's mtf variable names
   sharded: tuple  # the names of those the mesh splits
-
-
-def _import(mesh, placeholder):
-  dims = [mtf.Dimension("batch", placeholder.shape[0]),
-          mtf.Dimension("length", placeholder.shape[1])]
-  return mtf.import_tf_tensor(mesh, placeholder, mtf.Shape(dims))
 
 
 def _masked_cross_entropy(logits, targets):
@@ -83,21 +78,6 @@ def _optimizer(learning_rate):
       decay_rate=mtf.optimize.adafactor_decay_rate_pow(0.8), beta1=0.0,
       clipping_threshold=1.0, epsilon1=1e-30, epsilon2=1e-3,
       multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
-
-
-def _mesh_impl(mesh_and_rules, variables):
-  """(PlacementMeshImpl, names of the variables it shards).
-
-  One device without a mesh, else the mesh's logical CPUs.
-  """
-  if mesh_and_rules is None:
-    return mtf.placement_mesh_impl.PlacementMeshImpl(
-        shape=[], layout={}, devices=[""]), ()
-  mesh, rules = mesh_and_rules
-  # A dimension the mesh axis does not divide fails here, named.
-  plan = layout_lib.check_variables(variables, mesh=mesh, rules=rules)
-  sharded = tuple(name for name, axes in plan.items() if any(axes))
-  return layout_lib.placement_mesh_impl(mesh=mesh, rules=rules), sharded
 
 
 def build(*, model, batch_size, inputs_length, targets_length,
@@ -128,22 +108,19 @@ def build(*, model, batch_size, inputs_length, targets_length,
     targets = v1.placeholder(tf.int32, [batch_size, targets_length],
                              "targets")
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
-    mtf_inputs, mtf_targets = _import(mesh, inputs), _import(mesh, targets)
-    # A Bitransformer masks the padding (0) of its inputs itself; an aligned
-    # Unitransformer is told, as thattn's T5 encoder masks it.
-    padding = ({} if isinstance(model, mtf_models.transformer.Bitransformer)
-               else {"sequence_id": mtf.minimum(mtf_inputs, 1)})
-    logits, _ = model.call_simple(
-        inputs=mtf_inputs, targets=mtf_targets, compute_loss=False,
-        mode=_TRAIN, variable_dtype=mtf.VariableDType(tf.float32), **padding)
+    mtf_targets = mtf_models.ids_to_mtf(mesh, targets)
+    logits = mtf_models.call(
+        model, inputs=mtf_models.ids_to_mtf(mesh, inputs),
+        targets=mtf_targets, mode=_TRAIN)
     loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
     variables = list(mesh.graph.trainable_variables)
     grads = mtf.gradients([loss_sum / count],
                           [v.outputs[0] for v in variables])
     update_ops = _optimizer(learning_rate).apply_grads(grads, variables)
-    mesh_impl, sharded = _mesh_impl(mesh_and_rules, variables)
-    # autostack=False keeps every variable under its own (T5) name.
-    lowering = mtf.Lowering(mesh.graph, {mesh: mesh_impl}, autostack=False)
+    mesh_spec, rules = mesh_and_rules or (None, None)
+    # A dimension the mesh axis does not divide fails here, named.
+    lowering, plan = layout_lib.lower(mesh, variables, mesh=mesh_spec,
+                                      rules=rules)
     update = tf.group([lowering.lowered_operation(op) for op in update_ops])
     with tf.control_dependencies([update]):
       train_op = v1.assign_add(global_step, 1).op
@@ -164,6 +141,8 @@ def build(*, model, batch_size, inputs_length, targets_length,
         # step and the initial eval, under their own names, as mtf saves.
         saver=v1.train.Saver(v1.global_variables(), max_to_keep=max_to_keep,
                              save_relative_paths=True),
-        variable_names=tuple(v.name for v in variables), sharded=sharded)
+        model_type=mtf_models.kind_of(model),
+        variable_names=tuple(v.name for v in variables),
+        sharded=tuple(name for name, axes in plan.items() if any(axes)))
   graph.finalize()  # nothing is added while training
   return step_graph

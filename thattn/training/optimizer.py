@@ -20,6 +20,15 @@ OPTIMIZERS = ("adafactor", "adam")
 DEFAULT_LEARNING_RATES = {"adafactor": 0.03, "adam": 1e-3}
 
 
+def make_schedule(options):
+  """The run's learning-rate schedule: inverse square root, peak at the
+  end of warmup, the last `decay_fraction` of the steps decayed to 0."""
+  return optimizers.InverseSqrtSchedule(
+      options.warmup_steps, options.train_steps,
+      decay_fraction=options.decay_fraction,
+      scale=options.peak_learning_rate * math.sqrt(options.warmup_steps))
+
+
 def make_optimizer(options, mesh=None):
   """(optimizer, schedule) for `options` (a `TrainOptions`).
 
@@ -27,10 +36,7 @@ def make_optimizer(options, mesh=None):
   optimizers take `mesh=` to make their slots DVariables).
   """
   on_mesh = {"mesh": mesh} if mesh is not None else {}
-  schedule = optimizers.InverseSqrtSchedule(
-      options.warmup_steps, options.train_steps,
-      decay_fraction=options.decay_fraction,
-      scale=options.peak_learning_rate * math.sqrt(options.warmup_steps))
+  schedule = make_schedule(options)
   if options.optimizer == "adafactor":
     optimizer = optimizers.Adafactor(schedule, **on_mesh)
   else:

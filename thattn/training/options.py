@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from thattn import run_dir
 from thattn import sharding
 from thattn import validation
 from thattn.training import dtensor
@@ -14,8 +15,7 @@ MIXED_PRECISION = ("off", "float16", "bfloat16")
 RESUME_FROM = ("latest", "latest_intact")
 # What builds and trains the model: tf-keras (thattn.training.trainer), or
 # Mesh TensorFlow's transformer (thattn.mtf.training).
-KERAS, MTF = "keras", "mtf"
-BACKENDS = (KERAS, MTF)
+KERAS, MTF, BACKENDS = run_dir.KERAS, run_dir.MTF, run_dir.BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -242,9 +242,8 @@ def run_config(task, model, data, options, write_dir):
                 warmup_steps=options.warmup_steps,
                 decay_fraction=options.decay_fraction,
                 mixed_precision=options.mixed_precision,
-                freeze_embeddings=model.freeze_embeddings)
-  if options.backend != options_lib.KERAS:  # Keras runs predate the key
-    config["backend"] = options.backend
+                freeze_embeddings=model.freeze_embeddings,
+                backend=options.backend)
   if tf.io.gfile.exists(run_dir.path(write_dir, run_dir.TOKENIZER)):
     config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
   return config
