@@ -143,9 +143,10 @@ flags.DEFINE_enum("strategy", "default", list(strategies.STRATEGIES),
                   "Distribution strategy. dtensor shards the weights "
                   "themselves over --mesh_shape by --layout_rules "
                   "(thattn.training.dtensor).")
-flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored: "
-                   "seconds to wait for every task of the TF_CONFIG cluster "
-                   "before stopping with the addresses that did not answer.")
+flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored "
+                   "and --backend=mtf over a TF_CONFIG cluster: seconds to "
+                   "wait for every task of the cluster before stopping "
+                   "with the addresses that did not answer.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
 flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor or "
@@ -241,8 +242,10 @@ def main(argv):
   try:
     if export_dir:  # refused now, not after training
       export.check_export_dir(os.path.abspath(export_dir))
-    if FLAGS.mesh_shape and (FLAGS.strategy == strategies.DTENSOR or
-                             FLAGS.backend == options_lib.MTF):
+    # (An mtf run over a TF_CONFIG cluster gives its server the devices:
+    # thattn.mtf.cluster.)
+    if FLAGS.mesh_shape and (FLAGS.strategy == strategies.DTENSOR or (
+        FLAGS.backend == options_lib.MTF and cluster.num_tasks() == 1)):
       split = dtensor.split_cpu(FLAGS.mesh_shape)
       if split:
         cli.print_now(f"No GPU: the CPU runs the mesh as {split} logical "
@@ -259,6 +262,10 @@ def main(argv):
             tokenizer=FLAGS.tokenizer, vocab_size=FLAGS.vocab_size,
             glue_task=FLAGS.glue_task, on_overflow=FLAGS.on_overflow),
         options=_options(task_class), log=cli.print_now)
+    if "served" in summary:  # an mtf task that served the chief
+      cli.print_now(f"Done: {summary['served']} served the chief's run, "
+                    f"which the chief wrote to {model_dir}.")
+      return
     if export_dir and not (summary.get("already_finished") and
                            export.is_export(export_dir)):
       cli.export_run(model_dir=model_dir, export_dir=export_dir,

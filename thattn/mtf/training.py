@@ -39,6 +39,7 @@ Adafactor; their steps differ slightly).
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 import tempfile
@@ -53,6 +54,7 @@ from thattn import models
 from thattn import run_dir
 from thattn import tasks
 from thattn.mtf import architecture
+from thattn.mtf import cluster as cluster_lib
 from thattn.mtf import convert
 from thattn.mtf import model_map
 from thattn.mtf import models as mtf_models
@@ -106,14 +108,18 @@ def train(*, model_dir, task="span_corruption", model=None, data=None,
   if options.backend != options_lib.MTF:
     raise ValueError(f"backend={options.backend!r}; this trainer is "
                      "--backend=mtf's.")
+  if options.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  processes = cluster_lib.from_tf_config()
+  if processes and not processes.is_chief:
+    return _serve(processes, model_dir, options, log)
   data = data or tasks.DataOptions()
   model = trainer.resolve_model(task_class, model, options, log)
   _check_task(task_class, model)
   guard = run_lock.StartGuard(model_dir)
-  with run_lock.hold(model_dir, log=log):
+  with _chief_server(processes, options, log) as server, run_lock.hold(
+      model_dir, log=log):
     tf_keras.utils.set_random_seed(options.seed)  # as the Keras backend
-    if options.deterministic:
-      tf.config.experimental.enable_op_determinism()
     try:
       task_run, gin_text = _start(model_dir, task_class, model, data,
                                   options, log)
@@ -121,7 +127,62 @@ def train(*, model_dir, task="span_corruption", model=None, data=None,
       guard.rollback()  # a failed start leaves the model_dir as it was
       raise
     with mtf_models.gin_scope(gin_text):
-      return _train(model_dir, task_run, gin_text, options, log)
+      return _train(model_dir, task_run, gin_text, options, log,
+                    _Placement.of(processes, server, options))
+
+
+def _mesh_size(processes, options):
+  if options.mesh_shape is None:
+    raise ValueError(
+        f"--backend=mtf over the {len(processes.tasks)} tasks of TF_CONFIG "
+        "needs --mesh_shape (and --layout_rules) to place the model on "
+        "their devices.")
+  return options.mtf_mesh()[0].size
+
+
+def _serve(processes, model_dir, options, log):
+  """A task other than the chief: its devices serve the chief's steps."""
+  server = cluster_lib.start_server(processes, _mesh_size(processes, options),
+                                    options.cluster_timeout, log)
+  cluster_lib.serve(processes, server, log)
+  return {"served": processes.name(), "model_dir": model_dir}
+
+
+@contextlib.contextmanager
+def _chief_server(processes, options, log):
+  """The chief's server (None in one process), started before anything
+  can fail, and the serving tasks told when the run ends, however it
+  ends."""
+  if processes is None:
+    yield None
+    return
+  server = cluster_lib.start_server(processes, _mesh_size(processes, options),
+                                    options.cluster_timeout, log)
+  finished = False
+  try:
+    yield server
+    finished = True
+  except tf.errors.UnavailableError as error:  # a serving task was lost
+    raise cluster_lib.lost_tasks(processes, error) from error
+  finally:
+    cluster_lib.end_run(processes, server, finished, log)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+  """Where the step graph runs: this process, or a TF_CONFIG cluster."""
+  target: str = ""  # the session's: "" in-process, else the chief's server
+  devices: tuple = None  # of the mesh's positions; None: local CPUs
+  client_device: str = None  # the feeds, masters and Saver: the chief's
+
+  @classmethod
+  def of(cls, processes, server, options):
+    if processes is None:
+      return cls()
+    return cls(target=server.target,
+               devices=tuple(processes.mesh_devices(
+                   _mesh_size(processes, options))),
+               client_device=processes.device(processes.chief))
 
 
 def _start(model_dir, task_class, model, data, options, log):
@@ -152,7 +213,7 @@ def _check_or_write_gin(model_dir, gin_text):
                      "a new --model_dir, or the flags of the run there.")
 
 
-def _build(task, gin_text, options):
+def _build(task, gin_text, options, placement):
   """The `StepGraph`, with the Keras backbone's weights as initial values."""
   mesh_and_rules = options.mtf_mesh()
   mesh, rules = mesh_and_rules or (None, None)
@@ -168,7 +229,8 @@ def _build(task, gin_text, options):
         model=model, batch_size=inputs.shape[0],
         inputs_length=inputs.shape[1], targets_length=targets.shape[1],
         initial_values=initial, mesh_and_rules=mesh_and_rules,
-        seed=options.seed, max_to_keep=options.max_checkpoints)
+        seed=options.seed, max_to_keep=options.max_checkpoints,
+        devices=placement.devices, client_device=placement.client_device)
 
 
 @contextlib.contextmanager
@@ -186,10 +248,17 @@ def _quiet_tensorflow_logger():
 class _Session:
   """The step graph in a session: steps, held-out loss, saves, restores."""
 
-  def __init__(self, step_graph, model_dir):
+  def __init__(self, step_graph, model_dir, target=""):
     self.graph = step_graph
     self.model_dir = model_dir
-    self.session = tf.compat.v1.Session(graph=step_graph.graph)
+    # On a cluster, isolated: a serving task's server keeps no state of an
+    # earlier session (a chief restarted on a live server starts clean).
+    # In process no config: the session takes TensorFlow's, with the
+    # logical CPUs the binary made.
+    config = (tf.compat.v1.ConfigProto(isolate_session_state=True)
+              if target else None)
+    self.session = tf.compat.v1.Session(target, graph=step_graph.graph,
+                                        config=config)
 
   def close(self):
     self.session.close()
@@ -293,8 +362,9 @@ def _resume(session, options, log):
   return 0
 
 
-def _train(model_dir, task, gin_text, options, log):
-  session = _Session(_build(task, gin_text, options), model_dir)
+def _train(model_dir, task, gin_text, options, log, placement):
+  session = _Session(_build(task, gin_text, options, placement), model_dir,
+                     placement.target)
   with contextlib.closing(session):
     start_step = _resume(session, options, log)
     finished = trainer.finished_summary(model_dir, start_step, options, log)
@@ -366,10 +436,11 @@ def _steps(session, task, options, schedule, writers, eval_data, start_step,
       steady_start = time.time()
     step += 1
     last = step == options.train_steps
-    if step % options.log_every == 0 or last:
-      progress.report(step)
+    # Saved before reported: a progress line says its step is kept.
     if step % options.checkpoint_every == 0 or last:
       session.save()
+    if step % options.log_every == 0 or last:
+      progress.report(step)
     if options.eval_every and step % options.eval_every == 0 and not last:
       eval_started = time.time()
       value = session.evaluate(eval_data)

@@ -81,7 +81,8 @@ def _optimizer(learning_rate):
 
 
 def build(*, model, batch_size, inputs_length, targets_length,
-          initial_values, mesh_and_rules, seed, max_to_keep):
+          initial_values, mesh_and_rules, seed, max_to_keep, devices=None,
+          client_device=None):
   """The `StepGraph` of `model` (not yet called): an mtf Bitransformer
   (inputs: the encoder's; targets: the decoder's), or an aligned
   Unitransformer (inputs and targets of one length).
@@ -95,9 +96,13 @@ def build(*, model, batch_size, inputs_length, targets_length,
     mesh_and_rules: (MeshSpec, LayoutRules), or None for one device.
     seed: the graph's random seed.
     max_to_keep: checkpoints the Saver keeps.
+    devices: the device of each mesh position; None: the local CPUs.
+    client_device: where everything but the slices goes (the feeds, the
+      master variables, the Saver): the chief's CPU in a cluster
+      (`thattn.mtf.cluster`); None: this process.
   """
   graph = tf.Graph()
-  with graph.as_default():
+  with graph.as_default(), tf.device(client_device):
     v1.set_random_seed(seed)
     global_step = v1.train.get_or_create_global_step()
     initial_eval = v1.get_variable(
@@ -120,7 +125,7 @@ def build(*, model, batch_size, inputs_length, targets_length,
     mesh_spec, rules = mesh_and_rules or (None, None)
     # A dimension the mesh axis does not divide fails here, named.
     lowering, plan = layout_lib.lower(mesh, variables, mesh=mesh_spec,
-                                      rules=rules)
+                                      rules=rules, devices=devices)
     update = tf.group([lowering.lowered_operation(op) for op in update_ops])
     with tf.control_dependencies([update]):
       train_op = v1.assign_add(global_step, 1).op

@@ -33,6 +33,12 @@ def task_spec():
           config.get("cluster", {}))
 
 
+def num_tasks():
+  """How many tasks TF_CONFIG's cluster names (1 without TF_CONFIG)."""
+  _, _, spec = task_spec()
+  return max(sum(len(addresses) for addresses in spec.values()), 1)
+
+
 def is_dtensor_client():
   """Whether this process is one client of a multi-client DTensor job."""
   return int(os.environ.get("DTENSOR_NUM_CLIENTS") or 1) > 1
@@ -89,7 +95,7 @@ def wait_for_workers(timeout_seconds, log=print):
   try:
     while pending and time.time() < deadline:
       _drain(listener)
-      pending = [address for address in pending if not _answers(address)]
+      pending = [address for address in pending if not answers(address)]
       if pending:
         time.sleep(0.2)
   finally:
@@ -132,7 +138,8 @@ def _drain(listener):
     connection.close()
 
 
-def _answers(address):
+def answers(address):
+  """Whether something accepts a TCP connection at host:port (1 s)."""
   try:
     with socket.create_connection(_split(address), timeout=1.0):
       return True

@@ -459,10 +459,11 @@ def _run_steps(loop, task, options, schedule, manager, writers, eval_data,
       steady_start = time.time()
     step = int(loop.optimizer.iterations.numpy())
     last = step == options.train_steps
-    if step % options.log_every == 0 or last:
-      progress.report(step)
+    # Saved before reported: a progress line says its step is kept.
     if step % options.checkpoint_every == 0 or last:
       manager.save(checkpoint_number=step)
+    if step % options.log_every == 0 or last:
+      progress.report(step)
     if options.eval_every and step % options.eval_every == 0 and not last:
       eval_started = time.time()
       value = devices_lib.evaluate(loop, eval_data)
