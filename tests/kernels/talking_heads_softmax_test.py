@@ -41,6 +41,10 @@ def _tensorflow_ops(dots, pre, post, mask, bias=None):
   return attention_ops.mix_heads(weights, post)
 
 
+# The op's four dynamic-projection inputs, absent.
+_NO_DYNAMIC_PROJECTIONS = [tf.zeros([0])] * 4
+
+
 def _inputs(shape, masked, seed=0):
   batch, key_heads, heads, value_heads, length, memory = shape
   rng = np.random.default_rng(seed)
@@ -150,7 +154,7 @@ def test_bias_of_the_wrong_shape_is_rejected():
                      r"h = 4, n = 7, m = 9"):
     ops.thattn_talking_heads_softmax(
         tf.zeros([2, 4, 7, 9]), tf.eye(4), tf.eye(4), tf.zeros([0], tf.bool),
-        tf.zeros([3, 4, 7, 9]))
+        tf.zeros([3, 4, 7, 9]), *_NO_DYNAMIC_PROJECTIONS)
 
 
 @pytest.mark.parametrize("mask_shape", [(2, 1, 1, 9), (1, 1, 7, 9), (7, 9)])
@@ -204,7 +208,7 @@ def test_mask_of_the_wrong_shape_is_rejected():
                      match=r"mask must be \[b, n, m\] = \[2, 7, 9\]"):
     ops.thattn_talking_heads_softmax(tf.zeros([2, 4, 7, 9]), tf.eye(4),
                                      tf.eye(4), tf.ones([2, 7, 8], tf.bool),
-                                     tf.zeros([0]))
+                                     tf.zeros([0]), *_NO_DYNAMIC_PROJECTIONS)
 
 
 def test_unsupported_reasons():

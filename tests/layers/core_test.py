@@ -37,7 +37,8 @@ def test_when_the_chunked_core_runs(overrides, chunked):
     ({}, True),
     ({"chunk_size": 4}, True),
     ({"fused_kernel": False}, False),
-    ({"dynamic_projections": ("m2w",)}, False),
+    ({"dynamic_projections": ("m2w",)}, True),
+    ({"dynamic_projections": ("x2l", "m2w"), "chunk_size": 4}, True),
     ({"head_groups": 2}, False),
     ({"scores_like": BFLOAT16}, False),
 ])
@@ -48,7 +49,7 @@ def test_when_the_kernel_runs(overrides, fused):
 @pytest.mark.parametrize("overrides, reason", [
     # Checked in the documented order: the first obstacle is the reason.
     ({"dynamic_projections": ("x2l",), "head_groups": 2,
-      "scores_like": BFLOAT16}, "the kernel has no dynamic projections"),
+      "scores_like": BFLOAT16}, "the kernel has no head groups"),
     ({"head_groups": 2, "scores_like": BFLOAT16},
      "the kernel has no head groups"),
     ({"scores_like": BFLOAT16},

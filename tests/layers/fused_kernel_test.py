@@ -3,9 +3,9 @@
 The layer uses `thattn.kernels.talking_heads_softmax` by default where it can
 (fused_kernel=None). These tests check that it really does here (also
 with a position bias and in the chunked core), that it gives the
-TensorFlow-ops path's outputs and gradients, and that it steps aside (or,
-with fused_kernel=True, says why it cannot run) under XLA, mixed precision,
-dynamic projections, head groups and SavedModel tracing. The kernel itself
+TensorFlow-ops path's outputs and gradients (with dynamic projections too),
+and that it steps aside (or, with fused_kernel=True, says why it cannot
+run) under XLA, mixed precision, head groups and SavedModel tracing. The kernel itself
 is tested in tests/kernels.
 """
 
@@ -141,11 +141,56 @@ def test_fused_attention_scores_equal_tensorflow_ops():
   _assert_close(fused_scores, plain_scores)
 
 
+# Dynamic projections (Appendix A): each alone, and all four on unequal
+# head counts.
+DYNAMIC = {
+    **{name: (lambda name: lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, dynamic_projections=[name], **kw))(name)
+       for name in ("x2l", "m2l", "x2w", "m2w")},
+    "all_four_non_square": lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, value_dim=5, num_key_heads=2, num_value_heads=6,
+        dynamic_projections=["x2l", "m2l", "x2w", "m2w"], **kw),
+}
+
+
+@pytest.mark.parametrize("make_layer", DYNAMIC.values(), ids=DYNAMIC.keys())
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_dynamic_projections_fused_equal_tensorflow_ops(make_layer, masking):
+  default, plain = _twin_layers(make_layer)
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[19, 20])
+  kwargs = ({"use_causal_mask": True} if masking == "causal" else
+            {"attention_mask": tf.sequence_mask([LENGTH, 3], LENGTH)[:, None]})
+  assert FUSED_GRADIENT_OP in _op_types(
+      lambda q: _outputs_and_gradients(default, q, **kwargs), query)
+  fused_results = tf.function(_outputs_and_gradients)(default, query,
+                                                      **kwargs)
+  plain_results = _outputs_and_gradients(plain, query, **kwargs)
+  assert len(fused_results) == len(plain_results)
+  for fused_value, plain_value in zip(fused_results, plain_results):
+    _assert_close(fused_value, plain_value)
+
+
+def test_dynamic_projections_fused_over_a_memory_of_another_length():
+  """Cross attention: R_Ml and R_Mw run along the memory's 5 positions."""
+  default, plain = _twin_layers(DYNAMIC["all_four_non_square"])
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[21, 22])
+  memory = tf.random.stateless_normal([BATCH, 5, WIDTH], seed=[23, 24])
+
+  def outputs_and_gradients(layer):
+    with tf.GradientTape() as tape:
+      tape.watch([query, memory])
+      output = layer(query, memory)
+      loss = tf.reduce_sum(output * tf.sin(output))
+    return [output] + tape.gradient(
+        loss, [query, memory] + layer.trainable_variables)
+
+  assert FUSED_OP in _op_types(lambda: outputs_and_gradients(default))
+  for fused_value, plain_value in zip(outputs_and_gradients(default),
+                                      outputs_and_gradients(plain)):
+    _assert_close(fused_value, plain_value)
+
+
 FALLBACKS = {
-    "dynamic_projections": (
-        lambda **kw: layers.TalkingHeadsAttention(
-            4, 3, dynamic_projections=["x2l"], **kw),
-        {}, "no dynamic projections"),
     "head_groups": (
         lambda **kw: layers.TalkingHeadsAttention(
             4, 3, num_head_groups=2, **kw),

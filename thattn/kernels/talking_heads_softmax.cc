@@ -13,16 +13,29 @@
 // written. The gradient op recomputes L and W from J the same way, so the
 // forward pass keeps neither: a training step stores J and U only.
 //
+// Dynamic projections (the paper's Appendix A) add per-query and per-memory
+// mixing matrices to P_l and P_w:
+//   L[h, n, m]   += einsum(J[h_k, n, m], R_Xl[n, h_k, h] + R_Ml[m, h_k, h])
+//   U[h_v, n, m] += einsum(W[h, n, m],   R_Xw[n, h, h_v] + R_Mw[m, h, h_v])
+// The per-query terms join P_l (P_w) in one matrix per query row, (P_l +
+// R_Xl[n]), so they cost one product per row; the per-memory terms are
+// multiply-adds along m, vectorized over m, from R_Ml stored [h_k, h, m].
+// Neither ever forms a [n, m, h_k, h] tensor.
+//
 // Ops (thattn/kernels/talking_heads_softmax.py wraps them and registers the
 // gradient):
-//   ThattnTalkingHeadsSoftmax(dots J, pre P_l, post P_w, mask, bias B) -> U
-//   ThattnTalkingHeadsSoftmaxGrad(J, P_l, P_w, mask, B, dU)
-//       -> dJ, dP_l, dP_w, dB
+//   ThattnTalkingHeadsSoftmax(dots J, pre P_l, post P_w, mask, bias B,
+//                             x2l R_Xl, m2l R_Ml, x2w R_Xw, m2w R_Mw) -> U
+//   ThattnTalkingHeadsSoftmaxGrad(the same nine, dU)
+//       -> dJ, dP_l, dP_w, dB, dR_Xl, dR_Ml, dR_Xw, dR_Mw
 // `mask` is boolean [b, n, m] (true: may attend) or has no elements (no
 // mask). `bias` (e.g. T5's relative position bias) is [1 or b, h, n, m] or
 // has no elements; dB is [b, h, n, m] (for a shared bias the caller sums it
-// over the batch) or has no elements. Float32 only; the Python side falls
-// back to TensorFlow ops for other dtypes.
+// over the batch) or has no elements. R_Xl is [b, n, h_k, h], R_Ml [b, h_k,
+// h, m] (m last), R_Xw [b, n, h, h_v], R_Mw [b, h, h_v, m], each or no
+// elements (absent); their gradients have their shapes, or no elements.
+// Float32 only; the Python side falls back to TensorFlow ops for other
+// dtypes.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -46,6 +59,8 @@ using Matrix =
 using BlockView = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
 using ConstBlockView = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
 using ConstMatrixView = Eigen::Map<const Matrix>;
+// A run along m, as a row (the blocks' rows are runs along m).
+using RowArray = Eigen::Array<float, 1, Eigen::Dynamic>;
 
 // The same constant as thattn.layers.attention_ops.MASKED_LOGIT, so a fully
 // masked row is uniform exactly as in the TensorFlow-ops path.
@@ -58,6 +73,9 @@ constexpr int64_t kBlockFloats = 64 * 1024;
 struct Geometry {
   int64_t batch, key_heads, heads, value_heads, length, memory;
   int64_t bias_batch;  // 0 (no bias), 1 (shared by the batch) or batch
+  // Blocks that one thread handles together: 1, or a whole example when a
+  // per-memory term sums its gradient over every query row of the example.
+  int64_t blocks_per_unit;
   int64_t rows_per_block, blocks_per_example;
 
   int64_t num_blocks() const { return batch * blocks_per_example; }
@@ -119,6 +137,25 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
                   ", h = ", g.heads, ", n = ", g.length, ", m = ", g.memory,
                   ", or empty, got shape ", bias.shape().DebugString()));
   g.bias_batch = bias.NumElements() == 0 ? 0 : bias.dim_size(0);
+  // The dynamic projections: each absent, or of exactly its shape.
+  const struct {
+    int index;
+    const char* name;
+    tf::TensorShape shape;
+  } dynamic[] = {
+      {5, "x2l [b, n, h_k, h]", {g.batch, g.length, g.key_heads, g.heads}},
+      {6, "m2l [b, h_k, h, m]", {g.batch, g.key_heads, g.heads, g.memory}},
+      {7, "x2w [b, n, h, h_v]", {g.batch, g.length, g.heads, g.value_heads}},
+      {8, "m2w [b, h, h_v, m]", {g.batch, g.heads, g.value_heads, g.memory}},
+  };
+  for (const auto& projection : dynamic) {
+    const tf::Tensor& tensor = context->input(projection.index);
+    OP_REQUIRES(context,
+                tensor.NumElements() == 0 || tensor.shape() == projection.shape,
+                tf::errors::InvalidArgument(
+                    projection.name, " must be ", projection.shape.DebugString(),
+                    " or empty, got shape ", tensor.shape().DebugString()));
+  }
   const int64_t widest = std::max({g.key_heads, g.heads, g.value_heads});
   g.rows_per_block =
       rows_per_block_attr > 0
@@ -128,6 +165,9 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
   g.rows_per_block = std::min(g.rows_per_block, std::max<int64_t>(1, g.length));
   g.blocks_per_example =
       (g.length + g.rows_per_block - 1) / g.rows_per_block;
+  const bool per_memory = context->input(6).NumElements() > 0 ||
+                          context->input(8).NumElements() > 0;
+  g.blocks_per_unit = per_memory ? g.blocks_per_example : 1;
 }
 
 // Where one block of query rows sits.
@@ -157,7 +197,122 @@ struct Inputs {
   const float* dots;
   const bool* mask;
   const float* bias;
+  const float* x2l;  // R_Xl[b, n, h_k, h]
+  const float* m2l;  // R_Ml[b, h_k, h, m]
+  const float* x2w;  // R_Xw[b, n, h, h_v]
+  const float* m2w;  // R_Mw[b, h, h_v, m]
 };
+
+// R_X[example, n] as an [rows, cols] matrix, of a [b, n, rows, cols] tensor.
+ConstMatrixView QueryMatrix(const float* projection, const Geometry& g,
+                            const Block& block, int64_t row, int64_t rows,
+                            int64_t cols) {
+  return ConstMatrixView(
+      projection +
+          ((block.example * g.length + block.first_row + row) * rows * cols),
+      rows, cols);
+}
+
+// For each (i, j) and query row of the block, along m:
+//   target[j, row, :] += source[i, row, :] * R_M[example, i, j, :]
+// (or target[i] += source[j] * R_M[i, j] with `transposed`), where R_M is
+// [b, I, J, m]. `target` and `source` are blocks of [rows * m] columns.
+template <typename Target, typename Source>
+void AddMemoryMix(const Geometry& g, const Block& block, const float* projection,
+                  int64_t inner, int64_t outer, bool transposed,
+                  const Source& source, Target* target) {
+  const float* matrices = projection + block.example * inner * outer * g.memory;
+  for (int64_t i = 0; i < inner; ++i) {
+    for (int64_t j = 0; j < outer; ++j) {
+      Eigen::Map<const RowArray> along_m(
+          matrices + (i * outer + j) * g.memory, g.memory);
+      const int64_t from = transposed ? j : i;
+      const int64_t to = transposed ? i : j;
+      for (int64_t row = 0; row < block.rows; ++row) {
+        const int64_t start = row * g.memory;
+        target->row(to).segment(start, g.memory).array() +=
+            source.row(from).segment(start, g.memory).array() * along_m;
+      }
+    }
+  }
+}
+
+// The gradient of R_M[example] in `AddMemoryMix`, summed over the block's
+// rows: d[i, j, :] += first[i, row, :] * second[j, row, :].
+template <typename First, typename Second>
+void AddMemoryGradient(const Geometry& g, const Block& block,
+                       const First& first, const Second& second,
+                       int64_t inner, int64_t outer, float* gradient) {
+  float* matrices = gradient + block.example * inner * outer * g.memory;
+  for (int64_t i = 0; i < inner; ++i) {
+    for (int64_t j = 0; j < outer; ++j) {
+      Eigen::Map<RowArray> along_m(
+          matrices + (i * outer + j) * g.memory, g.memory);
+      for (int64_t row = 0; row < block.rows; ++row) {
+        const int64_t start = row * g.memory;
+        along_m += first.row(i).segment(start, g.memory).array() *
+                   second.row(j).segment(start, g.memory).array();
+      }
+    }
+  }
+}
+
+// out = (static^T + R_X[n]^T) in per query row, or static^T in for the
+// whole block without R_X: the mix of P_l (P_w) and its per-query term.
+// `static_transposed` is [out heads, in heads]; `in` and `out` are blocks.
+template <typename In, typename Out>
+void MixPerQuery(const Geometry& g, const Block& block,
+                 const Matrix& static_transposed, const float* query_term,
+                 const In& in, Out* out) {
+  const int64_t columns = block.rows * g.memory;
+  if (query_term == nullptr) {
+    out->leftCols(columns).noalias() = static_transposed * in;
+    return;
+  }
+  const int64_t in_heads = static_transposed.cols();
+  const int64_t out_heads = static_transposed.rows();
+  Matrix mix(out_heads, in_heads);
+  for (int64_t row = 0; row < block.rows; ++row) {
+    mix = static_transposed +
+          QueryMatrix(query_term, g, block, row, in_heads, out_heads)
+              .transpose();
+    out->middleCols(row * g.memory, g.memory).noalias() =
+        mix * in.middleCols(row * g.memory, g.memory);
+  }
+}
+
+// The gradient of `MixPerQuery` given d_out: d_in = (static + R_X[n]) d_out
+// per row; static_gradient += in d_out^T, and, with R_X, dR_X[n] = in_n
+// d_out_n^T, row by row. `static_matrix` is [in heads, out heads].
+template <typename In, typename DOut, typename DIn>
+void MixPerQueryGradient(const Geometry& g, const Block& block,
+                         const ConstMatrixView& static_matrix,
+                         const float* query_term, const In& in,
+                         const DOut& d_out, DIn* d_in, Matrix* static_gradient,
+                         float* query_gradient) {
+  if (query_term == nullptr) {
+    d_in->noalias() = static_matrix * d_out;
+    static_gradient->noalias() += in * d_out.transpose();
+    return;
+  }
+  const int64_t in_heads = static_matrix.rows();
+  const int64_t out_heads = static_matrix.cols();
+  Matrix mix(in_heads, out_heads);
+  for (int64_t row = 0; row < block.rows; ++row) {
+    const int64_t start = row * g.memory;
+    mix = static_matrix +
+          QueryMatrix(query_term, g, block, row, in_heads, out_heads);
+    d_in->middleCols(start, g.memory).noalias() =
+        mix * d_out.middleCols(start, g.memory);
+    Eigen::Map<Matrix> d_row(
+        query_gradient + ((block.example * g.length + block.first_row + row) *
+                          in_heads * out_heads),
+        in_heads, out_heads);
+    d_row.noalias() = in.middleCols(start, g.memory) *
+                      d_out.middleCols(start, g.memory).transpose();
+    *static_gradient += d_row;
+  }
+}
 
 // W for one block: L = P_l^T J + B, masked, softmax over each row of m.
 // `weights` is [h, rows_per_block * m]; its first rows*m columns are written.
@@ -167,7 +322,11 @@ void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
   const int64_t stride = g.length * g.memory;
   ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
                             g.key_heads, columns, Eigen::OuterStride<>(stride));
-  weights->leftCols(columns).noalias() = pre_transposed * dots_block;
+  MixPerQuery(g, block, pre_transposed, in.x2l, dots_block, weights);
+  if (in.m2l != nullptr) {
+    AddMemoryMix(g, block, in.m2l, g.key_heads, g.heads, /*transposed=*/false,
+                 dots_block, weights);
+  }
   if (in.bias != nullptr) {
     // A bias shared by the batch (T5's) is read at example 0.
     const Block bias_rows = g.bias_batch == 1 ? block.AtExample(0) : block;
@@ -200,14 +359,22 @@ void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
 // Runs `work(slice, first_block, end_block)` over all blocks, split into at
 // most `max_slices` contiguous slices on TensorFlow's CPU thread pool. Slices
 // are numbered so that callers can keep one accumulator per slice.
+// Slices hold whole units of `g.blocks_per_unit` blocks.
+int64_t NumSlices(const Geometry& g, int64_t max_slices) {
+  return std::max<int64_t>(
+      1, std::min(g.num_blocks() / g.blocks_per_unit, max_slices));
+}
+
 void ForEachSlice(tf::OpKernelContext* context, const Geometry& g,
                   int64_t max_slices,
                   const std::function<void(int64_t, int64_t, int64_t)>& work) {
-  const int64_t blocks = g.num_blocks();
-  const int64_t slices = std::max<int64_t>(1, std::min(blocks, max_slices));
+  const int64_t units = g.num_blocks() / g.blocks_per_unit;
+  const int64_t slices = NumSlices(g, max_slices);
+  const int64_t unit = g.blocks_per_unit;
   auto run = [&](int64_t first_slice, int64_t end_slice) {
     for (int64_t slice = first_slice; slice < end_slice; ++slice) {
-      work(slice, blocks * slice / slices, blocks * (slice + 1) / slices);
+      work(slice, unit * (units * slice / slices),
+           unit * (units * (slice + 1) / slices));
     }
   };
   auto* threads = context->device()->tensorflow_cpu_worker_threads();
@@ -229,7 +396,11 @@ const T* DataOrNull(const tf::Tensor& tensor) {
 Inputs ReadInputs(tf::OpKernelContext* context) {
   return {context->input(0).flat<float>().data(),
           DataOrNull<bool>(context->input(3)),
-          DataOrNull<float>(context->input(4))};
+          DataOrNull<float>(context->input(4)),
+          DataOrNull<float>(context->input(5)),
+          DataOrNull<float>(context->input(6)),
+          DataOrNull<float>(context->input(7)),
+          DataOrNull<float>(context->input(8))};
 }
 
 // What both ops share: the same first five inputs and the block-size attr.
@@ -286,7 +457,12 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
         BlockView mixed_block(output + block.Offset(g, g.value_heads),
                               g.value_heads, columns,
                               Eigen::OuterStride<>(g.length * g.memory));
-        mixed_block.noalias() = post_transposed * weights.leftCols(columns);
+        const auto w = weights.leftCols(columns);
+        MixPerQuery(g, block, post_transposed, in.x2w, w, &mixed_block);
+        if (in.m2w != nullptr) {
+          AddMemoryMix(g, block, in.m2w, g.heads, g.value_heads,
+                       /*transposed=*/false, w, &mixed_block);
+        }
       }
     });
   }
@@ -299,7 +475,7 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
   void Compute(tf::OpKernelContext* context) override {
     Geometry g;
     if (!Plan(context, &g)) return;
-    const tf::Tensor& grad_mixed = context->input(5);
+    const tf::Tensor& grad_mixed = context->input(9);
     OP_REQUIRES(
         context,
         grad_mixed.shape() == tf::TensorShape({g.batch, g.value_heads,
@@ -326,6 +502,20 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
                 ? tf::TensorShape({0})
                 : tf::TensorShape({g.batch, g.heads, g.length, g.memory}),
             &grad_bias));
+    // dR_X and dR_M: the inputs' shapes (no elements when absent). dR_M
+    // sums over the query rows of an example; each example is one slice's
+    // (blocks_per_unit), so it is accumulated in place from zero.
+    float* d_dynamic[4];
+    for (int i = 0; i < 4; ++i) {
+      tf::Tensor* output = nullptr;
+      OP_REQUIRES_OK(context, context->allocate_output(
+                                  4 + i, context->input(5 + i).shape(),
+                                  &output));
+      output->flat<float>().setZero();
+      d_dynamic[i] = output->NumElements() == 0
+                         ? nullptr
+                         : output->flat<float>().data();
+    }
     const Inputs in = ReadInputs(context);
     const ConstMatrixView pre(context->input(1).flat<float>().data(),
                               g.key_heads, g.heads);
@@ -339,8 +529,7 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
 
     // dP_l and dP_w sum over every position: one partial sum per slice,
     // added up below, so no two threads write the same accumulator.
-    const int64_t slices = std::max<int64_t>(
-        1, std::min(g.num_blocks(), SliceCount(context)));
+    const int64_t slices = NumSlices(g, SliceCount(context));
     std::vector<Matrix> pre_partials(slices,
                                      Matrix::Zero(g.key_heads, g.heads));
     std::vector<Matrix> post_partials(slices,
@@ -359,9 +548,16 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
                                      Eigen::OuterStride<>(stride));
         auto w = weights.leftCols(columns);
         auto d_w = d_weights.leftCols(columns);
-        // U = P_w^T W:  dW = P_w dU,  dP_w += W dU^T.
-        d_w.noalias() = post * d_mixed_block;
-        post_partials[slice].noalias() += w * d_mixed_block.transpose();
+        // U = P_w^T W:  dW = P_w dU,  dP_w += W dU^T; per query row with
+        // R_Xw; and R_Mw's term along m.
+        MixPerQueryGradient(g, block, post, in.x2w, w, d_mixed_block, &d_w,
+                            &post_partials[slice], d_dynamic[2]);
+        if (in.m2w != nullptr) {
+          AddMemoryMix(g, block, in.m2w, g.heads, g.value_heads,
+                       /*transposed=*/true, d_mixed_block, &d_w);
+          AddMemoryGradient(g, block, w, d_mixed_block, g.heads,
+                            g.value_heads, d_dynamic[3]);
+        }
         // Softmax: dL = W * (dW - sum_m W dW); masked logits were replaced
         // by a constant, so they get no gradient.
         for (int64_t head = 0; head < g.heads; ++head) {
@@ -392,8 +588,15 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
         BlockView d_dots_block(d_dots + block.Offset(g, g.key_heads),
                                g.key_heads, columns,
                                Eigen::OuterStride<>(stride));
-        d_dots_block.noalias() = pre * d_w;
-        pre_partials[slice].noalias() += dots_block * d_w.transpose();
+        MixPerQueryGradient(g, block, pre, in.x2l, dots_block, d_w,
+                            &d_dots_block, &pre_partials[slice],
+                            d_dynamic[0]);
+        if (in.m2l != nullptr) {
+          AddMemoryMix(g, block, in.m2l, g.key_heads, g.heads,
+                       /*transposed=*/true, d_w, &d_dots_block);
+          AddMemoryGradient(g, block, dots_block, d_w, g.key_heads, g.heads,
+                            d_dynamic[1]);
+        }
       }
     });
     Eigen::Map<Matrix> d_pre(grad_pre->flat<float>().data(), g.key_heads,
@@ -413,6 +616,7 @@ tf::Status GradientShapes(tf::shape_inference::InferenceContext* context) {
   for (int i = 0; i < 3; ++i) context->set_output(i, context->input(i));
   // dB: [b, h, n, m] with a bias, [0] without; not known statically.
   context->set_output(3, context->UnknownShape());
+  for (int i = 0; i < 4; ++i) context->set_output(4 + i, context->input(5 + i));
   return tf::OkStatus();
 }
 
@@ -424,6 +628,10 @@ REGISTER_OP("ThattnTalkingHeadsSoftmax")
     .Input("post: float")  // P_w[h, h_v]
     .Input("mask: bool")   // [b, n, m], or no elements for no mask
     .Input("bias: float")  // B[1 or b, h, n, m], or no elements for none
+    .Input("x2l: float")   // R_Xl[b, n, h_k, h], or no elements
+    .Input("m2l: float")   // R_Ml[b, h_k, h, m], or no elements
+    .Input("x2w: float")   // R_Xw[b, n, h, h_v], or no elements
+    .Input("m2w: float")   // R_Mw[b, h, h_v, m], or no elements
     .Output("mixed: float")  // U[b, h_v, n, m]
     .Attr("rows_per_block: int = 0")  // 0: chosen from the sizes
     .SetShapeFn([](tf::shape_inference::InferenceContext* context) {
@@ -444,11 +652,19 @@ REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
     .Input("post: float")
     .Input("mask: bool")
     .Input("bias: float")
+    .Input("x2l: float")
+    .Input("m2l: float")
+    .Input("x2w: float")
+    .Input("m2w: float")
     .Input("grad_mixed: float")  // dU[b, h_v, n, m]
     .Output("grad_dots: float")  // dJ[b, h_k, n, m]
     .Output("grad_pre: float")   // dP_l[h_k, h]
     .Output("grad_post: float")  // dP_w[h, h_v]
     .Output("grad_bias: float")  // dB[b, h, n, m], or no elements
+    .Output("grad_x2l: float")   // dR_Xl, as x2l
+    .Output("grad_m2l: float")   // dR_Ml, as m2l
+    .Output("grad_x2w: float")   // dR_Xw, as x2w
+    .Output("grad_m2w: float")   // dR_Mw, as m2w
     .Attr("rows_per_block: int = 0")
     .SetShapeFn(GradientShapes);
 

@@ -4,7 +4,14 @@
     U[b, h_v, n, m] = einsum(softmax_m(mask ? L : -1e9), P_w)
 
 with J[b, h_k, n, m], P_l[h_k, h], P_w[h, h_v] and an optional bias B
-broadcastable to [b, h, n, m] (T5's relative position bias), exactly what
+broadcastable to [b, h, n, m] (T5's relative position bias), and optional
+dynamic projections (the paper's Appendix A) added to P_l and P_w per query
+row n or memory position m:
+
+    L[b, h, n, m]   += einsum(J, R_Xl[b, n, h_k, h] + R_Ml[b, m, h_k, h])
+    U[b, h_v, n, m] += einsum(W, R_Xw[b, n, h, h_v] + R_Mw[b, m, h, h_v])
+
+exactly what
 `thattn.layers.ProjectedAttention` computes with TensorFlow ops between the
 dot products and the values. The op works on blocks of query rows that stay
 in cache, so the logits L and weights W are never written to memory; its
@@ -59,7 +66,7 @@ def _is_dtensor_variable(variable):
 
 
 def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
-                          bias=None, rows_per_block=0):
+                          bias=None, dynamic=None, rows_per_block=0):
   """U = einsum(softmax(einsum(J, P_l) + B, masked), P_w), fused.
 
   Args:
@@ -71,6 +78,10 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
       `thattn.layers.attention_ops.masked_softmax`.
     bias: optional B, broadcastable to `[b, h, n, m]`, added to the logits
       after P_l and before the mask; it gets a gradient.
+    dynamic: optional {name: R} of dynamic projections, any of "x2l"
+      (R_Xl[b, n, h_k, h]), "m2l" (R_Ml[b, m, h_k, h]), "x2w"
+      (R_Xw[b, n, h, h_v]) and "m2w" (R_Mw[b, m, h, h_v]); each gets a
+      gradient.
     rows_per_block: query rows per cache block; 0 picks from the sizes.
 
   Returns:
@@ -81,7 +92,7 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
   """
   ops = build.load(KERNEL)
   return ops.thattn_talking_heads_softmax(
-      *_op_inputs(dots, pre_softmax, post_softmax, mask, bias),
+      *_op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic),
       rows_per_block=rows_per_block)
 
 
@@ -99,18 +110,27 @@ def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
   ops = build.load(KERNEL)
   grad_dots, grad_pre, grad_post, grad_bias = (
       ops.thattn_talking_heads_softmax_grad(
-          *_op_inputs(dots, pre_softmax, post_softmax, mask, bias),
-          grad_mixed, rows_per_block=rows_per_block))
+          *_op_inputs(dots, pre_softmax, post_softmax, mask, bias, None),
+          grad_mixed, rows_per_block=rows_per_block)[:4])
   return (grad_dots, None if pre_softmax is None else grad_pre,
           None if post_softmax is None else grad_post,
           None if bias is None else grad_bias)
 
 
-def _op_inputs(dots, pre_softmax, post_softmax, mask, bias):
-  """The op's (J, P_l, P_w, mask, B).
+# The dynamic projections, in the op's order of inputs, and the layout the
+# op takes each in: the per-memory ones with m last, so that the kernel
+# reads each (i, j) entry along m as one contiguous run.
+DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
+_OP_LAYOUT = {"x2l": None, "m2l": [0, 2, 3, 1], "x2w": None,
+              "m2w": [0, 2, 3, 1]}
+
+
+def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
+  """The op's (J, P_l, P_w, mask, B, R_Xl, R_Ml, R_Xw, R_Mw).
 
   Identities for None projections; the mask as [b, n, m]; B as
-  [1 or b, h, n, m]; an absent mask or bias as a tensor of no elements.
+  [1 or b, h, n, m]; R_Ml and R_Mw as [b, i, j, m]; an absent mask, bias
+  or dynamic projection as a tensor of no elements.
   """
   shape = tf.shape(dots)
   batch, length, memory = shape[0], shape[2], shape[3]
@@ -136,20 +156,37 @@ def _op_inputs(dots, pre_softmax, post_softmax, mask, bias):
     bias = tf.broadcast_to(
         tf.cast(bias, tf.float32),
         [1 if shared else batch, tf.shape(pre_softmax)[1], length, memory])
-  return dots, pre_softmax, post_softmax, mask, bias
+  dynamic = dynamic or {}
+  unknown = sorted(set(dynamic) - set(DYNAMIC_PROJECTIONS))
+  if unknown:
+    raise ValueError(f"Unknown dynamic projections {unknown}; expected any "
+                     f"of {list(DYNAMIC_PROJECTIONS)}.")
+  projections = []
+  for name in DYNAMIC_PROJECTIONS:
+    if name not in dynamic:
+      projections.append(tf.zeros([0]))
+      continue
+    layout = _OP_LAYOUT[name]
+    tensor = dynamic[name]
+    projections.append(tensor if layout is None else
+                       tf.transpose(tensor, layout))
+  return (dots, pre_softmax, post_softmax, mask, bias, *projections)
 
 
 @tf.RegisterGradient("ThattnTalkingHeadsSoftmax")
 def _talking_heads_softmax_gradient(op, grad_mixed):
-  """dJ, dP_l, dP_w and dB from the gradient op; the mask gets none."""
+  """dJ, dP_l, dP_w, dB and the dynamic projections' gradients from the
+  gradient op; the mask gets none, nor any absent input."""
   ops = build.load(KERNEL)
-  grad_dots, grad_pre, grad_post, grad_bias = (
-      ops.thattn_talking_heads_softmax_grad(
-          *op.inputs, grad_mixed,
-          rows_per_block=op.get_attr("rows_per_block")))
+  (grad_dots, grad_pre, grad_post, grad_bias,
+   *grad_dynamic) = ops.thattn_talking_heads_softmax_grad(
+       *op.inputs, grad_mixed, rows_per_block=op.get_attr("rows_per_block"))
   bias = op.inputs[4]
   if bias.shape.rank != 4:  # the empty stand-in for "no bias"
     grad_bias = None
   elif bias.shape[0] == 1:  # shared by the batch: the op gave dB per example
     grad_bias = tf.reduce_sum(grad_bias, axis=0, keepdims=True)
-  return grad_dots, grad_pre, grad_post, None, grad_bias
+  # An absent projection is an empty stand-in of rank 1.
+  grad_dynamic = [grad if op.inputs[5 + index].shape.rank == 4 else None
+                  for index, grad in enumerate(grad_dynamic)]
+  return (grad_dots, grad_pre, grad_post, None, grad_bias, *grad_dynamic)

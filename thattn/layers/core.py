@@ -21,10 +21,9 @@ Four paths compute it, with equal results to float32 rounding.
 |                 |                           | example                        |
 | plain, kernel   | the kernel applies, the   | one CPU op from J to U:        |
 |                 | chunked core does not     | faster, and L and W are        |
-|                 |                           | never stored                   |
-| plain, TF ops   | neither applies           | the reference: any feature,    |
-|                 |                           | and the only path that has     |
-|                 |                           | dynamic projections            |
+|                 |                           | never stored; with dynamic     |
+|                 |                           | projections too                |
+| plain, TF ops   | neither applies           | the reference: any feature     |
 
 The chunked core (`thattn.layers.chunked`) applies when all of these hold:
 - `query_chunk_size` is set;
@@ -38,8 +37,8 @@ The fused kernel (`thattn.kernels.talking_heads_softmax`) applies unless
 `fused_kernel=False` (multi-head attention's setting: it has no heads
 mixing to fuse) or one of these holds, checked in this order; with
 `fused_kernel=True` the first that holds is the reason of a ValueError:
-- dynamic projections: the kernel knows only P_l and P_w;
-- head groups: it takes dense P_l[h_k, h] and P_w[h, h_v];
+- head groups: it takes dense P_l[h_k, h] and P_w[h, h_v] (and dense
+  dynamic projections);
 - `talking_heads_softmax.unsupported_reason`: not float32, SavedModel
   tracing, XLA, DTensor, a visible GPU, or the kernel cannot be built.
 """
@@ -83,8 +82,8 @@ def choose_path(*, chunk_size, return_scores, dropout_rate, training,
   """
   chunk = _chunked_core_applies(chunk_size, return_scores,
                                 dynamic_projections, dropout_rate, training)
-  fuse = _kernel_applies(fused_kernel, dynamic_projections, head_groups,
-                         scores_like, projections, owner)
+  fuse = _kernel_applies(fused_kernel, head_groups, scores_like, projections,
+                         owner)
   return Path(chunked=chunk, fused=fuse)
 
 
@@ -96,23 +95,19 @@ def _chunked_core_applies(chunk_size, return_scores, dynamic_projections,
   return dropout_rate == 0 or training is False or training is None
 
 
-def _kernel_applies(fused_kernel, dynamic_projections, head_groups,
-                    scores_like, projections, owner):
+def _kernel_applies(fused_kernel, head_groups, scores_like, projections,
+                    owner):
   if fused_kernel is False:
     return False
-  reason = _kernel_obstacle(dynamic_projections, head_groups, scores_like,
-                            projections)
+  reason = _kernel_obstacle(head_groups, scores_like, projections)
   if reason is not None and fused_kernel:
     raise ValueError(f"{owner}: fused_kernel=True, but {reason}. Pass "
                      f"fused_kernel=None to use TensorFlow ops instead.")
   return reason is None
 
 
-def _kernel_obstacle(dynamic_projections, head_groups, scores_like,
-                     projections):
+def _kernel_obstacle(head_groups, scores_like, projections):
   """Why the fused kernel cannot compute this call, or None."""
-  if dynamic_projections:
-    return "the kernel has no dynamic projections"
   if head_groups != 1:
     return "the kernel has no head groups"
   return talking_heads_softmax.unsupported_reason(scores_like, *projections)
@@ -120,7 +115,7 @@ def _kernel_obstacle(dynamic_projections, head_groups, scores_like,
 
 def attention_core(path, query, key, value, *, projections, mask,
                    causal_offset, bias, chunk_size, mix_logits, mix_weights,
-                   dropout):
+                   dropout, dynamic=None):
   """O[b, n, h_v, d_v], and U[b, h_v, n, m] or None, by the given path.
 
   Args:
@@ -138,6 +133,9 @@ def attention_core(path, query, key, value, *, projections, mask,
       path calls it.
     mix_weights: W -> U, likewise.
     dropout: U -> dropout(U); the plain paths call it.
+    dynamic: {name: R} of the layer's dynamic projections (R_Xl[b, n, h_k,
+      h], ...; see `talking_heads_softmax`), for the kernel; the TF-ops path
+      gets them through mix_logits and mix_weights.
 
   Returns:
     (O, U); U is None on the chunked paths, which never hold it whole.
@@ -157,7 +155,7 @@ def attention_core(path, query, key, value, *, projections, mask,
   mask = attention_ops.full_mask(mask, causal_offset, shape[2], shape[3])
   if path.fused:
     value_weights = talking_heads_softmax.talking_heads_softmax(
-        dot_products, *projections, mask, bias)
+        dot_products, *projections, mask, bias, dynamic=dynamic)
   else:
     weights = attention_ops.masked_softmax(mix_logits(dot_products), mask,
                                            bias)

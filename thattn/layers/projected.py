@@ -162,8 +162,14 @@ class ProjectedAttention(base.AttentionLayer):
                                                 memory_state),
         mix_weights=lambda weights: self.mix_weights(weights, query_state,
                                                      memory_state),
-        dropout=lambda scores: self.dropout_weights(scores, training))
+        dropout=lambda scores: self.dropout_weights(scores, training),
+        dynamic=self.dynamic_terms(query_state, memory_state))
     return self._output_dense(context), value_weights
+
+  def dynamic_terms(self, query_state, memory_state):
+    """{name: R} of the dynamic projections of this call (none here)."""
+    del query_state, memory_state
+    return {}
 
   def get_config(self):
     config = super().get_config()

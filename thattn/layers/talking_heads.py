@@ -284,6 +284,13 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
         value_weights += self._dynamic_mix(name, weights, state[name])
     return value_weights
 
+  def dynamic_terms(self, query_state, memory_state):
+    """{name: R[b, n or m, ...]} of the layer's dynamic projections."""
+    states = {"x2l": query_state, "x2w": query_state, "m2l": memory_state,
+              "m2w": memory_state}
+    return {name: states[name][name] for name in self.dynamic_projections
+            if name in states[name]}
+
   def _dynamic_mix(self, name, scores, projection):
     """scores[b, f, n, m] mixed by a dynamic projection R[b, n or m, ...]."""
     groups = self.num_head_groups
