@@ -37,6 +37,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 import tensorflow as tf
 import tf_keras
 
+from thattn import complexity
 from thattn import layers
 from thattn.kernels import talking_heads_softmax
 
@@ -51,7 +52,9 @@ class Config:
   num_heads: int
   num_key_heads: int = 0
   num_value_heads: int = 0
-  dynamic: bool = False
+  dynamic: tuple = ()  # Appendix A's dynamic projections, by name
+  head_groups: int = 1  # G of grouped talking heads
+  policy: str = ""  # a tf-keras mixed precision policy, e.g. mixed_bfloat16
   chunk_size: int = 0
   tensorflow_ops: bool = False  # thattn TH with fused_kernel=False
 
@@ -74,12 +77,33 @@ def configs(chunk_size):
             Config(f"Model Garden TH h={h}", "model_garden_th", h)]
   out += [Config("thattn TH 6/24/6 h=24", "thattn_th", 24, 6, 6),
           Config("thattn TH 6/24/6 h=24 chunked", "thattn_th", 24, 6, 6,
-                 chunk_size=chunk_size),
-          Config("thattn TH dynamic h=12", "thattn_th", 12, dynamic=True)]
+                 chunk_size=chunk_size)]
+  for h in (12, 24):  # the variants beyond static talking heads
+    out += [Config(f"thattn TH {name} h={h}", "thattn_th", h,
+                   dynamic=(name,)) for name in layers.DYNAMIC_PROJECTIONS]
+    out += [Config(f"thattn TH dynamic h={h}", "thattn_th", h,
+                   dynamic=layers.DYNAMIC_PROJECTIONS),
+            Config(f"thattn TH dynamic h={h} TF ops", "thattn_th", h,
+                   dynamic=layers.DYNAMIC_PROJECTIONS, tensorflow_ops=True)]
+    out += [Config(f"thattn TH G={groups} h={h}", "thattn_th", h,
+                   head_groups=groups) for groups in (2, 4)]
+    out += [Config(f"thattn {kind} h={h} bfloat16", f"thattn_{kind.lower()}",
+                   h, policy="mixed_bfloat16") for kind in ("MHA", "TH")]
   return out
 
 
 def make_layer(config, width):
+  """The configuration's layer (under its mixed precision policy, if any)."""
+  if not config.policy:
+    return _make_layer(config, width)
+  tf_keras.mixed_precision.set_global_policy(config.policy)
+  try:
+    return _make_layer(config, width)
+  finally:
+    tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def _make_layer(config, width):
   key_dim = config.key_dim(width)
   if config.kind == "tf_keras_mha":
     return tf_keras.layers.MultiHeadAttention(config.num_heads, key_dim,
@@ -93,8 +117,8 @@ def make_layer(config, width):
     return layers.TalkingHeadsAttention(
         config.num_heads, width // h_k, num_key_heads=h_k,
         num_value_heads=config.num_value_heads or config.num_heads,
-        dynamic_projections=(layers.DYNAMIC_PROJECTIONS if config.dynamic
-                             else ()),
+        dynamic_projections=config.dynamic,
+        num_head_groups=config.head_groups,
         fused_kernel=False if config.tensorflow_ops else None, **chunking)
   if config.kind == "model_garden_th":
     from official.nlp.modeling.layers import TalkingHeadsAttention  # pylint: disable=g-import-not-at-top
@@ -118,10 +142,12 @@ def make_step(layer, x, jit_compile=False):
   def step(x):
     with tf.GradientTape() as tape:
       tape.watch(x)
-      loss = tf.reduce_sum(tf.square(layer(x, x)))
+      # float32 under a mixed precision policy too.
+      loss = tf.reduce_sum(tf.square(tf.cast(layer(x, x), tf.float32)))
     grads = tape.gradient(loss, [x] + layer.trainable_variables)
     # Reduce each gradient so nothing can be pruned, cheaply.
-    return loss + tf.add_n([tf.reduce_sum(g) for g in grads]) * 0.0
+    return loss + tf.add_n(
+        [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads]) * 0.0
 
   return step
 
@@ -193,10 +219,46 @@ def ratio_rows(results):
              (f"thattn TH TF ops / thattn TH (fused kernel), h={h}",
               f"thattn TH h={h} TF ops", f"thattn TH h={h}"),
              (f"thattn TH TF ops / thattn MHA, h={h}",
-              f"thattn TH h={h} TF ops", f"thattn MHA h={h}")]
+              f"thattn TH h={h} TF ops", f"thattn MHA h={h}"),
+             (f"thattn TH dynamic TF ops / thattn TH dynamic (fused), h={h}",
+              f"thattn TH dynamic h={h} TF ops", f"thattn TH dynamic h={h}"),
+             (f"thattn TH G=2 / thattn TH, h={h}", f"thattn TH G=2 h={h}",
+              f"thattn TH h={h}"),
+             (f"thattn TH bfloat16 / thattn TH float32, h={h}",
+              f"thattn TH h={h} bfloat16", f"thattn TH h={h}")]
     for label, top, bottom in pairs:
       if top in t and bottom in t:
         rows.append((label, t[top] / t[bottom]))
+  return rows
+
+
+def multiplies(config, sizes):
+  """Multiplies of one example's attention, as `thattn-complexity` counts."""
+  return complexity.multiplies(complexity.AttentionShape(
+      variant="talking_heads" if config.kind == "thattn_th" else "multi_head",
+      num_heads=config.num_heads, key_dim=config.key_dim(sizes["width"]),
+      dynamic_projections=config.dynamic,
+      num_head_groups=config.head_groups, d_model=sizes["width"],
+      query_length=sizes["length"], memory_length=sizes["length"]))
+
+
+def variant_rows(results, sizes):
+  """(label, time ratio, multiplies ratio) of each talking-heads variant
+  against thattn's multi-head attention at the same h and precision."""
+  by_name = {c.name: c for c in configs(0)}
+  rows = []
+  for name, result in results.items():
+    config = by_name.get(name)
+    plain = (config and config.kind == "thattn_th" and not config.chunk_size
+             and not config.num_key_heads and (
+                 config.dynamic or config.head_groups > 1 or config.policy))
+    suffix = " bfloat16" if config and config.policy else ""
+    anchor = f"thattn MHA h={config.num_heads}{suffix}" if config else ""
+    if plain and anchor in results:
+      rows.append((f"{name} / {anchor}",
+                   result["seconds"] / results[anchor]["seconds"],
+                   multiplies(config, sizes) /
+                   multiplies(by_name[anchor], sizes)))
   return rows
 
 
@@ -221,7 +283,7 @@ def kernel_status():
   return reason or "available"
 
 
-def markdown(results, sizes, ratios, kernel):
+def markdown(results, sizes, ratios, kernel, variants=()):
   lines = [f"Forward+backward self-attention, batch {sizes['batch']}, length "
            f"{sizes['length']}, width {sizes['width']}, float32.",
            f"Fused talking-heads kernel: {kernel}.", "",
@@ -233,6 +295,11 @@ def markdown(results, sizes, ratios, kernel):
     lines.append(f"| {name} | {r['seconds'] * 1e3:.0f} | {memory_text} |")
   lines += ["", "| ratio | value |", "|---|---|"]
   lines += [f"| {label} | {value:.2f}x |" for label, value in ratios]
+  if variants:
+    lines += ["", "| variant / multi-head | time | multiplies |",
+              "|---|---|---|"]
+    lines += [f"| {label} | {time_ratio:.2f}x | {multiply_ratio:.2f}x |"
+              for label, time_ratio, multiply_ratio in variants]
   return "\n".join(lines) + "\n"
 
 
@@ -271,8 +338,9 @@ def main():
     for config in selected:
       results[config.name]["peak_bytes"] = measure_memory(config, sizes)
   ratios = ratio_rows(results) + memory_ratio_rows(results)
+  variants = variant_rows(results, sizes)
   kernel = kernel_status()
-  table = markdown(results, sizes, ratios, kernel)
+  table = markdown(results, sizes, ratios, kernel, variants)
   print(table)
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out + ".md", "w") as f:
@@ -280,8 +348,11 @@ def main():
   with open(args.out + ".json", "w") as f:
     json.dump({"sizes": sizes, "repeats": repeats,
                "jit_compile": args.jit_compile, "fused_kernel": kernel,
-               "results": results,
-               "ratios": dict(ratios)}, f, indent=2)
+               "results": results, "ratios": dict(ratios),
+               "variants": {label: {"time": time_ratio,
+                                    "multiplies": multiply_ratio}
+                            for label, time_ratio, multiply_ratio in variants}},
+              f, indent=2)
 
 
 if __name__ == "__main__":

@@ -191,8 +191,10 @@ def test_inside_tf_function_with_unknown_shapes():
 
 
 @pytest.mark.parametrize("pre_shape, post_shape, message", [
-    ((3, 4), (4, 4), r"pre must be \[h_k, h\] with h_k = 4"),
-    ((4, 4), (3, 4), r"post must be \[h, h_v\] with h = 4"),
+    ((3, 4), (4, 4), r"pre must be \[h_k, h\] or \[G, h_k/G, h/G\] with "
+     r"h_k = 4"),
+    ((4, 4), (3, 4), r"post must be \[h, h_v\] or \[G, h/G, h_v/G\] with "
+     r"h = 4"),
 ])
 def test_mismatched_projections_are_rejected(pre_shape, post_shape, message):
   dots = tf.zeros([2, 4, 7, 9])
@@ -226,3 +228,85 @@ def test_unsupported_reasons():
 
   under_xla(dots)
   assert "XLA" in traced_reasons[0]
+
+
+def _block_diagonal(blocks):
+  """The dense [G*i, G*o] matrix of [G, i, o] blocks."""
+  groups, rows, cols = blocks.shape
+  dense = np.zeros((groups * rows, groups * cols), blocks.dtype)
+  for group in range(groups):
+    dense[group * rows:(group + 1) * rows,
+          group * cols:(group + 1) * cols] = blocks[group]
+  return dense
+
+
+# (batch, h_k, h, h_v, n, m, G)
+GROUPED_SHAPES = {
+    "G=2": (2, 4, 4, 4, 7, 9, 2),
+    "G=3_non_square": (2, 3, 6, 9, 5, 6, 3),
+    "G=4_one_head_each": (1, 4, 4, 4, 3, 5, 4),
+}
+
+
+@pytest.mark.parametrize("shape", GROUPED_SHAPES.values(),
+                         ids=GROUPED_SHAPES.keys())
+@pytest.mark.parametrize("rows_per_block", [0, 2])
+def test_grouped_forward_equals_the_block_diagonal_form(shape,
+                                                        rows_per_block):
+  *sizes, groups = shape
+  dots, _, _, mask = _inputs(tuple(sizes), masked=True, seed=7)
+  batch, key_heads, heads, value_heads, _, _ = sizes
+  rng = np.random.default_rng(8)
+  pre = rng.normal(size=(groups, key_heads // groups, heads // groups))
+  post = rng.normal(size=(groups, heads // groups, value_heads // groups))
+  pre, post = pre.astype(np.float32), post.astype(np.float32)
+  mixed = fused.talking_heads_softmax(dots, pre, post, mask[:, None],
+                                      rows_per_block=rows_per_block)
+  expected = _numpy_reference(dots, _block_diagonal(pre),
+                              _block_diagonal(post), mask)
+  np.testing.assert_allclose(mixed.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", GROUPED_SHAPES.values(),
+                         ids=GROUPED_SHAPES.keys())
+def test_grouped_gradients_equal_tensorflow_ops(shape):
+  *sizes, groups = shape
+  dots, _, _, mask = _inputs(tuple(sizes), masked=True, seed=9)
+  batch, key_heads, heads, value_heads, length, memory = sizes
+  pre = tf.random.stateless_normal(
+      [groups, key_heads // groups, heads // groups], seed=[10, 11])
+  post = tf.random.stateless_normal(
+      [groups, heads // groups, value_heads // groups], seed=[12, 13])
+  dots, mask = tf.constant(dots), tf.constant(mask[:, None])
+  bias = tf.random.stateless_normal([1, heads, length, memory], seed=[1, 4])
+  upstream = tf.random.stateless_normal(
+      [batch, value_heads, length, memory], seed=[14, 15])
+
+  def gradients(function):
+    with tf.GradientTape() as tape:
+      tape.watch([dots, pre, post, bias])
+      loss = tf.reduce_sum(function(dots, pre, post, mask, bias) * upstream)
+    return tape.gradient(loss, [dots, pre, post, bias])
+
+  actual = gradients(fused.talking_heads_softmax)
+  expected = gradients(_tensorflow_ops)
+  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
+    assert a.shape == e.shape, name
+    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+
+
+def test_grouped_projections_that_do_not_fit_are_rejected():
+  ops = fused.build.load(fused.KERNEL)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"pre must be \[h_k, h\] or \[G, h_k/G, h/G\] "
+                     r"with h_k = 4"):
+    ops.thattn_talking_heads_softmax(
+        tf.zeros([2, 4, 7, 9]), tf.zeros([3, 1, 2]), tf.eye(6),
+        tf.zeros([0], tf.bool), tf.zeros([0]), *_NO_DYNAMIC_PROJECTIONS)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="dynamic projections need dense pre and post"):
+    ops.thattn_talking_heads_softmax(
+        tf.zeros([2, 4, 7, 9]), tf.zeros([2, 2, 2]), tf.eye(4),
+        tf.zeros([0], tf.bool), tf.zeros([0]), tf.zeros([2, 7, 4, 4]),
+        *_NO_DYNAMIC_PROJECTIONS[1:])

@@ -39,7 +39,9 @@ def test_when_the_chunked_core_runs(overrides, chunked):
     ({"fused_kernel": False}, False),
     ({"dynamic_projections": ("m2w",)}, True),
     ({"dynamic_projections": ("x2l", "m2w"), "chunk_size": 4}, True),
-    ({"head_groups": 2}, False),
+    ({"head_groups": 2}, True),
+    ({"head_groups": 2, "chunk_size": 4}, True),
+    ({"head_groups": 2, "dynamic_projections": ("x2l",)}, False),
     ({"scores_like": BFLOAT16}, False),
 ])
 def test_when_the_kernel_runs(overrides, fused):
@@ -49,9 +51,10 @@ def test_when_the_kernel_runs(overrides, fused):
 @pytest.mark.parametrize("overrides, reason", [
     # Checked in the documented order: the first obstacle is the reason.
     ({"dynamic_projections": ("x2l",), "head_groups": 2,
-      "scores_like": BFLOAT16}, "the kernel has no head groups"),
+      "scores_like": BFLOAT16},
+     "the kernel has no grouped dynamic projections"),
     ({"head_groups": 2, "scores_like": BFLOAT16},
-     "the kernel has no head groups"),
+     "the scores are bfloat16"),
     ({"scores_like": BFLOAT16},
      "the scores are bfloat16; the kernel is float32 only"),
 ])

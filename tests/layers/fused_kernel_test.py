@@ -3,10 +3,11 @@
 The layer uses `thattn.kernels.talking_heads_softmax` by default where it can
 (fused_kernel=None). These tests check that it really does here (also
 with a position bias and in the chunked core), that it gives the
-TensorFlow-ops path's outputs and gradients (with dynamic projections too),
-and that it steps aside (or, with fused_kernel=True, says why it cannot
-run) under XLA, mixed precision, head groups and SavedModel tracing. The kernel itself
-is tested in tests/kernels.
+TensorFlow-ops path's outputs and gradients (with dynamic projections and
+with head groups too), and that it steps aside (or, with fused_kernel=True,
+says why it cannot run) under XLA, mixed precision, grouped dynamic
+projections and SavedModel tracing. The kernel itself is tested in
+tests/kernels.
 """
 
 import os
@@ -190,11 +191,37 @@ def test_dynamic_projections_fused_over_a_memory_of_another_length():
     _assert_close(fused_value, plain_value)
 
 
+# Grouped talking heads: the kernel mixes each group's heads on its own.
+GROUPED = {
+    "G=2": lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, num_head_groups=2, **kw),
+    "G=2_non_square": lambda **kw: layers.TalkingHeadsAttention(
+        4, 3, value_dim=5, num_key_heads=2, num_value_heads=6,
+        num_head_groups=2, **kw),
+    "G=3_logits_only": lambda **kw: layers.TalkingHeadsAttention(
+        6, 2, project_weights=False, num_head_groups=3, **kw),
+}
+
+
+@pytest.mark.parametrize("make_layer", GROUPED.values(), ids=GROUPED.keys())
+@pytest.mark.parametrize("chunk_size", [None, 3], ids=["plain", "chunked"])
+def test_grouped_fused_equals_tensorflow_ops(make_layer, chunk_size):
+  default, plain = _twin_layers(make_layer, query_chunk_size=chunk_size)
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[25, 26])
+  kwargs = {"use_causal_mask": True}
+  assert FUSED_GRADIENT_OP in _op_types(
+      lambda q: _outputs_and_gradients(default, q, **kwargs), query)
+  for fused_value, plain_value in zip(
+      tf.function(_outputs_and_gradients)(default, query, **kwargs),
+      _outputs_and_gradients(plain, query, **kwargs)):
+    _assert_close(fused_value, plain_value)
+
+
 FALLBACKS = {
-    "head_groups": (
+    "grouped_dynamic_projections": (
         lambda **kw: layers.TalkingHeadsAttention(
-            4, 3, num_head_groups=2, **kw),
-        {}, "no head groups"),
+            4, 3, num_head_groups=2, dynamic_projections=["m2w"], **kw),
+        {}, "no grouped dynamic projections"),
 }
 
 
@@ -286,10 +313,3 @@ def test_switched_off_by_environment(tmp_path):
   assert "REFUSED:" in result.stdout
   assert "THATTN_FUSED_KERNELS=0 turns the kernels off" in result.stdout
   assert not (tmp_path / "kernels").exists()
-
-
-def test_chunked_core_refuses_what_the_kernel_cannot_take():
-  query = tf.zeros([1, 4, 2, 3])
-  with pytest.raises(ValueError, match=r"got projection ranks \[3, None\]"):
-    chunked.attention_core(query, query, query,
-                           pre_softmax=tf.ones([2, 1, 1]), fused=True)

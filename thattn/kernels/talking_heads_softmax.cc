@@ -28,6 +28,10 @@
 //                             x2l R_Xl, m2l R_Ml, x2w R_Xw, m2w R_Mw) -> U
 //   ThattnTalkingHeadsSoftmaxGrad(the same nine, dU)
 //       -> dJ, dP_l, dP_w, dB, dR_Xl, dR_Ml, dR_Xw, dR_Mw
+// P_l (P_w) is an [h_k, h] matrix, or, for grouped talking heads, the G
+// diagonal blocks [G, h_k/G, h/G] of a block-diagonal one: each group's
+// heads mix among themselves, one product per group, and dP_l comes back
+// as its blocks. (Dynamic projections take dense P_l and P_w only.)
 // `mask` is boolean [b, n, m] (true: may attend) or has no elements (no
 // mask). `bias` (e.g. T5's relative position bias) is [1 or b, h, n, m] or
 // has no elements; dB is [b, h, n, m] (for a shared bias the caller sums it
@@ -62,6 +66,68 @@ using ConstMatrixView = Eigen::Map<const Matrix>;
 // A run along m, as a row (the blocks' rows are runs along m).
 using RowArray = Eigen::Array<float, 1, Eigen::Dynamic>;
 
+// A projection P[in, out] as a dense matrix: the matrix itself, or the
+// block-diagonal matrix of its G blocks [G, in/G, out/G] (zero elsewhere).
+// The products below use only its diagonal blocks.
+Matrix DenseProjection(const tf::Tensor& projection) {
+  const int64_t groups = projection.dims() == 3 ? projection.dim_size(0) : 1;
+  const int64_t rows = projection.dim_size(projection.dims() - 2);
+  const int64_t cols = projection.dim_size(projection.dims() - 1);
+  Matrix dense = Matrix::Zero(groups * rows, groups * cols);
+  const float* data = projection.flat<float>().data();
+  for (int64_t group = 0; group < groups; ++group) {
+    dense.block(group * rows, group * cols, rows, cols) =
+        ConstMatrixView(data + group * rows * cols, rows, cols);
+  }
+  return dense;
+}
+
+// The [G, in/G, out/G] blocks of a block-diagonal gradient, or the matrix.
+void WriteProjection(const Matrix& dense, int64_t groups, tf::Tensor* out) {
+  const int64_t rows = dense.rows() / groups;
+  const int64_t cols = dense.cols() / groups;
+  float* data = out->flat<float>().data();
+  for (int64_t group = 0; group < groups; ++group) {
+    Eigen::Map<Matrix>(data + group * rows * cols, rows, cols) =
+        dense.block(group * rows, group * cols, rows, cols);
+  }
+}
+
+// out = lhs * in, for lhs block-diagonal in `groups` blocks: one product
+// per group (the zero blocks cost nothing). Eigen views are passed by value.
+template <typename Lhs, typename In, typename Out>
+void BlockDiagonalProduct(int64_t groups, const Lhs& lhs, const In& in,
+                          Out out) {
+  if (groups == 1) {
+    out.noalias() = lhs * in;
+    return;
+  }
+  const int64_t rows = lhs.rows() / groups;
+  const int64_t cols = lhs.cols() / groups;
+  for (int64_t group = 0; group < groups; ++group) {
+    out.middleRows(group * rows, rows).noalias() =
+        lhs.block(group * rows, group * cols, rows, cols) *
+        in.middleRows(group * cols, cols);
+  }
+}
+
+// gradient += first * second^T, on the diagonal blocks only.
+template <typename First, typename Second>
+void AddBlockDiagonalOuter(int64_t groups, const First& first,
+                           const Second& second, Matrix* gradient) {
+  if (groups == 1) {
+    gradient->noalias() += first * second.transpose();
+    return;
+  }
+  const int64_t rows = gradient->rows() / groups;
+  const int64_t cols = gradient->cols() / groups;
+  for (int64_t group = 0; group < groups; ++group) {
+    gradient->block(group * rows, group * cols, rows, cols).noalias() +=
+        first.middleRows(group * rows, rows) *
+        second.middleRows(group * cols, cols).transpose();
+  }
+}
+
 // The same constant as thattn.layers.attention_ops.MASKED_LOGIT, so a fully
 // masked row is uniform exactly as in the TensorFlow-ops path.
 constexpr float kMaskedLogit = -1e9f;
@@ -73,6 +139,9 @@ constexpr int64_t kBlockFloats = 64 * 1024;
 struct Geometry {
   int64_t batch, key_heads, heads, value_heads, length, memory;
   int64_t bias_batch;  // 0 (no bias), 1 (shared by the batch) or batch
+  // G of a block-diagonal P_l (P_w) given as its [G, in/G, out/G] blocks
+  // (grouped talking heads), or 1 for a dense matrix.
+  int64_t pre_groups, post_groups;
   // Blocks that one thread handles together: 1, or a whole example when a
   // per-memory term sums its gradient over every query row of the example.
   int64_t blocks_per_unit;
@@ -80,6 +149,11 @@ struct Geometry {
 
   int64_t num_blocks() const { return batch * blocks_per_example; }
 };
+
+// G of a projection: [G, in/G, out/G] blocks, or 1 for an [in, out] matrix.
+int64_t Groups(const tf::Tensor& projection) {
+  return projection.dims() == 3 ? projection.dim_size(0) : 1;
+}
 
 // Reads the shapes, checks them against each other, and picks the block size.
 // On a mismatch it sets the context's status (and the caller returns).
@@ -94,9 +168,12 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
               tf::errors::InvalidArgument(
                   "dots must be [b, h_k, n, m], got shape ",
                   dots.shape().DebugString()));
-  OP_REQUIRES(context, pre.dims() == 2 && post.dims() == 2,
+  OP_REQUIRES(context,
+              (pre.dims() == 2 || pre.dims() == 3) &&
+                  (post.dims() == 2 || post.dims() == 3),
               tf::errors::InvalidArgument(
-                  "pre and post must be matrices, got shapes ",
+                  "pre and post must be matrices or [G, in/G, out/G] "
+                  "blocks, got shapes ",
                   pre.shape().DebugString(), " and ",
                   post.shape().DebugString()));
   Geometry& g = *geometry;
@@ -104,17 +181,21 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
   g.key_heads = dots.dim_size(1);
   g.length = dots.dim_size(2);
   g.memory = dots.dim_size(3);
-  g.heads = pre.dim_size(1);
-  g.value_heads = post.dim_size(1);
-  OP_REQUIRES(context, pre.dim_size(0) == g.key_heads,
+  g.pre_groups = Groups(pre);
+  g.post_groups = Groups(post);
+  g.heads = g.pre_groups * pre.dim_size(pre.dims() - 1);
+  g.value_heads = g.post_groups * post.dim_size(post.dims() - 1);
+  OP_REQUIRES(context,
+              g.pre_groups * pre.dim_size(pre.dims() - 2) == g.key_heads,
               tf::errors::InvalidArgument(
-                  "pre must be [h_k, h] with h_k = ", g.key_heads,
-                  " (dots' dimension 1), got shape ",
+                  "pre must be [h_k, h] or [G, h_k/G, h/G] with h_k = ",
+                  g.key_heads, " (dots' dimension 1), got shape ",
                   pre.shape().DebugString()));
-  OP_REQUIRES(context, post.dim_size(0) == g.heads,
+  OP_REQUIRES(context,
+              g.post_groups * post.dim_size(post.dims() - 2) == g.heads,
               tf::errors::InvalidArgument(
-                  "post must be [h, h_v] with h = ", g.heads,
-                  " (pre's dimension 1), got shape ",
+                  "post must be [h, h_v] or [G, h/G, h_v/G] with h = ",
+                  g.heads, " (pre's output heads), got shape ",
                   post.shape().DebugString()));
   const bool mask_ok =
       mask.NumElements() == 0 ||
@@ -150,6 +231,12 @@ void PlanBlocks(tf::OpKernelContext* context, int64_t rows_per_block_attr,
   };
   for (const auto& projection : dynamic) {
     const tf::Tensor& tensor = context->input(projection.index);
+    OP_REQUIRES(context,
+                tensor.NumElements() == 0 ||
+                    (g.pre_groups == 1 && g.post_groups == 1),
+                tf::errors::InvalidArgument(
+                    "dynamic projections need dense pre and post ([h_k, h], "
+                    "[h, h_v]), got head groups"));
     OP_REQUIRES(context,
                 tensor.NumElements() == 0 || tensor.shape() == projection.shape,
                 tf::errors::InvalidArgument(
@@ -262,11 +349,12 @@ void AddMemoryGradient(const Geometry& g, const Block& block,
 // `static_transposed` is [out heads, in heads]; `in` and `out` are blocks.
 template <typename In, typename Out>
 void MixPerQuery(const Geometry& g, const Block& block,
-                 const Matrix& static_transposed, const float* query_term,
-                 const In& in, Out* out) {
+                 const Matrix& static_transposed, int64_t groups,
+                 const float* query_term, const In& in, Out* out) {
   const int64_t columns = block.rows * g.memory;
   if (query_term == nullptr) {
-    out->leftCols(columns).noalias() = static_transposed * in;
+    BlockDiagonalProduct(groups, static_transposed, in,
+                         out->leftCols(columns));
     return;
   }
   const int64_t in_heads = static_transposed.cols();
@@ -286,13 +374,13 @@ void MixPerQuery(const Geometry& g, const Block& block,
 // d_out_n^T, row by row. `static_matrix` is [in heads, out heads].
 template <typename In, typename DOut, typename DIn>
 void MixPerQueryGradient(const Geometry& g, const Block& block,
-                         const ConstMatrixView& static_matrix,
+                         const Matrix& static_matrix, int64_t groups,
                          const float* query_term, const In& in,
                          const DOut& d_out, DIn* d_in, Matrix* static_gradient,
                          float* query_gradient) {
   if (query_term == nullptr) {
-    d_in->noalias() = static_matrix * d_out;
-    static_gradient->noalias() += in * d_out.transpose();
+    BlockDiagonalProduct(groups, static_matrix, d_out, *d_in);
+    AddBlockDiagonalOuter(groups, in, d_out, static_gradient);
     return;
   }
   const int64_t in_heads = static_matrix.rows();
@@ -322,7 +410,8 @@ void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
   const int64_t stride = g.length * g.memory;
   ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
                             g.key_heads, columns, Eigen::OuterStride<>(stride));
-  MixPerQuery(g, block, pre_transposed, in.x2l, dots_block, weights);
+  MixPerQuery(g, block, pre_transposed, g.pre_groups, in.x2l, dots_block,
+              weights);
   if (in.m2l != nullptr) {
     AddMemoryMix(g, block, in.m2l, g.key_heads, g.heads, /*transposed=*/false,
                  dots_block, weights);
@@ -438,14 +527,9 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
                                 &mixed));
     if (mixed->NumElements() == 0) return;
     const Inputs in = ReadInputs(context);
-    const Matrix pre_transposed =
-        ConstMatrixView(context->input(1).flat<float>().data(), g.key_heads,
-                        g.heads)
-            .transpose();
+    const Matrix pre_transposed = DenseProjection(context->input(1)).transpose();
     const Matrix post_transposed =
-        ConstMatrixView(context->input(2).flat<float>().data(), g.heads,
-                        g.value_heads)
-            .transpose();
+        DenseProjection(context->input(2)).transpose();
     float* output = mixed->flat<float>().data();
     ForEachSlice(context, g, SliceCount(context),
                  [&](int64_t, int64_t first_block, int64_t end_block) {
@@ -458,7 +542,8 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
                               g.value_heads, columns,
                               Eigen::OuterStride<>(g.length * g.memory));
         const auto w = weights.leftCols(columns);
-        MixPerQuery(g, block, post_transposed, in.x2w, w, &mixed_block);
+        MixPerQuery(g, block, post_transposed, g.post_groups, in.x2w, w,
+                    &mixed_block);
         if (in.m2w != nullptr) {
           AddMemoryMix(g, block, in.m2w, g.heads, g.value_heads,
                        /*transposed=*/false, w, &mixed_block);
@@ -517,10 +602,8 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
                          : output->flat<float>().data();
     }
     const Inputs in = ReadInputs(context);
-    const ConstMatrixView pre(context->input(1).flat<float>().data(),
-                              g.key_heads, g.heads);
-    const ConstMatrixView post(context->input(2).flat<float>().data(),
-                               g.heads, g.value_heads);
+    const Matrix pre = DenseProjection(context->input(1));
+    const Matrix post = DenseProjection(context->input(2));
     const Matrix pre_transposed = pre.transpose();
     const float* d_mixed = grad_mixed.flat<float>().data();
     float* d_dots = grad_dots->flat<float>().data();
@@ -550,8 +633,9 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
         auto d_w = d_weights.leftCols(columns);
         // U = P_w^T W:  dW = P_w dU,  dP_w += W dU^T; per query row with
         // R_Xw; and R_Mw's term along m.
-        MixPerQueryGradient(g, block, post, in.x2w, w, d_mixed_block, &d_w,
-                            &post_partials[slice], d_dynamic[2]);
+        MixPerQueryGradient(g, block, post, g.post_groups, in.x2w, w,
+                            d_mixed_block, &d_w, &post_partials[slice],
+                            d_dynamic[2]);
         if (in.m2w != nullptr) {
           AddMemoryMix(g, block, in.m2w, g.heads, g.value_heads,
                        /*transposed=*/true, d_mixed_block, &d_w);
@@ -588,8 +672,8 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
         BlockView d_dots_block(d_dots + block.Offset(g, g.key_heads),
                                g.key_heads, columns,
                                Eigen::OuterStride<>(stride));
-        MixPerQueryGradient(g, block, pre, in.x2l, dots_block, d_w,
-                            &d_dots_block, &pre_partials[slice],
+        MixPerQueryGradient(g, block, pre, g.pre_groups, in.x2l, dots_block,
+                            d_w, &d_dots_block, &pre_partials[slice],
                             d_dynamic[0]);
         if (in.m2l != nullptr) {
           AddMemoryMix(g, block, in.m2l, g.key_heads, g.heads,
@@ -599,16 +683,15 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
         }
       }
     });
-    Eigen::Map<Matrix> d_pre(grad_pre->flat<float>().data(), g.key_heads,
-                             g.heads);
-    Eigen::Map<Matrix> d_post(grad_post->flat<float>().data(), g.heads,
-                              g.value_heads);
-    d_pre.setZero();
-    d_post.setZero();
+    Matrix d_pre = Matrix::Zero(g.key_heads, g.heads);
+    Matrix d_post = Matrix::Zero(g.heads, g.value_heads);
     for (int64_t slice = 0; slice < slices; ++slice) {
       d_pre += pre_partials[slice];
       d_post += post_partials[slice];
     }
+    // Grouped: only the diagonal blocks were accumulated, and are returned.
+    WriteProjection(d_pre, g.pre_groups, grad_pre);
+    WriteProjection(d_post, g.post_groups, grad_post);
   }
 };
 
@@ -624,8 +707,8 @@ tf::Status GradientShapes(tf::shape_inference::InferenceContext* context) {
 
 REGISTER_OP("ThattnTalkingHeadsSoftmax")
     .Input("dots: float")  // J[b, h_k, n, m]
-    .Input("pre: float")   // P_l[h_k, h]
-    .Input("post: float")  // P_w[h, h_v]
+    .Input("pre: float")   // P_l[h_k, h], or its blocks [G, h_k/G, h/G]
+    .Input("post: float")  // P_w[h, h_v], or its blocks [G, h/G, h_v/G]
     .Input("mask: bool")   // [b, n, m], or no elements for no mask
     .Input("bias: float")  // B[1 or b, h, n, m], or no elements for none
     .Input("x2l: float")   // R_Xl[b, n, h_k, h], or no elements
@@ -635,12 +718,21 @@ REGISTER_OP("ThattnTalkingHeadsSoftmax")
     .Output("mixed: float")  // U[b, h_v, n, m]
     .Attr("rows_per_block: int = 0")  // 0: chosen from the sizes
     .SetShapeFn([](tf::shape_inference::InferenceContext* context) {
-      tf::shape_inference::ShapeHandle dots, pre, post;
+      tf::shape_inference::ShapeHandle dots;
       TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 4, &dots));
-      TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &pre));
-      TF_RETURN_IF_ERROR(context->WithRank(context->input(2), 2, &post));
+      // h_v: post's output heads, times G for [G, h/G, h_v/G] blocks.
+      tf::shape_inference::DimensionHandle value_heads = context->UnknownDim();
+      const tf::shape_inference::ShapeHandle post = context->input(2);
+      if (context->RankKnown(post)) {
+        const int32_t rank = context->Rank(post);
+        value_heads = context->Dim(post, rank - 1);
+        if (rank == 3) {
+          TF_RETURN_IF_ERROR(context->Multiply(
+              context->Dim(post, 0), value_heads, &value_heads));
+        }
+      }
       context->set_output(
-          0, context->MakeShape({context->Dim(dots, 0), context->Dim(post, 1),
+          0, context->MakeShape({context->Dim(dots, 0), value_heads,
                                  context->Dim(dots, 2),
                                  context->Dim(dots, 3)}));
       return tf::OkStatus();
@@ -658,8 +750,8 @@ REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
     .Input("m2w: float")
     .Input("grad_mixed: float")  // dU[b, h_v, n, m]
     .Output("grad_dots: float")  // dJ[b, h_k, n, m]
-    .Output("grad_pre: float")   // dP_l[h_k, h]
-    .Output("grad_post: float")  // dP_w[h, h_v]
+    .Output("grad_pre: float")   // dP_l, as pre
+    .Output("grad_post: float")  // dP_w, as post
     .Output("grad_bias: float")  // dB[b, h, n, m], or no elements
     .Output("grad_x2l: float")   // dR_Xl, as x2l
     .Output("grad_m2l: float")   // dR_Ml, as m2l

@@ -71,8 +71,11 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
 
   Args:
     dots: J, float32 `[b, h_k, n, m]`.
-    pre_softmax: P_l, `[h_k, h]`; None means identity (h = h_k).
-    post_softmax: P_w, `[h, h_v]`; None means identity (h_v = h).
+    pre_softmax: P_l, `[h_k, h]`, or for grouped talking heads its G
+      diagonal blocks `[G, h_k/G, h/G]` (each group's heads mix among
+      themselves); None means identity (h = h_k).
+    post_softmax: P_w, `[h, h_v]` or `[G, h/G, h_v/G]`; None means
+      identity (h_v = h).
     mask: optional boolean tensor broadcastable to `[b, 1, n, m]`; True
       means "may attend". A fully masked row is uniform, as in
       `thattn.layers.attention_ops.masked_softmax`.
@@ -125,6 +128,12 @@ _OP_LAYOUT = {"x2l": None, "m2l": [0, 2, 3, 1], "x2w": None,
               "m2w": [0, 2, 3, 1]}
 
 
+def _output_heads(projection):
+  """h of P_l[h_k, h], or of its grouped blocks [G, h_k/G, h/G]."""
+  shape = tf.shape(projection)
+  return shape[-1] * shape[0] if projection.shape.rank == 3 else shape[-1]
+
+
 def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
   """The op's (J, P_l, P_w, mask, B, R_Xl, R_Ml, R_Xw, R_Mw).
 
@@ -134,10 +143,11 @@ def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
   """
   shape = tf.shape(dots)
   batch, length, memory = shape[0], shape[2], shape[3]
-  if pre_softmax is None:
-    pre_softmax = tf.eye(shape[1])
+  pre_softmax = (tf.eye(shape[1]) if pre_softmax is None else
+                 tf.convert_to_tensor(pre_softmax))
+  heads = _output_heads(pre_softmax)
   if post_softmax is None:
-    post_softmax = tf.eye(tf.shape(pre_softmax)[1])
+    post_softmax = tf.eye(heads)
   if mask is None:
     mask = tf.zeros([0], tf.bool)
   else:
@@ -155,7 +165,7 @@ def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
     shared = bias.shape.rank == 4 and bias.shape[0] == 1
     bias = tf.broadcast_to(
         tf.cast(bias, tf.float32),
-        [1 if shared else batch, tf.shape(pre_softmax)[1], length, memory])
+        [1 if shared else batch, heads, length, memory])
   dynamic = dynamic or {}
   unknown = sorted(set(dynamic) - set(DYNAMIC_PROJECTIONS))
   if unknown:

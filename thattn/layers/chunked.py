@@ -168,13 +168,6 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     mask = tf.broadcast_to(
         mask, tf.concat([tf.shape(mask)[:2], [tf.shape(mask)[2]],
                          tf.shape(key)[1:2]], 0))
-  if fused:
-    ranks = [None if p is None else p.shape.rank
-             for p in (pre_softmax, post_softmax)]
-    if any(rank not in (None, 2) for rank in ranks):
-      raise ValueError(
-          f"fused=True needs [f, g] (rank-2) projections or None; got "
-          f"projection ranks {ranks}.")
   names = tuple(sorted(inputs))
   core = _with_custom_gradient(names, mask, causal_offset, chunk_size,
                                parallel_chunks, fused)

@@ -37,8 +37,8 @@ The fused kernel (`thattn.kernels.talking_heads_softmax`) applies unless
 `fused_kernel=False` (multi-head attention's setting: it has no heads
 mixing to fuse) or one of these holds, checked in this order; with
 `fused_kernel=True` the first that holds is the reason of a ValueError:
-- head groups: it takes dense P_l[h_k, h] and P_w[h, h_v] (and dense
-  dynamic projections);
+- head groups with dynamic projections: the kernel's dynamic terms are
+  dense (head groups alone it mixes group by group);
 - `talking_heads_softmax.unsupported_reason`: not float32, SavedModel
   tracing, XLA, DTensor, a visible GPU, or the kernel cannot be built.
 """
@@ -82,8 +82,8 @@ def choose_path(*, chunk_size, return_scores, dropout_rate, training,
   """
   chunk = _chunked_core_applies(chunk_size, return_scores,
                                 dynamic_projections, dropout_rate, training)
-  fuse = _kernel_applies(fused_kernel, head_groups, scores_like, projections,
-                         owner)
+  fuse = _kernel_applies(fused_kernel, dynamic_projections, head_groups,
+                         scores_like, projections, owner)
   return Path(chunked=chunk, fused=fuse)
 
 
@@ -95,21 +95,23 @@ def _chunked_core_applies(chunk_size, return_scores, dynamic_projections,
   return dropout_rate == 0 or training is False or training is None
 
 
-def _kernel_applies(fused_kernel, head_groups, scores_like, projections,
-                    owner):
+def _kernel_applies(fused_kernel, dynamic_projections, head_groups,
+                    scores_like, projections, owner):
   if fused_kernel is False:
     return False
-  reason = _kernel_obstacle(head_groups, scores_like, projections)
+  reason = _kernel_obstacle(dynamic_projections, head_groups, scores_like,
+                            projections)
   if reason is not None and fused_kernel:
     raise ValueError(f"{owner}: fused_kernel=True, but {reason}. Pass "
                      f"fused_kernel=None to use TensorFlow ops instead.")
   return reason is None
 
 
-def _kernel_obstacle(head_groups, scores_like, projections):
+def _kernel_obstacle(dynamic_projections, head_groups, scores_like,
+                     projections):
   """Why the fused kernel cannot compute this call, or None."""
-  if head_groups != 1:
-    return "the kernel has no head groups"
+  if dynamic_projections and head_groups != 1:
+    return "the kernel has no grouped dynamic projections"
   return talking_heads_softmax.unsupported_reason(scores_like, *projections)
 
 

@@ -175,10 +175,11 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     fused_kernel: whether J -> L -> W -> U runs as one fused CPU op
       (`thattn.kernels.talking_heads_softmax`: same results to float32
       rounding, faster, and the training step keeps neither L nor W).
-      None (default): wherever it can, i.e. float32, on CPU, no dynamic
-      projections, no head groups, not under XLA, DTensor or SavedModel
-      tracing, and the kernel compiled (on first use, needs a C++
-      compiler); otherwise TensorFlow ops. The plain and the
+      None (default): wherever it can, i.e. float32, on CPU, not head
+      groups and dynamic projections together (either alone is fused),
+      not under XLA, DTensor or SavedModel tracing, and the kernel
+      compiled (on first use, needs a C++ compiler); otherwise
+      TensorFlow ops. The plain and the
       chunked (`query_chunk_size`) core both use it. False: never. True:
       always, with a ValueError saying why when it cannot.
   """
