@@ -4,10 +4,13 @@ Two client processes with two logical CPU devices each form one
 `batch:2,model:2` mesh (TensorFlow's DTENSOR_* variables, loopback ports);
 the reference is one process with four logical devices. Every client
 writes its shards of one checkpoint into the model_dir; the rest of the
-run's files come from client 0 only.
+run's files come from client 0 only. A client killed mid-run stops the
+other within seconds, and a restart of both resumes from the last
+checkpoint without losing or repeating a step.
 """
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,40 +19,90 @@ import pytest
 
 from tests.training import local_cluster
 
+_TRAIN = [sys.executable, "-m", "thattn.bin.train"]
+
 
 @pytest.fixture(scope="module")
 def flags(tiny_bert_flags):
   return tiny_bert_flags + ["--deterministic", "--checkpoint_every=2",
                             "--strategy=dtensor",
                             "--mesh_shape=batch:2,model:2", "--num_heads=4",
-                            "--train_steps=4"]
+                            "--train_steps=8"]
 
 
-def test_two_clients_equal_one_process_on_the_same_mesh(tmp_path, flags):
-  argv = [sys.executable, "-m", "thattn.bin.train"] + flags
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             TMPDIR=str(tmp_path / "tmp"))
-  (tmp_path / "tmp").mkdir()
-  one = subprocess.run(argv + [f"--model_dir={tmp_path / 'one'}"], env=env,
-                       capture_output=True, text=True, timeout=300,
-                       check=False)
-  assert one.returncode == 0, one.stderr[-3000:]
+def _env(tmp_path):
+  # Client 1's temporary folder goes here, so the test sees it removed.
+  (tmp_path / "tmp").mkdir(exist_ok=True)
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+              TMPDIR=str(tmp_path / "tmp"))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, flags):
+  """The 4-device run in one process: the reference of every case."""
+  model_dir = tmp_path_factory.mktemp("one_process") / "run"
+  result = subprocess.run(_TRAIN + flags + [f"--model_dir={model_dir}"],
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir
+
+
+def test_two_clients_equal_one_process_on_the_same_mesh(tmp_path, flags,
+                                                        one_process):
+  model_dir = tmp_path / "two"
   with local_cluster.LocalCluster(
-      argv + [f"--model_dir={tmp_path / 'two'}"], 2, env=env,
+      _TRAIN + flags + [f"--model_dir={model_dir}"], 2, env=_env(tmp_path),
       envs=local_cluster.dtensor_envs(2)) as cluster:
     outputs = cluster.wait()
   for code, stdout, stderr in outputs:
     assert code == 0, stderr[-3000:]
     assert "the mesh as 2 logical devices" in stdout  # each client's half
-  reference = local_cluster.train_losses(tmp_path / "one")
-  losses = local_cluster.train_losses(tmp_path / "two")
-  assert sorted(losses) == [1, 2, 3, 4]
-  np.testing.assert_allclose([losses[s] for s in range(1, 5)],
-                             [reference[s] for s in range(1, 5)], rtol=1e-5)
+  reference = local_cluster.train_losses(one_process)
+  losses = local_cluster.train_losses(model_dir)
+  assert sorted(losses) == list(range(1, 9))
+  np.testing.assert_allclose([losses[s] for s in range(1, 9)],
+                             [reference[s] for s in range(1, 9)], rtol=1e-5)
   np.testing.assert_allclose(
-      local_cluster.summary(tmp_path / "two")["held_out_ln_ppl_after"],
-      local_cluster.summary(tmp_path / "one")["held_out_ln_ppl_after"], rtol=1e-5)
-  shards = [name for name in os.listdir(tmp_path / "two" / "checkpoints")
-            if name.startswith("ckpt-4.data")]
+      local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
+      local_cluster.summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+  shards = [name for name in os.listdir(model_dir / "checkpoints")
+            if name.startswith("ckpt-8.data")]
   assert len(shards) >= 2  # written by both clients
   assert os.listdir(tmp_path / "tmp") == []  # client 1's own files: gone
+
+
+def test_a_killed_client_then_a_restart_loses_and_repeats_nothing(
+    tmp_path, flags, one_process):
+  model_dir = tmp_path / "run"
+  argv = _TRAIN + flags + [f"--model_dir={model_dir}"]
+  envs = local_cluster.dtensor_envs(2)
+  with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
+                                  envs=envs) as cluster:
+    leader, client = cluster.processes
+    for line in leader.stdout:
+      if line.startswith("step      3/"):
+        client.send_signal(signal.SIGKILL)
+        break
+    _, stderr = leader.communicate(timeout=120)  # bounded: no hang
+  assert leader.returncode != 0
+  assert "the cluster lost a task" in stderr, stderr[-3000:]
+  assert "Restart every task with the same command" in stderr
+
+  with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
+                                  envs=envs) as cluster:
+    outputs = cluster.wait()
+  for code, _, stderr in outputs:
+    assert code == 0, stderr[-3000:]
+  stdout = outputs[0][1]
+  resumed = int(stdout.split(" at step ")[1].split(".")[0])
+  assert resumed >= 2  # the checkpoint of step 2 (or later) was kept
+  steps = [int(line.split()[1].split("/")[0])
+           for line in stdout.splitlines() if line.startswith("step ")]
+  assert steps == list(range(resumed + 1, 9))  # each step once
+  losses = local_cluster.train_losses(model_dir)
+  reference = local_cluster.train_losses(one_process)
+  np.testing.assert_allclose(losses[8], reference[8], rtol=1e-5)
+  np.testing.assert_allclose(
+      local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
+      local_cluster.summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
