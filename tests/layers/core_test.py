@@ -23,7 +23,12 @@ def _path(**overrides):
     ({}, False),
     ({"chunk_size": 4}, True),
     ({"chunk_size": 4, "return_scores": True}, False),
-    ({"chunk_size": 4, "dynamic_projections": ("x2l",)}, False),
+    # Dynamic projections chunk through the kernel only.
+    ({"chunk_size": 4, "dynamic_projections": ("x2l",)}, True),
+    ({"chunk_size": 4, "dynamic_projections": ("x2l",),
+      "fused_kernel": False}, False),
+    ({"chunk_size": 4, "dynamic_projections": ("x2l",),
+      "scores_like": BFLOAT16}, False),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": True}, False),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": False}, True),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": None}, True),

@@ -156,13 +156,19 @@ DYNAMIC = {
 
 @pytest.mark.parametrize("make_layer", DYNAMIC.values(), ids=DYNAMIC.keys())
 @pytest.mark.parametrize("masking", ["padding", "causal"])
-def test_dynamic_projections_fused_equal_tensorflow_ops(make_layer, masking):
-  default, plain = _twin_layers(make_layer)
+@pytest.mark.parametrize("chunk_size", [None, 3], ids=["plain", "chunked"])
+def test_dynamic_projections_fused_equal_tensorflow_ops(make_layer, masking,
+                                                        chunk_size):
+  """Plain, and in the chunked core (chunks of 3 over 7 query rows: R_X
+  sliced per chunk, R_M whole, a padded last chunk)."""
+  default, plain = _twin_layers(make_layer, query_chunk_size=chunk_size)
   query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[19, 20])
   kwargs = ({"use_causal_mask": True} if masking == "causal" else
             {"attention_mask": tf.sequence_mask([LENGTH, 3], LENGTH)[:, None]})
-  assert FUSED_GRADIENT_OP in _op_types(
-      lambda q: _outputs_and_gradients(default, q, **kwargs), query)
+  types = _op_types(lambda q: _outputs_and_gradients(default, q, **kwargs),
+                    query)
+  assert FUSED_GRADIENT_OP in types
+  assert ("StatelessWhile" in types) == (chunk_size is not None)  # chunks
   fused_results = tf.function(_outputs_and_gradients)(default, query,
                                                       **kwargs)
   plain_results = _outputs_and_gradients(plain, query, **kwargs)
@@ -171,9 +177,12 @@ def test_dynamic_projections_fused_equal_tensorflow_ops(make_layer, masking):
     _assert_close(fused_value, plain_value)
 
 
-def test_dynamic_projections_fused_over_a_memory_of_another_length():
+@pytest.mark.parametrize("chunk_size", [None, 3], ids=["plain", "chunked"])
+def test_dynamic_projections_fused_over_a_memory_of_another_length(
+    chunk_size):
   """Cross attention: R_Ml and R_Mw run along the memory's 5 positions."""
-  default, plain = _twin_layers(DYNAMIC["all_four_non_square"])
+  default, plain = _twin_layers(DYNAMIC["all_four_non_square"],
+                                query_chunk_size=chunk_size)
   query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[21, 22])
   memory = tf.random.stateless_normal([BATCH, 5, WIDTH], seed=[23, 24])
 
@@ -313,3 +322,13 @@ def test_switched_off_by_environment(tmp_path):
   assert "REFUSED:" in result.stdout
   assert "THATTN_FUSED_KERNELS=0 turns the kernels off" in result.stdout
   assert not (tmp_path / "kernels").exists()
+
+
+def test_chunked_core_takes_dynamic_projections_only_with_the_kernel():
+  query = tf.zeros([1, 4, 2, 3])
+  with pytest.raises(ValueError, match=r"dynamic projections \['x2l'\] only "
+                     r"through the fused kernel \(fused=True\); got "
+                     r"fused=False"):
+    chunked.attention_core(query, query, query, pre_softmax=tf.eye(2),
+                           dynamic={"x2l": tf.zeros([1, 4, 2, 2])},
+                           fused=False)

@@ -101,23 +101,27 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
 
 def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
                                    grad_mixed, mask=None, bias=None,
-                                   rows_per_block=0):
-  """dJ, dP_l, dP_w, dB of `talking_heads_softmax` given dU, in one pass.
+                                   dynamic=None, rows_per_block=0):
+  """dJ, dP_l, dP_w, dB and {name: dR} of `talking_heads_softmax` given dU.
 
-  For callers that write their own backward pass (the query-chunked core);
-  autodiff of `talking_heads_softmax` uses the same op. dP_l (dP_w) is None
-  when P_l (P_w) is None. dB is dL per example, `[b, h, n, m]` whatever
-  the bias's shape (the caller sums it over broadcast dimensions), or None
-  without a bias.
+  In one pass, for callers that write their own backward pass (the
+  query-chunked core); autodiff of `talking_heads_softmax` uses the same
+  op. dP_l (dP_w) is None when P_l (P_w) is None. dB is dL per example,
+  `[b, h, n, m]` whatever the bias's shape (the caller sums it over
+  broadcast dimensions), or None without a bias. The last item has the
+  gradient of each of `dynamic`'s projections, in its shape.
   """
   ops = build.load(KERNEL)
-  grad_dots, grad_pre, grad_post, grad_bias = (
+  dynamic = dynamic or {}
+  grad_dots, grad_pre, grad_post, grad_bias, *grad_dynamic = (
       ops.thattn_talking_heads_softmax_grad(
-          *_op_inputs(dots, pre_softmax, post_softmax, mask, bias, None),
-          grad_mixed, rows_per_block=rows_per_block)[:4])
+          *_op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic),
+          grad_mixed, rows_per_block=rows_per_block))
+  grad_dynamic = {name: _from_op_layout(name, grad) for name, grad in
+                  zip(DYNAMIC_PROJECTIONS, grad_dynamic) if name in dynamic}
   return (grad_dots, None if pre_softmax is None else grad_pre,
           None if post_softmax is None else grad_post,
-          None if bias is None else grad_bias)
+          None if bias is None else grad_bias, grad_dynamic)
 
 
 # The dynamic projections, in the op's order of inputs, and the layout the
@@ -126,6 +130,13 @@ def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
 DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
 _OP_LAYOUT = {"x2l": None, "m2l": [0, 2, 3, 1], "x2w": None,
               "m2w": [0, 2, 3, 1]}
+
+
+def _from_op_layout(name, tensor):
+  """A projection (or its gradient) in the op's layout, back in the caller's."""
+  if _OP_LAYOUT[name] is None:
+    return tensor
+  return tf.transpose(tensor, [0, 3, 1, 2])  # [b, f, g, m] -> [b, m, f, g]
 
 
 def _output_heads(projection):

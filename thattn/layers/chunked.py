@@ -25,14 +25,18 @@ them chunk by chunk. Two things follow:
 
 With `fused=True` the kernel `thattn.kernels.talking_heads_softmax` takes
 each chunk from J to U (and its gradient op from dU to dJ, dP_l, dP_w and
-the bias's dL), so L and W are not materialized even per chunk.
+the bias's dL), so L and W are not materialized even per chunk. It also
+takes the dynamic projections of the paper's Appendix A: the chunk's rows
+of R_Xl[b, n, h_k, h] and R_Xw[b, n, h, h_v], and the example's
+R_Ml[b, m, h_k, h] and R_Mw[b, m, h, h_v]; their gradients are written per
+chunk (R_X) or summed over the chunks (R_M), like dQ and dK.
 
 The causal mask is generated per chunk from positions, never materialized at
 [n, m]. The result equals the plain computation to float32 rounding
 (tests/layers/chunked_test.py). Not covered here: attention dropout (its
 random mask would have to be regenerated identically in the recomputation)
-and dynamic projections; `thattn.layers.core.choose_path` sends those calls
-to the plain path.
+and dynamic projections without the kernel; `thattn.layers.core.choose_path`
+sends those calls to the plain path.
 
 Code map: `attention_core` wraps `_forward` and `_gradients` in a custom
 gradient; `_Call` holds one call's tensors and chunking. Per chunk, the
@@ -129,7 +133,8 @@ def _from_chunks(chunks, batch, length):
 
 def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
                    mask=None, causal_offset=None, bias=None,
-                   chunk_size=128, parallel_chunks=2, fused=False):
+                   chunk_size=128, parallel_chunks=2, fused=False,
+                   dynamic=None):
   """O[b, n, h_v, d_v], computed in query chunks with recomputation.
 
   Args:
@@ -155,11 +160,22 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
       Needs float32 and ungrouped (or None) projections; the caller checks
       `talking_heads_softmax.unsupported_reason` first
       (`thattn.layers.core.choose_path` does).
+    dynamic: optional {name: R} of dynamic projections, as
+      `talking_heads_softmax.talking_heads_softmax` takes them; needs
+      `fused=True`.
 
   Returns:
     O[b, n, h_v, d_v] in the dtype of `value`.
+
+  Raises:
+    ValueError: dynamic projections without `fused=True`.
   """
-  inputs = {"query": query, "key": key, "value": value}
+  dynamic = dict(dynamic or {})
+  if dynamic and not fused:
+    raise ValueError(f"The chunked core takes dynamic projections "
+                     f"{sorted(dynamic)} only through the fused kernel "
+                     f"(fused=True); got fused=False.")
+  inputs = {"query": query, "key": key, "value": value, **dynamic}
   for name, tensor in (("pre_softmax", pre_softmax),
                        ("post_softmax", post_softmax), ("bias", bias)):
     if tensor is not None:
@@ -211,6 +227,9 @@ class _Call:
   chunk_size: int  # c
   parallel_chunks: int
   fused: bool
+  dynamic: dict  # {name: R} of the dynamic projections, as given
+  # R_Xl and R_Xw in chunks [b * num_chunks, c, ...], like `query_chunks`
+  query_term_chunks: dict
   batch: tf.Tensor  # b
   length: tf.Tensor  # n
   num_chunks: tf.Tensor
@@ -222,18 +241,36 @@ class _Call:
     query = tensors["query"]
     batch, length = tf.shape(query)[0], tf.shape(query)[1]
     num_chunks = (length + chunk_size - 1) // chunk_size
+    dynamic = {name: tensors[name]
+               for name in talking_heads_softmax.DYNAMIC_PROJECTIONS
+               if name in tensors}
     return cls(
         names=tuple(sorted(tensors)), query=query, key=tensors["key"],
         value=tensors["value"], pre_softmax=tensors.get("pre_softmax"),
         post_softmax=tensors.get("post_softmax"), bias=tensors.get("bias"),
         mask=mask, causal_offset=causal_offset, chunk_size=chunk_size,
-        parallel_chunks=parallel_chunks, fused=fused, batch=batch,
+        parallel_chunks=parallel_chunks, fused=fused, dynamic=dynamic,
+        query_term_chunks={
+            name: _to_chunks(tensor, chunk_size, num_chunks)
+            for name, tensor in dynamic.items() if name in _PER_QUERY},
+        batch=batch,
         length=length, num_chunks=num_chunks,
         query_chunks=_to_chunks(query, chunk_size, num_chunks))
 
   def tensor(self, name):
     """The input tensor called `name` (one of `names`)."""
+    if name in self.dynamic:
+      return self.dynamic[name]
     return getattr(self, name)
+
+  def dynamic_terms(self, item):
+    """{name: R} of one chunk, with a batch axis of 1, for the kernel."""
+    terms = {name: chunks[item]
+             for name, chunks in self.query_term_chunks.items()}
+    terms.update({name: tensor[self.example(item)]
+                  for name, tensor in self.dynamic.items()
+                  if name not in _PER_QUERY})
+    return {name: tf.expand_dims(term, 0) for name, term in terms.items()}
 
   def example(self, item):
     return item // self.num_chunks
@@ -302,7 +339,8 @@ def _fused_value_weights(call, item, query_chunk, keys):
   chunk_bias = (None if call.bias is None else
                 tf.expand_dims(call.rows(call.bias, item), 0))
   value_weights = talking_heads_softmax.talking_heads_softmax(
-      dots, call.pre_softmax, call.post_softmax, allowed, chunk_bias)
+      dots, call.pre_softmax, call.post_softmax, allowed, chunk_bias,
+      dynamic=call.dynamic_terms(item))
   return dots, value_weights, allowed, chunk_bias
 
 
@@ -325,9 +363,12 @@ def _forward_chunk_fused(call, query_chunk, item):
 
 
 # ---- backward ----------------------------------------------------------------
+# Dynamic projections of the query rows (chunked like Q); the others, of
+# the memory positions, are whole per example like K.
+_PER_QUERY = ("x2l", "x2w")
 # Gradients summed over an example's chunks, and those written per chunk.
-_SUMMED = ("key", "value", "pre_softmax", "post_softmax")
-_PER_CHUNK = ("query", "bias")
+_SUMMED = ("key", "value", "pre_softmax", "post_softmax", "m2l", "m2w")
+_PER_CHUNK = ("query", "bias") + _PER_QUERY
 
 
 def _gradients(call, d_output):
@@ -370,6 +411,8 @@ def _example_gradients(call, d_output_chunks, example):
 
   like = {"key": call.key[0], "value": call.value[0],
           "pre_softmax": call.pre_softmax, "post_softmax": call.post_softmax}
+  like.update({name: call.dynamic[name][0] for name in ("m2l", "m2w")
+               if name in call.dynamic})
   sums = [tf.zeros_like(like[name]) for name in summed]
   chunks = [tf.TensorArray(_gradient_dtype(call, name), size=call.num_chunks,
                            infer_shape=False) for name in per_chunk]
@@ -378,7 +421,7 @@ def _example_gradients(call, d_output_chunks, example):
       (tf.constant(0), sums, chunks), parallel_iterations=call.parallel_chunks)
   result = dict(zip(summed, sums))
   for name, array in zip(per_chunk, chunks):
-    result[name] = array.concat() if name == "query" else array.stack()
+    result[name] = array.stack() if name == "bias" else array.concat()
   return result
 
 
@@ -436,10 +479,12 @@ def _backward_chunk_fused(call, query_chunk, d_context, item):
       call, item, query_chunk, keys)
   d_value_weights = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
   grads = {"value": tf.einsum(_CHUNK_D_VALUE, value_weights[0], d_context)}
-  d_dots, d_pre, d_post, d_bias = (
+  d_dots, d_pre, d_post, d_bias, d_dynamic = (
       talking_heads_softmax.talking_heads_softmax_gradient(
           dots, call.pre_softmax, call.post_softmax,
-          tf.expand_dims(d_value_weights, 0), allowed, chunk_bias))
+          tf.expand_dims(d_value_weights, 0), allowed, chunk_bias,
+          dynamic=call.dynamic_terms(item)))
+  grads.update({name: grad[0] for name, grad in d_dynamic.items()})
   if call.pre_softmax is not None:
     grads["pre_softmax"] = d_pre
   if call.post_softmax is not None:
@@ -453,9 +498,9 @@ def _backward_chunk_fused(call, query_chunk, d_context, item):
 
 def _reduce_example_gradient(name, per_example, like, length):
   """Per-example gradients (from `_example_gradients`) in `like`'s shape."""
-  if name == "query":  # [b, num_chunks * c, h_k, d_k]
+  if name == "query" or name in _PER_QUERY:  # [b, num_chunks * c, ...]
     return per_example[:, :length]
-  if name in ("key", "value"):  # [b, m, heads, d]
+  if name in ("key", "value", "m2l", "m2w"):  # [b, m, ...]
     return per_example
   if name in ("pre_softmax", "post_softmax"):  # [b, f, g]
     return tf.reduce_sum(per_example, axis=0)

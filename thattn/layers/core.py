@@ -18,7 +18,7 @@ Four paths compute it, with equal results to float32 rounding.
 |                 | kernel both apply         | chunk, the kernel takes J to U |
 | chunked, TF ops | the chunked core applies, | scores in memory: O(c * m)     |
 |                 | the kernel does not       | per chunk, not O(n * m) per    |
-|                 |                           | example                        |
+|                 | (no dynamic projections)  | example                        |
 | plain, kernel   | the kernel applies, the   | one CPU op from J to U:        |
 |                 | chunked core does not     | faster, and L and W are        |
 |                 |                           | never stored; with dynamic     |
@@ -28,7 +28,9 @@ Four paths compute it, with equal results to float32 rounding.
 The chunked core (`thattn.layers.chunked`) applies when all of these hold:
 - `query_chunk_size` is set;
 - the caller does not ask for the scores U, which it never holds whole;
-- the layer has no dynamic projections: it mixes heads with P_l, P_w only;
+- the layer has no dynamic projections, or the kernel applies: the
+  chunked TF-ops core mixes heads with P_l, P_w only, while the kernel
+  takes each chunk's R_Xl, R_Xw rows and the example's R_Ml, R_Mw;
 - attention dropout cannot run (dropout_rate 0, or training False or
   None): its random mask would have to be regenerated identically when the
   backward pass recomputes a chunk.
@@ -80,16 +82,17 @@ def choose_path(*, chunk_size, return_scores, dropout_rate, training,
   Returns:
     A `Path`.
   """
-  chunk = _chunked_core_applies(chunk_size, return_scores,
-                                dynamic_projections, dropout_rate, training)
   fuse = _kernel_applies(fused_kernel, dynamic_projections, head_groups,
                          scores_like, projections, owner)
+  chunk = _chunked_core_applies(chunk_size, return_scores,
+                                bool(dynamic_projections) and not fuse,
+                                dropout_rate, training)
   return Path(chunked=chunk, fused=fuse)
 
 
-def _chunked_core_applies(chunk_size, return_scores, dynamic_projections,
+def _chunked_core_applies(chunk_size, return_scores, unfused_dynamic,
                           dropout_rate, training):
-  if not chunk_size or return_scores or dynamic_projections:
+  if not chunk_size or return_scores or unfused_dynamic:
     return False
   # None is Keras's "not training"; a tensor might be True at run time.
   return dropout_rate == 0 or training is False or training is None
@@ -150,7 +153,7 @@ def attention_core(path, query, key, value, *, projections, mask,
     context = chunked.attention_core(
         query, key, value, pre_softmax=pre, post_softmax=post, mask=mask,
         causal_offset=causal_offset, bias=bias, chunk_size=chunk_size,
-        fused=path.fused)
+        fused=path.fused, dynamic=dynamic)
     return context, None
   dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query, key)
   shape = tf.shape(dot_products)

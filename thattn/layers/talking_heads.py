@@ -160,9 +160,10 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries and recompute the scores in the backward pass
       (`thattn.layers.chunked`): same results, memory about linear in the
-      sequence length. Used without dynamic projections, without
-      `return_attention_scores`, and when attention dropout is off (the
-      rules, with the kernel's, are `thattn.layers.core.choose_path`).
+      sequence length. Used without `return_attention_scores`, when
+      attention dropout is off, and, with dynamic projections, only
+      through the fused kernel (the rules, with the kernel's, are
+      `thattn.layers.core.choose_path`).
     num_head_groups: G, which must divide h_k, h and h_v. P_l, P_w and the
       dynamic projections become block-diagonal (heads mix only within
       their group; see the module docstring for the head order) and are
