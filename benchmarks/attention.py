@@ -89,6 +89,8 @@ def configs(chunk_size):
                    head_groups=groups) for groups in (2, 4)]
     out += [Config(f"thattn {kind} h={h} bfloat16", f"thattn_{kind.lower()}",
                    h, policy="mixed_bfloat16") for kind in ("MHA", "TH")]
+    out += [Config(f"thattn TH h={h} bfloat16 TF ops", "thattn_th", h,
+                   policy="mixed_bfloat16", tensorflow_ops=True)]
   return out
 
 
@@ -225,7 +227,9 @@ def ratio_rows(results):
              (f"thattn TH G=2 / thattn TH, h={h}", f"thattn TH G=2 h={h}",
               f"thattn TH h={h}"),
              (f"thattn TH bfloat16 / thattn TH float32, h={h}",
-              f"thattn TH h={h} bfloat16", f"thattn TH h={h}")]
+              f"thattn TH h={h} bfloat16", f"thattn TH h={h}"),
+             (f"thattn TH bfloat16 TF ops / thattn TH bfloat16 (fused), h={h}",
+              f"thattn TH h={h} bfloat16 TF ops", f"thattn TH h={h} bfloat16")]
     for label, top, bottom in pairs:
       if top in t and bottom in t:
         rows.append((label, t[top] / t[bottom]))

@@ -216,8 +216,10 @@ def test_mask_of_the_wrong_shape_is_rejected():
 def test_unsupported_reasons():
   dots = tf.zeros([1, 2, 3, 3])
   assert fused.unsupported_reason(dots) is None
-  assert "float32 only" in fused.unsupported_reason(
-      tf.zeros([1, 2, 3, 3], tf.bfloat16))
+  for dtype in (tf.bfloat16, tf.float16):  # mixed precision
+    assert fused.unsupported_reason(tf.zeros([1, 2, 3, 3], dtype)) is None
+  assert fused.unsupported_reason(tf.zeros([1, 2, 3, 3], tf.float64)) == (
+      "the scores are float64; the kernel takes float32, bfloat16, float16")
 
   traced_reasons = []
 
@@ -310,3 +312,58 @@ def test_grouped_projections_that_do_not_fit_are_rejected():
         tf.zeros([2, 4, 7, 9]), tf.zeros([2, 2, 2]), tf.eye(4),
         tf.zeros([0], tf.bool), tf.zeros([0]), tf.zeros([2, 7, 4, 4]),
         *_NO_DYNAMIC_PROJECTIONS[1:])
+
+
+# Mixed precision: J and dU in bfloat16 or float16, everything inside in
+# float32, U and dJ rounded to J's dtype. The references take the same
+# rounded J (and dU) in float64 / float32, so the only differences are the
+# final rounding to the narrow dtype.
+NARROW = {"bfloat16": (tf.bfloat16, 2.0**-8), "float16": (tf.float16, 2.0**-11)}
+
+
+@pytest.mark.parametrize("dtype, epsilon", NARROW.values(), ids=NARROW.keys())
+@pytest.mark.parametrize("shape", [SHAPES["non_square"], SHAPES["wide_heads"]],
+                         ids=["non_square", "wide_heads"])
+@pytest.mark.parametrize("rows_per_block", [0, 3])
+def test_narrow_forward_equals_numpy(dtype, epsilon, shape, rows_per_block):
+  dots, pre, post, mask = _inputs(shape, masked=True, seed=16)
+  narrow = tf.cast(dots, dtype)
+  mixed = fused.talking_heads_softmax(narrow, pre, post, mask[:, None],
+                                      rows_per_block=rows_per_block)
+  assert mixed.dtype == dtype
+  expected = _numpy_reference(tf.cast(narrow, tf.float32).numpy(), pre,
+                              post, mask)
+  # U is rounded once, to half a unit in its last place.
+  np.testing.assert_allclose(tf.cast(mixed, tf.float64).numpy(), expected,
+                             rtol=epsilon, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, epsilon", NARROW.values(), ids=NARROW.keys())
+def test_narrow_gradients_equal_float32_tensorflow_ops(dtype, epsilon):
+  dots, pre, post, mask = _inputs(SHAPES["non_square"], masked=True, seed=17)
+  narrow = tf.cast(dots, dtype)
+  pre, post = tf.constant(pre), tf.constant(post)
+  mask = tf.constant(mask[:, None])
+  bias = tf.random.stateless_normal([1, 5, 6, 11], seed=[18, 19])
+  upstream = tf.cast(tf.random.stateless_normal([2, 2, 6, 11], seed=[20, 21]),
+                     dtype)
+
+  def gradients(function, dots):
+    with tf.GradientTape() as tape:
+      tape.watch([dots, pre, post, bias])
+      mixed = function(dots, pre, post, mask, bias)
+      loss = tf.reduce_sum(tf.cast(mixed, tf.float32) *
+                           tf.cast(upstream, tf.float32))
+    return tape.gradient(loss, [dots, pre, post, bias])
+
+  actual = gradients(fused.talking_heads_softmax, narrow)
+  expected = gradients(_tensorflow_ops, tf.cast(narrow, tf.float32))
+  assert actual[0].dtype == dtype and actual[1].dtype == tf.float32
+  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
+    e = e.numpy()
+    # dJ is rounded to the narrow dtype; the rest stay float32.
+    tolerance = epsilon if name == "dJ" else 1e-5
+    np.testing.assert_allclose(tf.cast(a, tf.float32).numpy(), e,
+                               rtol=tolerance,
+                               atol=tolerance * np.max(np.abs(e)),
+                               err_msg=name)

@@ -8,6 +8,7 @@ from thattn.layers import talking_heads
 
 FLOAT32 = tf.zeros([1, 2, 2, 3])
 BFLOAT16 = tf.zeros([1, 2, 2, 3], tf.bfloat16)
+FLOAT64 = tf.zeros([1, 2, 2, 3], tf.float64)
 
 
 def _path(**overrides):
@@ -28,7 +29,7 @@ def _path(**overrides):
     ({"chunk_size": 4, "dynamic_projections": ("x2l",),
       "fused_kernel": False}, False),
     ({"chunk_size": 4, "dynamic_projections": ("x2l",),
-      "scores_like": BFLOAT16}, False),
+      "scores_like": FLOAT64}, False),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": True}, False),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": False}, True),
     ({"chunk_size": 4, "dropout_rate": 0.1, "training": None}, True),
@@ -47,7 +48,8 @@ def test_when_the_chunked_core_runs(overrides, chunked):
     ({"head_groups": 2}, True),
     ({"head_groups": 2, "chunk_size": 4}, True),
     ({"head_groups": 2, "dynamic_projections": ("x2l",)}, False),
-    ({"scores_like": BFLOAT16}, False),
+    ({"scores_like": BFLOAT16}, True),  # mixed precision
+    ({"scores_like": FLOAT64}, False),
 ])
 def test_when_the_kernel_runs(overrides, fused):
   assert _path(**overrides).fused is fused
@@ -56,12 +58,12 @@ def test_when_the_kernel_runs(overrides, fused):
 @pytest.mark.parametrize("overrides, reason", [
     # Checked in the documented order: the first obstacle is the reason.
     ({"dynamic_projections": ("x2l",), "head_groups": 2,
-      "scores_like": BFLOAT16},
+      "scores_like": FLOAT64},
      "the kernel has no grouped dynamic projections"),
-    ({"head_groups": 2, "scores_like": BFLOAT16},
-     "the scores are bfloat16"),
-    ({"scores_like": BFLOAT16},
-     "the scores are bfloat16; the kernel is float32 only"),
+    ({"head_groups": 2, "scores_like": FLOAT64},
+     "the scores are float64"),
+    ({"scores_like": FLOAT64},
+     "the scores are float64; the kernel takes float32, bfloat16, float16"),
 ])
 def test_a_required_kernel_names_the_first_obstacle(overrides, reason):
   with pytest.raises(ValueError, match=f"layer: fused_kernel=True, but "

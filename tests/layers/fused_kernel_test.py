@@ -247,16 +247,37 @@ def test_falls_back_where_the_kernel_cannot_run(case):
     required(query, query, **kwargs)
 
 
-def test_falls_back_under_mixed_precision():
-  tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+@pytest.mark.parametrize("policy, epsilon", [("mixed_bfloat16", 2.0**-8),
+                                             ("mixed_float16", 2.0**-11)])
+@pytest.mark.parametrize("chunk_size", [None, 3], ids=["plain", "chunked"])
+@pytest.mark.parametrize("make_layer", [VARIANTS["non_square"],
+                                        DYNAMIC["all_four_non_square"]],
+                         ids=["non_square", "dynamic"])
+def test_mixed_precision_fused_equals_tensorflow_ops(policy, epsilon,
+                                                     chunk_size, make_layer):
+  """J and U in the policy's dtype through the kernel, which computes in
+  float32; the TF-ops path mixes in the narrow dtype and takes the softmax
+  in float32, so the two differ by a few of the narrow dtype's roundings
+  (at most 6.5 units of its epsilon here, relative to the largest value).
+  """
+  tf_keras.mixed_precision.set_global_policy(policy)
   try:
-    layer = layers.TalkingHeadsAttention(4, 3)
-    query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[7, 8])
-    assert FUSED_OP not in _op_types(lambda q: layer(q, q), query)
-    with pytest.raises(ValueError, match="float32 only"):
-      layers.TalkingHeadsAttention(4, 3, fused_kernel=True)(query, query)
+    default, plain = _twin_layers(make_layer, query_chunk_size=chunk_size)
   finally:
     tf_keras.mixed_precision.set_global_policy("float32")
+  query = tf.random.stateless_normal([BATCH, LENGTH, WIDTH], seed=[7, 8])
+  kwargs = {"use_causal_mask": True}
+  assert FUSED_GRADIENT_OP in _op_types(
+      lambda q: _outputs_and_gradients(default, q, **kwargs), query)
+  fused_results = tf.function(_outputs_and_gradients)(default, query,
+                                                      **kwargs)
+  plain_results = _outputs_and_gradients(plain, query, **kwargs)
+  assert fused_results[0].dtype == plain_results[0].dtype != tf.float32
+  for fused_value, plain_value in zip(fused_results, plain_results):
+    expected = tf.cast(plain_value, tf.float32).numpy()
+    np.testing.assert_allclose(
+        tf.cast(fused_value, tf.float32).numpy(), expected, rtol=0,
+        atol=16 * epsilon * max(1.0, float(np.max(np.abs(expected)))))
 
 
 def test_falls_back_under_xla_with_equal_results():

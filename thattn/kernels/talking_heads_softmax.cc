@@ -38,11 +38,15 @@
 // over the batch) or has no elements. R_Xl is [b, n, h_k, h], R_Ml [b, h_k,
 // h, m] (m last), R_Xw [b, n, h, h_v], R_Mw [b, h, h_v, m], each or no
 // elements (absent); their gradients have their shapes, or no elements.
-// Float32 only; the Python side falls back to TensorFlow ops for other
-// dtypes.
+// J, U (and dU, dJ) are float32, bfloat16 or float16 (attr T), for mixed
+// precision: a block of J is widened to float32 in cache, everything runs
+// in float32 (the softmax too, as on the TensorFlow-ops path), and U is
+// rounded to T when written. The projections, the bias and every other
+// gradient are float32.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "Eigen/Core"
@@ -279,9 +283,9 @@ struct Block {
   }
 };
 
-// The tensors every block reads, as raw pointers (null when absent).
+// The float32 and boolean tensors every block reads, as raw pointers (null
+// when absent). J is read as a block of T (`FloatBlock`).
 struct Inputs {
-  const float* dots;
   const bool* mask;
   const float* bias;
   const float* x2l;  // R_Xl[b, n, h_k, h]
@@ -402,14 +406,79 @@ void MixPerQueryGradient(const Geometry& g, const Block& block,
   }
 }
 
+// One block of a [b, heads, n, m] tensor (its rows n * m floats apart).
+template <typename View, typename Pointer>
+View TensorBlock(const Geometry& g, const Block& block, Pointer data,
+                 int64_t heads) {
+  return View(data + block.Offset(g, heads), heads, block.rows * g.memory,
+              Eigen::OuterStride<>(g.length * g.memory));
+}
+
+// Room for one block of `heads` rows in float32 when T is narrower (none
+// for float: its blocks are used in place).
+template <typename T>
+Matrix ConversionScratch(const Geometry& g, int64_t heads) {
+  return std::is_same<T, float>::value
+             ? Matrix()
+             : Matrix(heads, g.rows_per_block * g.memory);
+}
+
+// A block of a [b, heads, n, m] tensor of T, as float32: the tensor itself
+// for float, or the block widened into `scratch`.
+template <typename T>
+ConstBlockView FloatBlock(const Geometry& g, const Block& block,
+                          const T* data, int64_t heads, Matrix* scratch) {
+  if constexpr (std::is_same<T, float>::value) {
+    return TensorBlock<ConstBlockView>(g, block, data, heads);
+  } else {
+    const int64_t columns = block.rows * g.memory;
+    const T* first = data + block.Offset(g, heads);
+    for (int64_t head = 0; head < heads; ++head) {
+      scratch->row(head).head(columns).array() =
+          Eigen::Map<const Eigen::Array<T, 1, Eigen::Dynamic>>(
+              first + head * g.length * g.memory, columns)
+              .template cast<float>();
+    }
+    return ConstBlockView(scratch->data(), heads, columns,
+                          Eigen::OuterStride<>(scratch->cols()));
+  }
+}
+
+// Where a block of a [b, heads, n, m] tensor of T is computed in float32:
+// in place for float, else in `scratch`, which `StoreBlock` then rounds
+// into the tensor.
+template <typename T>
+BlockView FloatTarget(const Geometry& g, const Block& block, T* data,
+                      int64_t heads, Matrix* scratch) {
+  if constexpr (std::is_same<T, float>::value) {
+    return TensorBlock<BlockView>(g, block, data, heads);
+  } else {
+    return BlockView(scratch->data(), heads, block.rows * g.memory,
+                     Eigen::OuterStride<>(scratch->cols()));
+  }
+}
+
+template <typename T>
+void StoreBlock(const Geometry& g, const Block& block,
+                const BlockView& computed, T* data) {
+  if constexpr (!std::is_same<T, float>::value) {
+    const int64_t columns = block.rows * g.memory;
+    T* first = data + block.Offset(g, computed.rows());
+    for (int64_t head = 0; head < computed.rows(); ++head) {
+      Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>>(
+          first + head * g.length * g.memory, columns) =
+          computed.row(head).array().template cast<T>();
+    }
+  }
+}
+
 // W for one block: L = P_l^T J + B, masked, softmax over each row of m.
-// `weights` is [h, rows_per_block * m]; its first rows*m columns are written.
+// `dots_block` is J's block as float32; `weights` is [h, rows_per_block *
+// m], and its first rows*m columns are written.
 void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
-                    const Matrix& pre_transposed, Matrix* weights) {
+                    const Matrix& pre_transposed,
+                    const ConstBlockView& dots_block, Matrix* weights) {
   const int64_t columns = block.rows * g.memory;
-  const int64_t stride = g.length * g.memory;
-  ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
-                            g.key_heads, columns, Eigen::OuterStride<>(stride));
   MixPerQuery(g, block, pre_transposed, g.pre_groups, in.x2l, dots_block,
               weights);
   if (in.m2l != nullptr) {
@@ -420,8 +489,7 @@ void ComputeWeights(const Geometry& g, const Block& block, const Inputs& in,
     // A bias shared by the batch (T5's) is read at example 0.
     const Block bias_rows = g.bias_batch == 1 ? block.AtExample(0) : block;
     weights->leftCols(columns) +=
-        ConstBlockView(in.bias + bias_rows.Offset(g, g.heads), g.heads,
-                       columns, Eigen::OuterStride<>(stride));
+        TensorBlock<ConstBlockView>(g, bias_rows, in.bias, g.heads);
   }
   const bool* mask = in.mask;
   const bool* mask_block =
@@ -483,8 +551,7 @@ const T* DataOrNull(const tf::Tensor& tensor) {
 }
 
 Inputs ReadInputs(tf::OpKernelContext* context) {
-  return {context->input(0).flat<float>().data(),
-          DataOrNull<bool>(context->input(3)),
+  return {DataOrNull<bool>(context->input(3)),
           DataOrNull<float>(context->input(4)),
           DataOrNull<float>(context->input(5)),
           DataOrNull<float>(context->input(6)),
@@ -512,6 +579,7 @@ class BlockedKernel : public tf::OpKernel {
   int64_t rows_per_block_;
 };
 
+template <typename T>
 class TalkingHeadsSoftmaxOp : public BlockedKernel {
  public:
   using BlockedKernel::BlockedKernel;
@@ -530,17 +598,21 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
     const Matrix pre_transposed = DenseProjection(context->input(1)).transpose();
     const Matrix post_transposed =
         DenseProjection(context->input(2)).transpose();
-    float* output = mixed->flat<float>().data();
+    const T* dots = context->input(0).flat<T>().data();
+    T* output = mixed->flat<T>().data();
     ForEachSlice(context, g, SliceCount(context),
                  [&](int64_t, int64_t first_block, int64_t end_block) {
       Matrix weights(g.heads, g.rows_per_block * g.memory);
+      Matrix dots_scratch = ConversionScratch<T>(g, g.key_heads);
+      Matrix mixed_scratch = ConversionScratch<T>(g, g.value_heads);
       for (int64_t index = first_block; index < end_block; ++index) {
         const Block block(g, index);
         const int64_t columns = block.rows * g.memory;
-        ComputeWeights(g, block, in, pre_transposed, &weights);
-        BlockView mixed_block(output + block.Offset(g, g.value_heads),
-                              g.value_heads, columns,
-                              Eigen::OuterStride<>(g.length * g.memory));
+        ComputeWeights(
+            g, block, in, pre_transposed,
+            FloatBlock(g, block, dots, g.key_heads, &dots_scratch), &weights);
+        BlockView mixed_block =
+            FloatTarget(g, block, output, g.value_heads, &mixed_scratch);
         const auto w = weights.leftCols(columns);
         MixPerQuery(g, block, post_transposed, g.post_groups, in.x2w, w,
                     &mixed_block);
@@ -548,11 +620,13 @@ class TalkingHeadsSoftmaxOp : public BlockedKernel {
           AddMemoryMix(g, block, in.m2w, g.heads, g.value_heads,
                        /*transposed=*/false, w, &mixed_block);
         }
+        StoreBlock(g, block, mixed_block, output);
       }
     });
   }
 };
 
+template <typename T>
 class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
  public:
   using BlockedKernel::BlockedKernel;
@@ -605,8 +679,9 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
     const Matrix pre = DenseProjection(context->input(1));
     const Matrix post = DenseProjection(context->input(2));
     const Matrix pre_transposed = pre.transpose();
-    const float* d_mixed = grad_mixed.flat<float>().data();
-    float* d_dots = grad_dots->flat<float>().data();
+    const T* dots = context->input(0).flat<T>().data();
+    const T* d_mixed = grad_mixed.flat<T>().data();
+    T* d_dots = grad_dots->flat<T>().data();
     float* d_bias = g.bias_batch == 0 ? nullptr
                                       : grad_bias->flat<float>().data();
 
@@ -617,18 +692,21 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
                                      Matrix::Zero(g.key_heads, g.heads));
     std::vector<Matrix> post_partials(slices,
                                       Matrix::Zero(g.heads, g.value_heads));
-    const int64_t stride = g.length * g.memory;
     ForEachSlice(context, g, slices,
                  [&](int64_t slice, int64_t first_block, int64_t end_block) {
       Matrix weights(g.heads, g.rows_per_block * g.memory);
       Matrix d_weights(g.heads, g.rows_per_block * g.memory);
+      Matrix dots_scratch = ConversionScratch<T>(g, g.key_heads);
+      Matrix d_dots_scratch = ConversionScratch<T>(g, g.key_heads);
+      Matrix d_mixed_scratch = ConversionScratch<T>(g, g.value_heads);
       for (int64_t index = first_block; index < end_block; ++index) {
         const Block block(g, index);
         const int64_t columns = block.rows * g.memory;
-        ComputeWeights(g, block, in, pre_transposed, &weights);
-        ConstBlockView d_mixed_block(d_mixed + block.Offset(g, g.value_heads),
-                                     g.value_heads, columns,
-                                     Eigen::OuterStride<>(stride));
+        const ConstBlockView dots_block =
+            FloatBlock(g, block, dots, g.key_heads, &dots_scratch);
+        ComputeWeights(g, block, in, pre_transposed, dots_block, &weights);
+        const ConstBlockView d_mixed_block =
+            FloatBlock(g, block, d_mixed, g.value_heads, &d_mixed_scratch);
         auto w = weights.leftCols(columns);
         auto d_w = d_weights.leftCols(columns);
         // U = P_w^T W:  dW = P_w dU,  dP_w += W dU^T; per query row with
@@ -663,15 +741,10 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
         }
         // L = P_l^T J + B:  dB = dL,  dJ = P_l dL,  dP_l += J dL^T.
         if (d_bias != nullptr) {
-          BlockView(d_bias + block.Offset(g, g.heads), g.heads, columns,
-                    Eigen::OuterStride<>(stride)) = d_w;
+          TensorBlock<BlockView>(g, block, d_bias, g.heads) = d_w;
         }
-        ConstBlockView dots_block(in.dots + block.Offset(g, g.key_heads),
-                                  g.key_heads, columns,
-                                  Eigen::OuterStride<>(stride));
-        BlockView d_dots_block(d_dots + block.Offset(g, g.key_heads),
-                               g.key_heads, columns,
-                               Eigen::OuterStride<>(stride));
+        BlockView d_dots_block =
+            FloatTarget(g, block, d_dots, g.key_heads, &d_dots_scratch);
         MixPerQueryGradient(g, block, pre, g.pre_groups, in.x2l, dots_block,
                             d_w, &d_dots_block, &pre_partials[slice],
                             d_dynamic[0]);
@@ -681,6 +754,7 @@ class TalkingHeadsSoftmaxGradOp : public BlockedKernel {
           AddMemoryGradient(g, block, dots_block, d_w, g.key_heads, g.heads,
                             d_dynamic[1]);
         }
+        StoreBlock(g, block, d_dots_block, d_dots);
       }
     });
     Matrix d_pre = Matrix::Zero(g.key_heads, g.heads);
@@ -706,7 +780,7 @@ tf::Status GradientShapes(tf::shape_inference::InferenceContext* context) {
 }  // namespace
 
 REGISTER_OP("ThattnTalkingHeadsSoftmax")
-    .Input("dots: float")  // J[b, h_k, n, m]
+    .Input("dots: T")      // J[b, h_k, n, m]
     .Input("pre: float")   // P_l[h_k, h], or its blocks [G, h_k/G, h/G]
     .Input("post: float")  // P_w[h, h_v], or its blocks [G, h/G, h_v/G]
     .Input("mask: bool")   // [b, n, m], or no elements for no mask
@@ -715,7 +789,8 @@ REGISTER_OP("ThattnTalkingHeadsSoftmax")
     .Input("m2l: float")   // R_Ml[b, h_k, h, m], or no elements
     .Input("x2w: float")   // R_Xw[b, n, h, h_v], or no elements
     .Input("m2w: float")   // R_Mw[b, h, h_v, m], or no elements
-    .Output("mixed: float")  // U[b, h_v, n, m]
+    .Output("mixed: T")  // U[b, h_v, n, m]
+    .Attr("T: {float, bfloat16, half} = DT_FLOAT")
     .Attr("rows_per_block: int = 0")  // 0: chosen from the sizes
     .SetShapeFn([](tf::shape_inference::InferenceContext* context) {
       tf::shape_inference::ShapeHandle dots;
@@ -739,7 +814,7 @@ REGISTER_OP("ThattnTalkingHeadsSoftmax")
     });
 
 REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
-    .Input("dots: float")
+    .Input("dots: T")
     .Input("pre: float")
     .Input("post: float")
     .Input("mask: bool")
@@ -748,8 +823,8 @@ REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
     .Input("m2l: float")
     .Input("x2w: float")
     .Input("m2w: float")
-    .Input("grad_mixed: float")  // dU[b, h_v, n, m]
-    .Output("grad_dots: float")  // dJ[b, h_k, n, m]
+    .Input("grad_mixed: T")  // dU[b, h_v, n, m]
+    .Output("grad_dots: T")  // dJ[b, h_k, n, m]
     .Output("grad_pre: float")   // dP_l, as pre
     .Output("grad_post: float")  // dP_w, as post
     .Output("grad_bias: float")  // dB[b, h, n, m], or no elements
@@ -757,14 +832,22 @@ REGISTER_OP("ThattnTalkingHeadsSoftmaxGrad")
     .Output("grad_m2l: float")   // dR_Ml, as m2l
     .Output("grad_x2w: float")   // dR_Xw, as x2w
     .Output("grad_m2w: float")   // dR_Mw, as m2w
+    .Attr("T: {float, bfloat16, half} = DT_FLOAT")
     .Attr("rows_per_block: int = 0")
     .SetShapeFn(GradientShapes);
 
-REGISTER_KERNEL_BUILDER(
-    Name("ThattnTalkingHeadsSoftmax").Device(tf::DEVICE_CPU),
-    TalkingHeadsSoftmaxOp);
-REGISTER_KERNEL_BUILDER(
-    Name("ThattnTalkingHeadsSoftmaxGrad").Device(tf::DEVICE_CPU),
-    TalkingHeadsSoftmaxGradOp);
+#define THATTN_REGISTER_KERNELS(T)                                    \
+  REGISTER_KERNEL_BUILDER(Name("ThattnTalkingHeadsSoftmax")            \
+                              .Device(tf::DEVICE_CPU)                  \
+                              .TypeConstraint<T>("T"),                 \
+                          TalkingHeadsSoftmaxOp<T>);                   \
+  REGISTER_KERNEL_BUILDER(Name("ThattnTalkingHeadsSoftmaxGrad")        \
+                              .Device(tf::DEVICE_CPU)                  \
+                              .TypeConstraint<T>("T"),                 \
+                          TalkingHeadsSoftmaxGradOp<T>);
+THATTN_REGISTER_KERNELS(float);
+THATTN_REGISTER_KERNELS(tf::bfloat16);
+THATTN_REGISTER_KERNELS(Eigen::half);
+#undef THATTN_REGISTER_KERNELS
 
 }  // namespace thattn

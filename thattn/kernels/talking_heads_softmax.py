@@ -19,8 +19,15 @@ gradient op recomputes them from J (talking_heads_softmax.cc says why and
 how). Results equal the TensorFlow ops to float32 rounding
 (tests/kernels/talking_heads_softmax_test.py).
 
+J and U may be float32, bfloat16 or float16 (mixed precision): the op
+widens each block of J to float32 in cache, computes in float32 (the
+softmax too, as the TensorFlow-ops path does) and rounds U to J's dtype as
+it writes it, so no float32 copy of J or U is ever made. P_l, P_w, the
+bias and the dynamic projections go in as float32 (they are small), and
+their gradients come back in their own dtypes.
+
 Limits, checked by `unsupported_reason` so that callers can fall back:
-float32 only, CPU only, no XLA (`jit_compile`) and no DTensor, since neither
+float32, bfloat16 or float16 only, CPU only, no XLA (`jit_compile`) and no DTensor, since neither
 knows this op, and not while a SavedModel is traced, so that exports load
 without thattn. It is not differentiable twice.
 """
@@ -31,6 +38,8 @@ from thattn.kernels import build
 from thattn.kernels import tf_internals
 
 KERNEL = "talking_heads_softmax"
+# The dtypes of J and U the op takes (its attr T).
+_SCORE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
 
 
 def unsupported_reason(dots, *projections):
@@ -40,8 +49,9 @@ def unsupported_reason(dots, *projections):
     dots: J, the `[b, h_k, n, m]` dot products, or a tensor of J's dtype.
     *projections: the P_l and P_w variables or tensors (None for identity).
   """
-  if dots.dtype != tf.float32:
-    return f"the scores are {dots.dtype.name}; the kernel is float32 only"
+  if dots.dtype not in _SCORE_DTYPES:
+    return (f"the scores are {dots.dtype.name}; the kernel takes "
+            f"{', '.join(dtype.name for dtype in _SCORE_DTYPES)}")
   if tf_internals.in_saved_model_tracing():
     # A SavedModel must load where thattn's kernel is not installed.
     return "SavedModel tracing must not record a custom op"
@@ -70,7 +80,7 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
   """U = einsum(softmax(einsum(J, P_l) + B, masked), P_w), fused.
 
   Args:
-    dots: J, float32 `[b, h_k, n, m]`.
+    dots: J, `[b, h_k, n, m]`, float32, bfloat16 or float16.
     pre_softmax: P_l, `[h_k, h]`, or for grouped talking heads its G
       diagonal blocks `[G, h_k/G, h/G]` (each group's heads mix among
       themselves); None means identity (h = h_k).
@@ -88,7 +98,7 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
     rows_per_block: query rows per cache block; 0 picks from the sizes.
 
   Returns:
-    U, float32 `[b, h_v, n, m]`.
+    U, `[b, h_v, n, m]` in J's dtype.
 
   Raises:
     build.KernelUnavailable: the kernel cannot be built or loaded here.
@@ -116,11 +126,16 @@ def talking_heads_softmax_gradient(dots, pre_softmax, post_softmax,
   grad_dots, grad_pre, grad_post, grad_bias, *grad_dynamic = (
       ops.thattn_talking_heads_softmax_grad(
           *_op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic),
-          grad_mixed, rows_per_block=rows_per_block))
-  grad_dynamic = {name: _from_op_layout(name, grad) for name, grad in
-                  zip(DYNAMIC_PROJECTIONS, grad_dynamic) if name in dynamic}
-  return (grad_dots, None if pre_softmax is None else grad_pre,
-          None if post_softmax is None else grad_post,
+          tf.cast(grad_mixed, dots.dtype), rows_per_block=rows_per_block))
+  grad_dynamic = {
+      name: tf.cast(_from_op_layout(name, grad), dynamic[name].dtype)
+      for name, grad in zip(DYNAMIC_PROJECTIONS, grad_dynamic)
+      if name in dynamic}
+  return (grad_dots,
+          None if pre_softmax is None else tf.cast(grad_pre,
+                                                   pre_softmax.dtype),
+          None if post_softmax is None else tf.cast(grad_post,
+                                                    post_softmax.dtype),
           None if bias is None else grad_bias, grad_dynamic)
 
 
@@ -150,15 +165,16 @@ def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
 
   Identities for None projections; the mask as [b, n, m]; B as
   [1 or b, h, n, m]; R_Ml and R_Mw as [b, i, j, m]; an absent mask, bias
-  or dynamic projection as a tensor of no elements.
+  or dynamic projection as a tensor of no elements; all but J (and the
+  mask) as float32, whatever J's dtype.
   """
   shape = tf.shape(dots)
   batch, length, memory = shape[0], shape[2], shape[3]
   pre_softmax = (tf.eye(shape[1]) if pre_softmax is None else
-                 tf.convert_to_tensor(pre_softmax))
+                 tf.cast(pre_softmax, tf.float32))
   heads = _output_heads(pre_softmax)
-  if post_softmax is None:
-    post_softmax = tf.eye(heads)
+  post_softmax = (tf.eye(heads) if post_softmax is None else
+                  tf.cast(post_softmax, tf.float32))
   if mask is None:
     mask = tf.zeros([0], tf.bool)
   else:
@@ -188,7 +204,7 @@ def _op_inputs(dots, pre_softmax, post_softmax, mask, bias, dynamic):
       projections.append(tf.zeros([0]))
       continue
     layout = _OP_LAYOUT[name]
-    tensor = dynamic[name]
+    tensor = tf.cast(dynamic[name], tf.float32)
     projections.append(tensor if layout is None else
                        tf.transpose(tensor, layout))
   return (dots, pre_softmax, post_softmax, mask, bias, *projections)
