@@ -27,9 +27,10 @@ bias and the dynamic projections go in as float32 (they are small), and
 their gradients come back in their own dtypes.
 
 Limits, checked by `unsupported_reason` so that callers can fall back:
-float32, bfloat16 or float16 only, CPU only, no XLA (`jit_compile`) and no DTensor, since neither
-knows this op, and not while a SavedModel is traced, so that exports load
-without thattn. It is not differentiable twice.
+float32, bfloat16 or float16 only, CPU only, no XLA (`jit_compile`) and
+no DTensor, since neither knows this op, and not while a SavedModel is
+traced, so that exports load without thattn. It is not differentiable
+twice.
 """
 
 import tensorflow as tf
@@ -148,7 +149,7 @@ _OP_LAYOUT = {"x2l": None, "m2l": [0, 2, 3, 1], "x2w": None,
 
 
 def _from_op_layout(name, tensor):
-  """A projection (or its gradient) in the op's layout, back in the caller's."""
+  """A projection (or its gradient) from the op's layout to the caller's."""
   if _OP_LAYOUT[name] is None:
     return tensor
   return tf.transpose(tensor, [0, 3, 1, 2])  # [b, f, g, m] -> [b, m, f, g]

@@ -41,8 +41,9 @@ mixing to fuse) or one of these holds, checked in this order; with
 `fused_kernel=True` the first that holds is the reason of a ValueError:
 - head groups with dynamic projections: the kernel's dynamic terms are
   dense (head groups alone it mixes group by group);
-- `talking_heads_softmax.unsupported_reason`: not float32, SavedModel
-  tracing, XLA, DTensor, a visible GPU, or the kernel cannot be built.
+- `talking_heads_softmax.unsupported_reason`: scores not float32,
+  bfloat16 or float16, SavedModel tracing, XLA, DTensor, a visible GPU, or
+  the kernel cannot be built.
 """
 
 import dataclasses

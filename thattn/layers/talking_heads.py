@@ -176,8 +176,10 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     fused_kernel: whether J -> L -> W -> U runs as one fused CPU op
       (`thattn.kernels.talking_heads_softmax`: same results to float32
       rounding, faster, and the training step keeps neither L nor W).
-      None (default): wherever it can, i.e. float32, on CPU, not head
-      groups and dynamic projections together (either alone is fused),
+      None (default): wherever it can, i.e. float32 (or bfloat16 /
+      float16 under mixed precision, computed in float32 inside), on CPU,
+      not head groups and dynamic projections together (either alone is
+      fused),
       not under XLA, DTensor or SavedModel tracing, and the kernel
       compiled (on first use, needs a C++ compiler); otherwise
       TensorFlow ops. The plain and the
