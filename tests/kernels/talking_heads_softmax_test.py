@@ -41,6 +41,17 @@ def _tensorflow_ops(dots, pre, post, mask, bias=None):
   return attention_ops.mix_heads(weights, post)
 
 
+def _gradients_with_bias(function, dots, pre, post, mask, bias, upstream):
+  """[dJ, dP_l, dP_w, dB] of sum(function(J, P_l, P_w, mask, B) * upstream),
+  the product taken in float32 whatever J's dtype."""
+  with tf.GradientTape() as tape:
+    tape.watch([dots, pre, post, bias])
+    mixed = function(dots, pre, post, mask, bias)
+    loss = tf.reduce_sum(tf.cast(mixed, tf.float32) *
+                         tf.cast(upstream, tf.float32))
+  return tape.gradient(loss, [dots, pre, post, bias])
+
+
 # The op's four dynamic-projection inputs, absent.
 _NO_DYNAMIC_PROJECTIONS = [tf.zeros([0])] * 4
 
@@ -128,19 +139,10 @@ def test_bias_forward_and_gradients(bias_shape):
       fused.talking_heads_softmax(dots, pre, post, mask[:, None],
                                   bias).numpy(),
       _numpy_reference(dots, pre, post, mask, bias), rtol=1e-5, atol=1e-5)
-  tensors = [tf.constant(t) for t in (dots, pre, post, bias)]
-  mask = tf.constant(mask[:, None])
-  upstream = tf.random.stateless_normal([2, 2, 6, 11], seed=[11, 12])
-
-  def gradients(function):
-    with tf.GradientTape() as tape:
-      tape.watch(tensors)
-      dots, pre, post, bias = tensors
-      loss = tf.reduce_sum(function(dots, pre, post, mask, bias) * upstream)
-    return tape.gradient(loss, tensors)
-
-  actual = gradients(fused.talking_heads_softmax)
-  expected = gradients(_tensorflow_ops)
+  inputs = (*map(tf.constant, (dots, pre, post, mask[:, None], bias)),
+            tf.random.stateless_normal([2, 2, 6, 11], seed=[11, 12]))
+  actual = _gradients_with_bias(fused.talking_heads_softmax, *inputs)
+  expected = _gradients_with_bias(_tensorflow_ops, *inputs)
   for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
     assert a.shape == e.shape, name
     np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
@@ -284,14 +286,9 @@ def test_grouped_gradients_equal_tensorflow_ops(shape):
   upstream = tf.random.stateless_normal(
       [batch, value_heads, length, memory], seed=[14, 15])
 
-  def gradients(function):
-    with tf.GradientTape() as tape:
-      tape.watch([dots, pre, post, bias])
-      loss = tf.reduce_sum(function(dots, pre, post, mask, bias) * upstream)
-    return tape.gradient(loss, [dots, pre, post, bias])
-
-  actual = gradients(fused.talking_heads_softmax)
-  expected = gradients(_tensorflow_ops)
+  inputs = (dots, pre, post, mask, bias, upstream)
+  actual = _gradients_with_bias(fused.talking_heads_softmax, *inputs)
+  expected = _gradients_with_bias(_tensorflow_ops, *inputs)
   for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
     assert a.shape == e.shape, name
     np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
@@ -348,16 +345,11 @@ def test_narrow_gradients_equal_float32_tensorflow_ops(dtype, epsilon):
   upstream = tf.cast(tf.random.stateless_normal([2, 2, 6, 11], seed=[20, 21]),
                      dtype)
 
-  def gradients(function, dots):
-    with tf.GradientTape() as tape:
-      tape.watch([dots, pre, post, bias])
-      mixed = function(dots, pre, post, mask, bias)
-      loss = tf.reduce_sum(tf.cast(mixed, tf.float32) *
-                           tf.cast(upstream, tf.float32))
-    return tape.gradient(loss, [dots, pre, post, bias])
-
-  actual = gradients(fused.talking_heads_softmax, narrow)
-  expected = gradients(_tensorflow_ops, tf.cast(narrow, tf.float32))
+  actual = _gradients_with_bias(fused.talking_heads_softmax, narrow, pre,
+                                post, mask, bias, upstream)
+  expected = _gradients_with_bias(_tensorflow_ops,
+                                  tf.cast(narrow, tf.float32), pre, post,
+                                  mask, bias, upstream)
   assert actual[0].dtype == dtype and actual[1].dtype == tf.float32
   for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
     e = e.numpy()
