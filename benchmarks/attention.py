@@ -317,6 +317,9 @@ def main():
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--only", default="",
                       help="comma-separated substrings of config names")
+  parser.add_argument("--skip", default="",
+                      help="comma-separated substrings of config names to "
+                      "leave out (applied after --only)")
   parser.add_argument("--no_memory", action="store_true")
   parser.add_argument("--chunk_size", type=int, default=128,
                       help="query_chunk_size of the chunked configurations")
@@ -339,6 +342,10 @@ def main():
   if args.only:
     wanted = args.only.split(",")
     selected = [c for c in selected if any(w in c.name for w in wanted)]
+  if args.skip:
+    unwanted = args.skip.split(",")
+    selected = [c for c in selected
+                if not any(w in c.name for w in unwanted)]
   seconds = time_all(selected, sizes, repeats, args.jit_compile)
   results = {c.name: {"seconds": seconds[c.name]} for c in selected}
   if not args.no_memory:

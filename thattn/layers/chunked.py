@@ -51,6 +51,7 @@ import tensorflow as tf
 
 from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
+from thattn.layers import head_mixing
 
 # Per chunk: J[h_k, c, m] = einsum(Q[c, h_k, d_k], K[m, h_k, d_k])
 _CHUNK_DOT = "cik,mik->icm"
@@ -64,54 +65,6 @@ _CHUNK_D_VALUE = "jcm,cjv->mjv"
 _CHUNK_D_QUERY = "icm,mik->cik"
 # Backward: dK[m, h_k, d_k] = einsum(dJ[h_k, c, m], Q[c, h_k, d_k])
 _CHUNK_D_KEY = "icm,cik->mik"
-
-
-def _mix(scores, projection):
-  """[f, c, m] x P[f, g] -> [g, c, m]: one matmul over the heads.
-
-  With grouped blocks P[G, f/G, g/G] (see `attention_ops.mix_heads`), one
-  batched matmul over the groups.
-  """
-  shape = tf.shape(scores)
-  if projection.shape.rank == 3:
-    groups, heads_in, heads_out = projection.shape.as_list()
-    mixed = tf.linalg.matmul(
-        projection, tf.reshape(scores, [groups, heads_in, -1]),
-        transpose_a=True)
-    return tf.reshape(mixed, [groups * heads_out, shape[1], shape[2]])
-  mixed = tf.linalg.matmul(projection, tf.reshape(scores, [shape[0], -1]),
-                           transpose_a=True)
-  return tf.reshape(mixed, [tf.shape(projection)[1], shape[1], shape[2]])
-
-
-def _unmix(scores, projection):
-  """[g, c, m] x P[f, g] -> [f, c, m]: the transpose of `_mix`."""
-  shape = tf.shape(scores)
-  if projection.shape.rank == 3:
-    groups, heads_in, heads_out = projection.shape.as_list()
-    mixed = tf.linalg.matmul(projection,
-                             tf.reshape(scores, [groups, heads_out, -1]))
-    return tf.reshape(mixed, [groups * heads_in, shape[1], shape[2]])
-  mixed = tf.linalg.matmul(projection, tf.reshape(scores, [shape[0], -1]))
-  return tf.reshape(mixed, [tf.shape(projection)[0], shape[1], shape[2]])
-
-
-def _projection_gradient(inputs, output_gradient, projection):
-  """dP[f, g] = sum over (c, m) of inputs[f, c, m] * output_gradient[g, c, m].
-
-  For grouped blocks P[G, f/G, g/G], only the diagonal blocks:
-  dP[G, f/G, g/G], one batched matmul.
-  """
-  if projection.shape.rank == 3:
-    groups, heads_in, heads_out = projection.shape.as_list()
-    return tf.linalg.matmul(
-        tf.reshape(inputs, [groups, heads_in, -1]),
-        tf.reshape(output_gradient, [groups, heads_out, -1]),
-        transpose_b=True)
-  return tf.linalg.matmul(
-      tf.reshape(inputs, [tf.shape(inputs)[0], -1]),
-      tf.reshape(output_gradient, [tf.shape(output_gradient)[0], -1]),
-      transpose_b=True)
 
 
 def _to_chunks(tensor, chunk_size, num_chunks):
@@ -320,7 +273,8 @@ def _weights(call, item, query_chunk, keys):
   """TensorFlow ops: (J[h_k, c, m], W[h, c, m] in float32, allowed)."""
   dots = tf.einsum(_CHUNK_DOT, query_chunk, keys)
   pre = call.pre_softmax
-  logits = tf.cast(dots if pre is None else _mix(dots, pre), tf.float32)
+  logits = tf.cast(dots if pre is None else head_mixing.mix(dots, pre),
+                   tf.float32)
   if call.bias is not None:
     logits += tf.cast(call.rows(call.bias, item), tf.float32)
   allowed = call.allowed(item, keys)
@@ -350,7 +304,8 @@ def _forward_chunk(call, query_chunk, item):
   _, weights, _ = _weights(call, item, query_chunk, call.key[example])
   weights = tf.cast(weights, call.value.dtype)
   post = call.post_softmax
-  value_weights = weights if post is None else _mix(weights, post)
+  value_weights = (weights if post is None else
+                   head_mixing.mix(weights, post))
   return tf.einsum(_CHUNK_CONTEXT, value_weights, call.value[example])
 
 
@@ -436,20 +391,22 @@ def _backward_chunk(call, query_chunk, d_context, item):
   pre, post = call.pre_softmax, call.post_softmax
   dots, weights, allowed = _weights(call, item, query_chunk, keys)
   weights_c = tf.cast(weights, call.value.dtype)  # W in the compute dtype
-  value_weights = weights_c if post is None else _mix(weights_c, post)
+  value_weights = (weights_c if post is None else
+                   head_mixing.mix(weights_c, post))
   d_value_weights = tf.einsum(_CHUNK_D_WEIGHTS, d_context, values)
   grads = {"value": tf.einsum(_CHUNK_D_VALUE, value_weights, d_context)}
   if post is not None:
-    grads["post_softmax"] = _projection_gradient(weights_c, d_value_weights,
-                                                 post)
-    d_value_weights = _unmix(d_value_weights, post)
+    grads["post_softmax"] = head_mixing.projection_gradient(
+        weights_c, d_value_weights, post)
+    d_value_weights = head_mixing.unmix(d_value_weights, post)
   d_logits = _softmax_gradient(weights, d_value_weights, allowed)
   if call.bias is not None:
     grads["bias"] = d_logits
   d_logits = tf.cast(d_logits, call.query.dtype)
   if pre is not None:
-    grads["pre_softmax"] = _projection_gradient(dots, d_logits, pre)
-    d_logits = _unmix(d_logits, pre)
+    grads["pre_softmax"] = head_mixing.projection_gradient(dots, d_logits,
+                                                           pre)
+    d_logits = head_mixing.unmix(d_logits, pre)
   grads["query"] = tf.einsum(_CHUNK_D_QUERY, d_logits, keys)
   grads["key"] = tf.einsum(_CHUNK_D_KEY, d_logits, query_chunk)
   return grads
