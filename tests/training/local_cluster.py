@@ -10,6 +10,7 @@ waits for them with a time limit, and kills them all on failure or when the
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -90,6 +91,29 @@ class LocalCluster:
     except subprocess.TimeoutExpired:
       self.kill()
       raise
+
+
+def kill_at_step(cluster, step, victim=1, timeout=180):
+  """SIGKILLs process `victim` once process 0 logs training step `step`.
+
+  Returns process 0's (return code, stderr) once it has stopped, at most
+  `timeout` seconds later.
+  """
+  leader = cluster.processes[0]
+  for line in leader.stdout:
+    if line.startswith(f"step {step:6d}/"):
+      cluster.processes[victim].send_signal(signal.SIGKILL)
+      break
+  _, stderr = leader.communicate(timeout=timeout)
+  return leader.returncode, stderr
+
+
+def resumed_steps(stdout):
+  """(the step a run's log says it resumed at, the steps it then logged)."""
+  resumed = int(stdout.split(" at step ")[1].split(".")[0])
+  steps = [int(line.split()[1].split("/")[0])
+           for line in stdout.splitlines() if line.startswith("step ")]
+  return resumed, steps
 
 
 def train_losses(model_dir):

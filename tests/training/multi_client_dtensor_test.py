@@ -10,7 +10,6 @@ checkpoint without losing or repeating a step.
 """
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -79,13 +78,8 @@ def test_a_killed_client_then_a_restart_loses_and_repeats_nothing(
   envs = local_cluster.dtensor_envs(2)
   with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
                                   envs=envs) as cluster:
-    leader, client = cluster.processes
-    for line in leader.stdout:
-      if line.startswith("step      3/"):
-        client.send_signal(signal.SIGKILL)
-        break
-    _, stderr = leader.communicate(timeout=120)  # bounded: no hang
-  assert leader.returncode != 0
+    code, stderr = local_cluster.kill_at_step(cluster, 3, timeout=120)
+  assert code != 0
   assert "the cluster lost a task" in stderr, stderr[-3000:]
   assert "Restart every task with the same command" in stderr
 
@@ -94,11 +88,8 @@ def test_a_killed_client_then_a_restart_loses_and_repeats_nothing(
     outputs = cluster.wait()
   for code, _, stderr in outputs:
     assert code == 0, stderr[-3000:]
-  stdout = outputs[0][1]
-  resumed = int(stdout.split(" at step ")[1].split(".")[0])
+  resumed, steps = local_cluster.resumed_steps(outputs[0][1])
   assert resumed >= 2  # the checkpoint of step 2 (or later) was kept
-  steps = [int(line.split()[1].split("/")[0])
-           for line in stdout.splitlines() if line.startswith("step ")]
   assert steps == list(range(resumed + 1, 9))  # each step once
   losses = local_cluster.train_losses(model_dir)
   reference = local_cluster.train_losses(one_process)

@@ -7,7 +7,6 @@ process with the same global batch and seed.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -76,13 +75,8 @@ def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
   configs = local_cluster.tf_configs(2)
   with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
                                   configs=configs) as cluster:
-    chief, worker = cluster.processes
-    for line in chief.stdout:
-      if line.startswith("step      3/"):
-        worker.send_signal(signal.SIGKILL)
-        break
-    _, stderr = chief.communicate(timeout=180)
-  assert chief.returncode != 0
+    code, stderr = local_cluster.kill_at_step(cluster, 3)
+  assert code != 0
   assert "the cluster lost a task" in stderr, stderr[-3000:]
 
   with local_cluster.LocalCluster(argv, 2, env=_env(tmp_path),
@@ -90,11 +84,8 @@ def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
     outputs = cluster.wait()
   for code, _, stderr in outputs:
     assert code == 0, stderr[-3000:]
-  stdout = outputs[0][1]
-  resumed = int(stdout.split(" at step ")[1].split(".")[0])
+  resumed, steps = local_cluster.resumed_steps(outputs[0][1])
   assert resumed >= 3
-  steps = [int(line.split()[1].split("/")[0])
-           for line in stdout.splitlines() if line.startswith("step ")]
   assert steps == list(range(resumed + 1, 9))  # each step once
   np.testing.assert_allclose(
       local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
