@@ -52,6 +52,17 @@ def _gradients_with_bias(function, dots, pre, post, mask, bias, upstream):
   return tape.gradient(loss, [dots, pre, post, bias])
 
 
+def _assert_gradients_equal_tensorflow_ops(*inputs):
+  """The kernel's dJ, dP_l, dP_w, dB equal autodiff of the TF ops (float32);
+  `inputs` as `_gradients_with_bias` takes them after the function."""
+  actual = _gradients_with_bias(fused.talking_heads_softmax, *inputs)
+  expected = _gradients_with_bias(_tensorflow_ops, *inputs)
+  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
+    assert a.shape == e.shape, name
+    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+
+
 # The op's four dynamic-projection inputs, absent.
 _NO_DYNAMIC_PROJECTIONS = [tf.zeros([0])] * 4
 
@@ -141,12 +152,7 @@ def test_bias_forward_and_gradients(bias_shape):
       _numpy_reference(dots, pre, post, mask, bias), rtol=1e-5, atol=1e-5)
   inputs = (*map(tf.constant, (dots, pre, post, mask[:, None], bias)),
             tf.random.stateless_normal([2, 2, 6, 11], seed=[11, 12]))
-  actual = _gradients_with_bias(fused.talking_heads_softmax, *inputs)
-  expected = _gradients_with_bias(_tensorflow_ops, *inputs)
-  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
-    assert a.shape == e.shape, name
-    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
-                               err_msg=name)
+  _assert_gradients_equal_tensorflow_ops(*inputs)
 
 
 def test_bias_of_the_wrong_shape_is_rejected():
@@ -287,12 +293,7 @@ def test_grouped_gradients_equal_tensorflow_ops(shape):
       [batch, value_heads, length, memory], seed=[14, 15])
 
   inputs = (dots, pre, post, mask, bias, upstream)
-  actual = _gradients_with_bias(fused.talking_heads_softmax, *inputs)
-  expected = _gradients_with_bias(_tensorflow_ops, *inputs)
-  for name, a, e in zip(("dJ", "dP_l", "dP_w", "dB"), actual, expected):
-    assert a.shape == e.shape, name
-    np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-4, atol=2e-5,
-                               err_msg=name)
+  _assert_gradients_equal_tensorflow_ops(*inputs)
 
 
 def test_grouped_projections_that_do_not_fit_are_rejected():
