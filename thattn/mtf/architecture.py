@@ -62,20 +62,22 @@ def _refuse(what, expected):
                    f"expects {expected}.")
 
 
+def _scope(stack_name):
+  """The gin scope of a stack's bindings: a Bitransformer's stacks are
+  scoped `encoder/` and `decoder/`; a Unitransformer's are unscoped."""
+  return f"{stack_name}/" if stack_name in ("encoder", "decoder") else ""
+
+
 def _is_attention(layer, enc_dec):
-  kinds = ((_tl.EncDecAttention, _tl.TalkingHeadsEncDecAttention,
-            _tl.GeneralBilinearEncDecAttention,
-            mtf_layers.GroupedTalkingHeadsEncDecAttention) if enc_dec else
-           (_tl.SelfAttention, _tl.TalkingHeadsSelfAttention,
-            _tl.GeneralBilinearSelfAttention,
-            mtf_layers.GroupedTalkingHeadsSelfAttention))
-  if not isinstance(layer, kinds):
-    return False
-  # The enc-dec classes subclass the self-attention ones.
-  return enc_dec or not isinstance(layer, (
-      _tl.EncDecAttention, _tl.TalkingHeadsEncDecAttention,
-      _tl.GeneralBilinearEncDecAttention,
-      mtf_layers.GroupedTalkingHeadsEncDecAttention))
+  # Exact classes: mtf's other attention layers (LocalSelfAttention, ...)
+  # subclass these and compute something else.
+  return type(layer) in (  # pylint: disable=unidiomatic-typecheck
+      (_tl.EncDecAttention, _tl.TalkingHeadsEncDecAttention,
+       _tl.GeneralBilinearEncDecAttention,
+       mtf_layers.GroupedTalkingHeadsEncDecAttention) if enc_dec else
+      (_tl.SelfAttention, _tl.TalkingHeadsSelfAttention,
+       _tl.GeneralBilinearSelfAttention,
+       mtf_layers.GroupedTalkingHeadsSelfAttention))
 
 
 def blocks(stack_name, unitransformer, *, decoder):
@@ -98,31 +100,99 @@ def blocks(stack_name, unitransformer, *, decoder):
     bad = [role for role, ok in checks.items() if not ok]
     if bad:
       layer = group[bad[0]]
-      _refuse(f"{stack_name} layer {layer.name!r} is a "
-              f"{type(layer).__name__}", f"blocks of {expected}")
+      _refuse(f"{_scope(stack_name)}make_layer_stack.layers: layer "
+              f"{layer.name!r} is a {type(layer).__name__}",
+              f"blocks of {expected}")
     result.append(Block(group["self"], group.get("cross"), group["ff"]))
   return result
 
 
-def check_stack(stack_name, unitransformer):
-  """Refuses sublayers, positions and options thattn's T5 lacks."""
+# The sublayers of mtf's two LayerStack layouts (each a pre-norm block), and
+# the scopes of their norms' scales: (before each layer, at the stack's end).
+# RMS_NORM is mtf's default stack (T5 1.1, mT5). LEGACY is the stack mtf
+# builds when `LayerStack.dropout_rate` and `LayerStack.norm_epsilon` are
+# bound, as in the released T5 1.0 checkpoints' operative configs: the same
+# computation under the scopes `layer_norm` and `final_layer_norm`, with the
+# stack's own dropout rate. (mtf stores that norm_epsilon but never reads it:
+# its legacy norm is `sublayer_rms_norm` with its own epsilon binding.)
+RMS_NORM, LEGACY = "rms_norm", "legacy"
+NORM_SCOPES = {RMS_NORM: ("rms_norm", "rms_norm"),
+               LEGACY: ("layer_norm", "final_layer_norm")}
+_SUBLAYERS = {
+    RMS_NORM: {
+        "sublayers_initial": [transformer.sublayer_dropout],
+        "sublayers_per_layer": [transformer.sublayer_rms_norm,
+                                transformer.sublayer_call_layer,
+                                transformer.sublayer_dropout,
+                                transformer.sublayer_residual],
+        "sublayers_final": [transformer.sublayer_rms_norm,
+                            transformer.sublayer_dropout]},
+    LEGACY: {
+        "sublayers_initial": [transformer.sublayer_legacy_dropout],
+        "sublayers_per_layer": [transformer.sublayer_legacy_rms_norm,
+                                transformer.sublayer_call_layer,
+                                transformer.sublayer_legacy_dropout,
+                                transformer.sublayer_residual],
+        "sublayers_final": [transformer.sublayer_legacy_final_rms_norm,
+                            transformer.sublayer_legacy_dropout]}}
+
+
+def _names(functions):
+  return [getattr(f, "__name__", f) for f in functions]
+
+
+def stack_layout(stack_name, unitransformer):
+  """RMS_NORM or LEGACY: which of mtf's pre-norm stacks the built LayerStack
+  is, read from its sublayer functions; anything else is refused, naming
+  the binding."""
   stack = unitransformer.layer_stack
   if type(stack) is not transformer.LayerStack:  # pylint: disable=unidiomatic-typecheck
-    _refuse(f"{stack_name} is a {type(stack).__name__}", "a LayerStack")
-  expected = {
-      "sublayers_initial": [transformer.sublayer_dropout],
-      "sublayers_per_layer": [transformer.sublayer_rms_norm,
-                              transformer.sublayer_call_layer,
-                              transformer.sublayer_dropout,
-                              transformer.sublayer_residual],
-      "sublayers_final": [transformer.sublayer_rms_norm,
-                          transformer.sublayer_dropout]}
-  for name, functions in expected.items():
-    got = list(getattr(stack, "_" + name) or [])
-    if got != functions:
-      _refuse(f"{stack_name}/LayerStack.{name} = "
-              f"{[getattr(f, '__name__', f) for f in got]}",
-              f"{[f.__name__ for f in functions]} (T5's pre-norm block)")
+    _refuse(f"{stack_name}/make_layer_stack.layer_stack_cls = "
+            f"{type(stack).__name__}", "LayerStack")
+  got = {name: list(getattr(stack, "_" + name) or [])
+         for name in _SUBLAYERS[RMS_NORM]}
+  for layout, expected in _SUBLAYERS.items():
+    if got == expected:
+      return layout
+  # Legacy mode ignores the sublayer bindings, so only a default stack can
+  # differ: name its first differing binding.
+  name = next(n for n, f in _SUBLAYERS[RMS_NORM].items() if got[n] != f)
+  _refuse(f"{stack_name}/LayerStack.{name} = {_names(got[name])}",
+          f"{_names(_SUBLAYERS[RMS_NORM][name])} (T5's pre-norm block), or "
+          "LayerStack.dropout_rate and norm_epsilon bound (T5 1.0's legacy "
+          "stack)")
+
+
+def model_layout(model):
+  """(RMS_NORM or LEGACY, the legacy stacks' dropout rate or None) of an mtf
+  Bitransformer or Unitransformer; its stacks must agree."""
+  units = ({"encoder": model.encoder, "decoder": model.decoder}
+           if isinstance(model, transformer.Bitransformer)
+           else {model.name: model})
+  layouts = {name: stack_layout(name, unit) for name, unit in units.items()}
+  if len(set(layouts.values())) > 1:
+    _refuse(f"the stacks' LayerStacks differ: {layouts}",
+            "one layout per model (LayerStack.dropout_rate and norm_epsilon "
+            "bound for every stack or for none)")
+  layout = layouts.popitem()[1]
+  if layout != LEGACY:
+    return layout, None
+  rates = {f"{_scope(name)}LayerStack.dropout_rate":
+               unit.layer_stack.dropout_rate for name, unit in units.items()}
+  if len(set(rates.values())) > 1:
+    _refuse(f"{rates}", "one dropout rate per model")
+  return layout, rates.popitem()[1]
+
+
+def norm_scopes(stack_name, unitransformer):
+  """(scope of each layer's norm, scope of the final norm) of the stack."""
+  return NORM_SCOPES[stack_layout(stack_name, unitransformer)]
+
+
+def check_stack(stack_name, unitransformer):
+  """Refuses sublayers, positions and options thattn's T5 lacks; returns
+  the stack's layout (RMS_NORM or LEGACY)."""
+  layout = stack_layout(stack_name, unitransformer)
   options = {
       "positional_embedding": (unitransformer.positional_embedding, False),
       "sinusoid_positional_embedding": (
@@ -134,6 +204,7 @@ def check_stack(stack_name, unitransformer):
     if value != wanted:
       _refuse(f"{stack_name}/Unitransformer.{name} = {value!r}",
               f"{wanted!r} (thattn's T5 has relative positions only)")
+  return layout
 
 
 def feed_forward_settings(block_list, stack_name):
@@ -357,15 +428,34 @@ def _stack_layers(config, *, self_attention, cross_attention, count):
   return layers
 
 
-def gin_text(config):
+def _stack_lines(scope, layers, config, layer_stack):
+  """The gin lines of one stack: its layers, and the legacy bindings."""
+  lines = []
+  if layer_stack == LEGACY:
+    # Binding both puts mtf's LayerStack in legacy mode (see NORM_SCOPES).
+    lines += [f"{scope}LayerStack.dropout_rate = {config.dropout_rate!r}",
+              f"{scope}LayerStack.norm_epsilon = "
+              f"{config.layer_norm_epsilon!r}"]
+  lines += [f"{scope}make_layer_stack.block_scope = False",
+            f"{scope}make_layer_stack.num_layers = 1",
+            f"{scope}make_layer_stack.layers = ["]
+  return lines + [f"    {_gin_value(layer)}," for layer in layers] + ["]"]
+
+
+def gin_text(config, *, layer_stack=RMS_NORM):
   """The operative gin config of the mtf model for a T5Config: a
   Bitransformer, or a Unitransformer ("lm" for a decoder-only config,
   "aligned" for an encoder-only one).
 
   Every layer is listed with its own arguments (`make_layer_stack` with
   `block_scope=False` and explicit `block_XXX/layer_YYY` names), so per-layer
-  attention configs survive and the variable names are T5's.
+  attention configs survive and the variable names are T5's. `layer_stack`
+  is RMS_NORM (mtf's default stack) or LEGACY (T5 1.0's: norms scoped
+  `layer_norm` and `final_layer_norm`).
   """
+  if layer_stack not in NORM_SCOPES:
+    raise ValueError(f"layer_stack={layer_stack!r}; expected one of "
+                     f"{sorted(NORM_SCOPES)}.")
   if not isinstance(config, models.T5Config):
     raise ValueError(f"Mesh TensorFlow export needs a T5Config, got "
                      f"{type(config).__name__} (BERT and ALBERT have no mtf "
@@ -401,8 +491,5 @@ def gin_text(config):
   for scope, (self_attention, cross_attention, count) in stacks.items():
     layers = _stack_layers(config, self_attention=self_attention,
                            cross_attention=cross_attention, count=count)
-    lines += [f"{scope}make_layer_stack.block_scope = False",
-              f"{scope}make_layer_stack.num_layers = 1",
-              f"{scope}make_layer_stack.layers = ["]
-    lines += [f"    {_gin_value(layer)}," for layer in layers] + ["]"]
+    lines += _stack_lines(scope, layers, config, layer_stack)
   return "\n".join(lines) + "\n"

@@ -56,6 +56,9 @@ from thattn.mtf.layer_weights import token_of  # pylint: disable=unused-import
 T5_EOS_ID = 1
 DEFAULT_SEQUENCE_LENGTH = 512
 CONVERTED_FROM = "converted_from"
+# converted_from's record of the source's mtf LayerStack layout
+# (architecture.RMS_NORM or LEGACY), which thattn_to_mtf writes back.
+LAYER_STACK = "layer_stack"
 
 
 @contextlib.contextmanager
@@ -168,6 +171,51 @@ def _load_mtf(mtf_model_dir, checkpoint_step):
   return gin_text, checkpoint, variables, mtf_model, rows
 
 
+def _t5_config(gin_text, mtf_model, rows):
+  """(T5Config, LayerStack layout) of the built mtf model."""
+  layout, legacy_dropout = architecture.model_layout(mtf_model)
+  config = architecture.t5_config(
+      mtf_model, vocab_size=rows,
+      # Both stack layouts normalize with sublayer_rms_norm's epsilon.
+      layer_norm_epsilon=_gin_setting(gin_text, "sublayer_rms_norm.epsilon",
+                                      1e-6),
+      dropout_rate=(legacy_dropout if layout == architecture.LEGACY else
+                    _gin_setting(gin_text, "sublayer_dropout.dropout_rate",
+                                 0.0)))
+  return config, layout
+
+
+def _run_config(config, *, task, sequence_length, tokenizer, source):
+  """run_config.json of the converted model; `source` is its
+  CONVERTED_FROM entry."""
+  return {
+      # thattn has no task for a one-stack model yet: it loads
+      # (thattn.models.load) and converts back, but does not train.
+      "task": task or ("span_corruption"
+                       if config.stacks == "encoder_decoder" else None),
+      "preset": "t5_1_1_base" if config.gated_feed_forward else "t5_base",
+      "overrides": _overrides(config), "sequence_length": sequence_length,
+      # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
+      "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
+      "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
+      CONVERTED_FROM: source}
+
+
+def _write_thattn(model_dir, *, keras_model, step, tokenizer, run_config):
+  """The thattn model_dir, staged and renamed into place."""
+  with _staged(model_dir, "--model_dir") as staging:
+    # CheckpointManager records relative paths in its `checkpoint` state
+    # file, so tf.train.latest_checkpoint still resolves after the rename.
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(backbone=keras_model),
+        run_dir.path(staging, run_dir.CHECKPOINTS), max_to_keep=1)
+    manager.save(checkpoint_number=step)
+    if tokenizer is not None:
+      tokenizer.save(run_dir.path(staging, run_dir.TOKENIZER))
+    run_dir.write_json(run_dir.path(staging, run_dir.RUN_CONFIG), run_config,
+                       sort_keys=True)
+
+
 def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
                   vocabulary=None, sequence_length=DEFAULT_SEQUENCE_LENGTH,
                   task=None, log=print):
@@ -195,12 +243,7 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
   """
   gin_text, checkpoint, variables, mtf_model, rows = _load_mtf(
       mtf_model_dir, checkpoint_step)
-  config = architecture.t5_config(
-      mtf_model, vocab_size=rows,
-      layer_norm_epsilon=_gin_setting(gin_text, "sublayer_rms_norm.epsilon",
-                                      1e-6),
-      dropout_rate=_gin_setting(gin_text, "sublayer_dropout.dropout_rate",
-                                0.0))
+  config, layout = _t5_config(gin_text, mtf_model, rows)
   tokenizer = None
   if vocabulary is not None:
     tokenizer = _vocabulary(vocabulary, rows, _gin_setting(
@@ -209,34 +252,19 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
   model_map.mtf_to_keras(mtf_model=mtf_model, keras_model=keras_model,
                          variables=variables)
   step = int(re.search(r"(\d+)$", checkpoint).group(1))
-  preset = "t5_1_1_base" if config.gated_feed_forward else "t5_base"
-  run_config = {
-      # thattn has no task for a one-stack model yet: it loads
-      # (thattn.models.load) and converts back, but does not train.
-      "task": task or ("span_corruption"
-                       if config.stacks == "encoder_decoder" else None),
-      "preset": preset,
-      "overrides": _overrides(config), "sequence_length": sequence_length,
-      # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
-      "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
-      "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
-      CONVERTED_FROM: {"mtf_model_dir": os.path.abspath(mtf_model_dir),
-                       "checkpoint": checkpoint, "step": step}}
-  with _staged(model_dir, "--model_dir") as staging:
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(backbone=keras_model),
-        run_dir.path(staging, run_dir.CHECKPOINTS), max_to_keep=1)
-    manager.save(checkpoint_number=step)
-    if tokenizer is not None:
-      tokenizer.save(run_dir.path(staging, run_dir.TOKENIZER))
-    run_dir.write_json(run_dir.path(staging, run_dir.RUN_CONFIG), run_config,
-                       sort_keys=True)
+  run_config = _run_config(
+      config, task=task, sequence_length=sequence_length, tokenizer=tokenizer,
+      # The layout is what thattn_to_mtf writes back.
+      source={"mtf_model_dir": os.path.abspath(mtf_model_dir),
+              "checkpoint": checkpoint, "step": step, LAYER_STACK: layout})
+  _write_thattn(model_dir, keras_model=keras_model, step=step,
+                tokenizer=tokenizer, run_config=run_config)
   layers = {"encoder_decoder": f"{config.num_layers}+{config.decoder_layers}",
             "decoder": f"decoder-only {config.decoder_layers}",
             "encoder": f"encoder-only {config.num_layers}"}[config.stacks]
   log(f"Converted {checkpoint} (step {step}) to {model_dir}: T5, "
-      f"{layers} layers, d_model "
-      f"{config.d_model}, vocabulary {rows}"
+      f"{layers} layers, d_model {config.d_model}, vocabulary {rows}, "
+      f"{layout} LayerStack"
       f"{', tokenizer written' if tokenizer else ', no tokenizer'}.")
   return config
 
@@ -259,7 +287,11 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
   run_config = run_dir.read_run_config(model_dir)
   config = models.model_config(run_config["preset"],
                                **run_config.get("overrides", {}))
-  gin_text = architecture.gin_text(config)
+  # A converted model goes back in its source's layout (T5 1.0's legacy
+  # stack keeps its `layer_norm` names); anything else in mtf's default.
+  layer_stack = run_config.get(CONVERTED_FROM, {}).get(
+      LAYER_STACK, architecture.RMS_NORM)
+  gin_text = architecture.gin_text(config, layer_stack=layer_stack)
   checkpoint = checkpoint or run_dir.latest_checkpoint(model_dir)
   keras_model = models.load(model_dir, checkpoint=checkpoint)
   mtf_model = mtf_models.build_model(gin_text=gin_text,

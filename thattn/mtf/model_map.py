@@ -13,12 +13,12 @@ transposes only, so a round trip is exact).
 |---|---|
 | `shared/embedding` [vocab, d_model] (`transformer/embedding`) | `token_embedding` E |
 | `decoder/logits/kernel` [d_model, vocab] (`transformer/...`; untied) | `lm_head` kernel |
-| `{stack}/block_{i}/layer_{j}/rms_norm/scale` | block i's norm before sublayer j |
+| `{stack}/block_{i}/layer_{j}/rms_norm/scale` (`layer_norm` in T5 1.0's legacy stack) | block i's norm before sublayer j |
 | `{stack}/block_{i}/layer_{j}/{attention class}/...` | block i's attention (see `layer_weights`) |
 | `.../SelfAttention/relative_attention_bias` of block 0 | the stack's `RelativePositionBias` (mtf's "bias_shared": block 0 owns it) |
 | `{stack}/block_{i}/layer_{j}/DenseReluDense/wi/kernel` (`wi_0`, `wi_1` gated) | feed_forward `input` (and `gate`) kernel |
 | `.../DenseReluDense/wo/kernel` | feed_forward `output` kernel |
-| `{stack}/rms_norm/scale` | `{stack}_final_norm` |
+| `{stack}/rms_norm/scale` (`final_layer_norm` in the legacy stack) | `{stack}_final_norm` |
 
 `{stack}` is `encoder` or `decoder` in a Bitransformer; a Unitransformer's
 one stack is `transformer` (its name), thattn's `decoder_*` layers for a
@@ -49,7 +49,8 @@ class _Attention:
   bias_owner: str  # mtf name of the stack's shared bias, or None
 
 
-def _block_units(stack, block, keras_block, bias_layer, bias_owner):
+def _block_units(stack, block, keras_block, bias_layer, bias_owner,
+                 norm_scope):
   units = []
   roles = ((block.self_attention, keras_block.self_attention_norm,
             keras_block.self_attention, bias_layer),
@@ -59,12 +60,13 @@ def _block_units(stack, block, keras_block, bias_layer, bias_owner):
     if layer is None:
       continue
     scope = f"{stack}/{layer.name}/"
-    units.append(_Copy(scope + "rms_norm/scale", norm.scale))
+    units.append(_Copy(f"{scope}{norm_scope}/scale", norm.scale))
     units.append(_Attention(scope + type(layer).__name__ + "/", layer,
                             attention, bias, bias_owner if bias else None))
   ff, keras_ff = block.feed_forward, keras_block.feed_forward
   scope = f"{stack}/{ff.name}/"
-  units.append(_Copy(scope + "rms_norm/scale", keras_block.feed_forward_norm.scale))
+  units.append(_Copy(f"{scope}{norm_scope}/scale",
+                     keras_block.feed_forward_norm.scale))
   wi = scope + "DenseReluDense/wi"
   if keras_ff.gate_dense is None:
     units.append(_Copy(wi + "/kernel", keras_ff.input_dense.kernel))
@@ -79,6 +81,7 @@ def _block_units(stack, block, keras_block, bias_layer, bias_owner):
 def _stack_units(unit, keras_model, kind, *, cross_attention):
   """The units of one mtf stack and thattn's `{kind}_*` layers."""
   blocks = architecture.blocks(unit.name, unit, decoder=cross_attention)
+  norm_scope, final_norm_scope = architecture.norm_scopes(unit.name, unit)
   bias_layer = keras_model.get_layer(
       f"{kind}_position_bias").relative_position_bias
   first = blocks[0].self_attention
@@ -88,8 +91,8 @@ def _stack_units(unit, keras_model, kind, *, cross_attention):
   for index, block in enumerate(blocks):
     units += _block_units(unit.name, block,
                           keras_model.get_layer(f"{kind}_block_{index}"),
-                          bias_layer, bias_owner)
-  units.append(_Copy(f"{unit.name}/rms_norm/scale",
+                          bias_layer, bias_owner, norm_scope)
+  units.append(_Copy(f"{unit.name}/{final_norm_scope}/scale",
                      keras_model.get_layer(f"{kind}_final_norm").scale))
   return units
 

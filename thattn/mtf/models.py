@@ -459,8 +459,8 @@ def write_model_dir(*, mtf_model_dir, gin_text, variables, step):
   """Writes operative_config.gin and a TF1 checkpoint model.ckpt-<step>.
 
   The checkpoint holds float32 `variables` under exactly their names and
-  an int64 `global_step`, with the `checkpoint` state file, as mtf's Saver
-  writes it. The dir is made if needed; atomic staging is the caller's job.
+  an int64 `global_step`, with the `checkpoint` state file (relative
+  paths), as mtf's Saver writes it. The dir is made if needed; atomic staging is the caller's job.
   """
   if "global_step" in variables:
     raise ValueError(f"got a 'global_step' variable; it is step={step}.")
@@ -478,7 +478,11 @@ def write_model_dir(*, mtf_model_dir, gin_text, variables, step):
       feeds[placeholder] = value
     saved["global_step"] = tf.compat.v1.Variable(
         np.int64(step), dtype=tf.int64, name="global_step")
-    saver = tf.compat.v1.train.Saver(var_list=saved, max_to_keep=None)
+    # Relative paths in the `checkpoint` state file, as mtf's own Saver
+    # writes them: tf.train.latest_checkpoint(dir) still resolves after the
+    # dir is renamed (thattn-convert stages it) or moved.
+    saver = tf.compat.v1.train.Saver(var_list=saved, max_to_keep=None,
+                                     save_relative_paths=True)
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(tf.compat.v1.global_variables_initializer(), feeds)
       saver.save(session, os.path.join(mtf_model_dir, CHECKPOINT_PREFIX),
