@@ -3,8 +3,9 @@ fine-tune with thattn-train, export and serve text.
 
 The vocabulary is a SentencePiece model in T5's layout (<pad>=0, </s>=1,
 <unk>=2, 100 sentinels past its 300 pieces: 400 ids, which mtf pads to 512
-embedding rows), trained here; the model is mtf's T5 1.0 layout, saved by
-Mesh TensorFlow under T5's variable names.
+embedding rows), trained here; the model is the released T5 1.0 checkpoints'
+layout (mtf's legacy LayerStack: `layer_norm` and `final_layer_norm`
+scopes, dropout 0.1), built and saved by Mesh TensorFlow as T5 saves it.
 """
 
 import io
@@ -19,6 +20,7 @@ import sentencepiece
 import tensorflow as tf
 
 from tests.mtf import model_convert_test
+from tests.mtf import t5_layouts_convert_test as layouts
 from thattn import models
 from thattn.data import tokenizers
 from thattn.mtf import convert
@@ -46,13 +48,10 @@ def t5_vocabulary(tmp_path_factory, heldout_paragraphs):
 def converted(tmp_path_factory, t5_vocabulary):
   """(mtf model_dir, thattn model_dir, mtf variables)."""
   root = tmp_path_factory.mktemp("t5_vocabulary_convert")
-  gin_text = model_convert_test.T5_1_0
-  variables = mtf_models.initial_variables(gin_text=gin_text,
-                                           vocab_size=_VOCAB, seed=3)
+  variables = layouts.save_as_t5(root / "mtf", layouts.T5_1_0,
+                                 vocab_size=_VOCAB, seed=3)
   assert variables["shared/embedding"].shape[0] == _ROWS
-  mtf_models.write_model_dir(mtf_model_dir=str(root / "mtf"),
-                             gin_text=gin_text, variables=variables,
-                             step=1000)
+  assert "encoder/final_layer_norm/scale" in variables
   convert.mtf_to_thattn(mtf_model_dir=str(root / "mtf"),
                         model_dir=str(root / "thattn"),
                         vocabulary=str(t5_vocabulary), sequence_length=32,
@@ -75,7 +74,7 @@ def test_the_tokenizer_is_t5s_and_the_logits_are_mtfs(converted):
   inputs = np.pad(ids.numpy(), [(0, 0), (0, 1)])  # room for padding
   targets = np.array([[tokenizer.special.sentinels[0], 5, 1],
                       [tokenizer.special.sentinels[1], 1, 0]], np.int32)
-  expected = mtf_models.logits(gin_text=model_convert_test.T5_1_0,
+  expected = mtf_models.logits(gin_text=layouts.T5_1_0,
                                vocab_size=_VOCAB, variables=variables,
                                inputs=inputs, targets=targets)
   got = model_convert_test._thattn_logits(  # pylint: disable=protected-access
