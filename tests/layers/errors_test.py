@@ -56,10 +56,17 @@ def test_mask_whose_shape_does_not_fit():
 
 
 def test_additive_float_mask_is_refused_rather_than_misread():
+  # 0/1 numeric masks are cast as tf_keras casts them (drop-in issue); an
+  # additive mask would be misread that way, so its values are refused.
   layer = layers.MultiHeadAttention(2, 4)
   x = tf.zeros([1, 3, 8])
-  with pytest.raises(ValueError, match="must be boolean.*got dtype float32"):
-    layer(x, x, attention_mask=tf.zeros([1, 3, 3]))
+  additive = tf.constant([[[0.0, -1e9, -1e9]] * 3])
+  with pytest.raises(ValueError, match=r"must hold only 0 and 1.*got "
+                     r"float32 values \[-1000000000.0\].*mask > -1"):
+    layer(x, x, attention_mask=additive)
+  with pytest.raises(ValueError, match="boolean or 0/1 numbers.*got dtype "
+                     "string"):
+    layer(x, x, attention_mask=tf.fill([1, 3, 3], "yes"))
 
 
 def test_inputs_of_wrong_rank():
@@ -89,3 +96,13 @@ def test_a_call_with_another_width_than_built_names_both(make_layer):
   with pytest.raises(ValueError, match=r"built for key width 16, called "
                      r"with a key of width 8"):
     layer(tf.zeros([1, 3, 16]), tf.zeros([1, 3, 8]))
+
+
+def test_batch_or_memory_length_mismatch_names_the_shapes():
+  layer = layers.TalkingHeadsAttention(2, 4)
+  with pytest.raises(ValueError, match=r"same batch size, got shapes query "
+                     r"\(2, 3, 8\), key \(3, 4, 8\), value \(3, 4, 8\)"):
+    layer(tf.zeros([2, 3, 8]), tf.zeros([3, 4, 8]))
+  with pytest.raises(ValueError, match=r"key and value must have the same "
+                     r"length.*key \(2, 5, 8\) and value \(2, 4, 8\)"):
+    layer(tf.zeros([2, 3, 8]), tf.zeros([2, 4, 8]), key=tf.zeros([2, 5, 8]))

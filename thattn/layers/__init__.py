@@ -5,6 +5,8 @@ from thattn.layers.base import AttentionLayer
 from thattn.layers.fixed_head_size import fixed_head_size_attention
 from thattn.layers.general_bilinear import GeneralBilinearAttention
 from thattn.layers.initializers import ScaledInitializer
+from thattn.layers.keras_interop import from_keras
+from thattn.layers.keras_interop import to_keras
 from thattn.layers.multi_head import MultiHeadAttention
 from thattn.layers.projected import ProjectedAttention
 from thattn.layers.relative_position import relative_position_bucket

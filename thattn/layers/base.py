@@ -25,6 +25,7 @@ import tf_keras
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
+from thattn.layers import keras_arguments
 
 # The decoding-cache write, over the cache's trailing dimensions flattened:
 # written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]), for the s new
@@ -67,14 +68,25 @@ class AttentionLayer(tf_keras.layers.Layer):
   generate it piecewise instead of as an [n, m] tensor; `full_mask` combines
   the two.
 
-  Call:
-    layer(query, value, key=None, attention_mask=None, use_causal_mask=False,
-          return_attention_scores=False, training=None, position_bias=None,
-          cache=None, decode_step=None)
+  Constructor (shared): `output_shape` (d_Y, an int or a 1-tuple; defaults
+  to the query width), `dropout`, `kernel_initializer`, and tf_keras's
+  `kernel_regularizer`, `bias_regularizer`, `activity_regularizer`,
+  `kernel_constraint`, `bias_constraint`; `output_dim` and `dropout_rate`
+  are accepted aliases (see `thattn.layers.keras_arguments`).
+
+  Call, in tf_keras.layers.MultiHeadAttention's positional order:
+    layer(query, value, key=None, attention_mask=None,
+          return_attention_scores=False, training=None,
+          use_causal_mask=False, *, position_bias=None, cache=None,
+          decode_step=None)
 
     query: X[b, n, d_X].  value: the memory M[b, m, d_M].  key: defaults to
-    value.  attention_mask: boolean, broadcastable to [b, n, m], True means
-    "may attend".  position_bias: added to the logits L[b, h, n, m] after the
+    value.  attention_mask: broadcastable to [b, n, m], True (or nonzero)
+    means "may attend"; 0/1 numbers are cast to bool as tf_keras does.
+    Keras implicit masks of query, value and a separate key are combined
+    with it. Query, value and key may be RaggedTensors [b, (length), d]:
+    densified, their padding masked, and Y ragged again when the query was.
+    position_bias: added to the logits L[b, h, n, m] after the
     pre-softmax projection (e.g. `RelativePositionBias`).
 
     Incremental decoding:
@@ -89,15 +101,34 @@ class AttentionLayer(tf_keras.layers.Layer):
     last whenever one was passed in.
   """
 
-  def __init__(self, output_dim=None, dropout_rate=0.0,
-               kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.output_dim = validation.positive_int("output_dim", output_dim,
-                                              optional=True)
-    self.dropout_rate = validation.rate("dropout_rate", dropout_rate)
+  def __init__(self, output_shape=None, dropout=0.0,
+               kernel_initializer="glorot_uniform", kernel_regularizer=None,
+               bias_regularizer=None, activity_regularizer=None,
+               kernel_constraint=None, bias_constraint=None, *,
+               output_dim=None, dropout_rate=None, **kwargs):
+    # As in tf_keras.layers.MultiHeadAttention, the activity regularizer
+    # applies to the layer's output (Keras's Layer does that).
+    super().__init__(activity_regularizer=tf_keras.regularizers.get(
+        activity_regularizer), **kwargs)
+    # tf_keras's names are canonical; the older thattn names stay accepted
+    # (see thattn.layers.keras_arguments).
+    output_name, output_shape = keras_arguments.resolve_alias(
+        self.name, ("output_shape", output_shape), ("output_dim", output_dim),
+        None)
+    dropout_name, dropout = keras_arguments.resolve_alias(
+        self.name, ("dropout", dropout), ("dropout_rate", dropout_rate), 0.0)
+    # Stored as `output_dim`: Keras layers already have an `output_shape`
+    # property (the shape of their output tensor).
+    self.output_dim = validation.positive_int(
+        output_name, keras_arguments.output_width(self.name, output_shape),
+        optional=True)
+    self.dropout = validation.rate(dropout_name, dropout)
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
-    self._dropout = tf_keras.layers.Dropout(dropout_rate,
-                                            dtype=self.dtype_policy)
+    self.kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
+    self.bias_regularizer = tf_keras.regularizers.get(bias_regularizer)
+    self.kernel_constraint = tf_keras.constraints.get(kernel_constraint)
+    self.bias_constraint = tf_keras.constraints.get(bias_constraint)
+    self._dropout = tf_keras.layers.Dropout(dropout, dtype=self.dtype_policy)
     # The shapes the weights were built for, as a JSON string: Keras would
     # track a dict attribute and a SavedModel reload would restore it as
     # empty lists. `get_config` carries them so that `from_config` (which
@@ -110,6 +141,11 @@ class AttentionLayer(tf_keras.layers.Layer):
     # Keras implicit masks (e.g. from Embedding(mask_zero=True)) are read
     # from the inputs in `call`, as tf_keras.layers.MultiHeadAttention does.
     self.supports_masking = True
+
+  @property
+  def dropout_rate(self):
+    """The attention dropout rate (the older name of `dropout`)."""
+    return self.dropout
 
   # ---- hooks -------------------------------------------------------------
   def create_weights(self, query_width, key_width, value_width):
@@ -133,12 +169,19 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   # ---- weights and their logical axes ------------------------------------
   def add_axes_weight(self, name, shape, axes, initializer):
-    """`add_weight`, recording the weight's logical axes (see thattn.dims)."""
+    """`add_weight`, recording the weight's logical axes (see thattn.dims).
+
+    Every such weight is a kernel in tf_keras's sense: it takes the layer's
+    kernel regularizer and constraint (Model Garden does the same for its
+    talking-heads projections).
+    """
     if len(shape) != len(axes):
       raise ValueError(f"Weight {name!r} has shape {shape} but logical axes "
                        f"{axes}; they must have the same length.")
     variable = self.add_weight(name=name, shape=shape,
                                initializer=initializers.fresh(initializer),
+                               regularizer=self.kernel_regularizer,
+                               constraint=self.kernel_constraint,
                                trainable=True)
     self._axes_by_variable_name[variable.name] = tuple(axes)
     return variable
@@ -230,20 +273,25 @@ class AttentionLayer(tf_keras.layers.Layer):
                                self._to_compute_dtype(value))
 
   # ---- call ----------------------------------------------------------------
+  def __call__(self, *args, **kwargs):
+    # Before Keras's own __call__, whose error for a Keras 3 tensor does not
+    # say that this is a tf_keras layer.
+    keras_arguments.refuse_keras3_tensors(
+        self.name, list(args) + list(kwargs.values()))
+    return super().__call__(*args, **kwargs)
+
   def call(self, query, value=None, key=None, attention_mask=None,
-           use_causal_mask=False, return_attention_scores=False,
-           training=None, position_bias=None, cache=None, decode_step=None):
+           return_attention_scores=False, training=None,
+           use_causal_mask=False, *, position_bias=None, cache=None,
+           decode_step=None):
     if value is None and cache is None:
       raise ValueError(f"{self.name}: `value` (the memory) is required unless "
                        "a cross-attention `cache` is given.")
     if decode_step is not None and cache is None:
       raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
                        "cache; create one with `initial_cache`.")
-    # Keras implicit masks (e.g. Embedding(mask_zero=True)), read before
-    # any cast, which would drop them.
-    implicit_masks = (getattr(query, "_keras_mask", None),
-                      None if cache is not None else
-                      getattr(value, "_keras_mask", None))
+    query, value, key, query_lengths, implicit_masks = self._dense_inputs(
+        query, value, key, cache)
     # Keras autocasts only the first argument under a mixed-precision
     # policy; the memory must follow it into the compute dtype.
     value = self._to_compute_dtype(value)
@@ -255,6 +303,8 @@ class AttentionLayer(tf_keras.layers.Layer):
       # Inside __call__ Keras has opened this layer's name scope already.
       self._create_weights_once(query.shape, value.shape, key.shape)
     self._check_widths(query=query, key=key, value=value)
+    keras_arguments.check_lengths(self.name, query=query, key=key,
+                                  value=value)
 
     query_state = self.project_query(query)
     query_offset = 0
@@ -277,10 +327,63 @@ class AttentionLayer(tf_keras.layers.Layer):
     output, scores = self.attend(query_state, memory_state, mask,
                                  position_bias, training, causal_offset,
                                  return_attention_scores)
+    output = keras_arguments.reragged(output, query_lengths)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
       results += (memory_state,)
     return results[0] if len(results) == 1 else results
+
+  def _dense_inputs(self, query, value, key, cache):
+    """(query, value, key, query row lengths, implicit masks), dense.
+
+    The implicit masks are the Keras masks (e.g. Embedding(mask_zero=True)),
+    read before any cast, which would drop them: the query's, then the
+    value's and a separate key's (as in tf_keras), then the padding of
+    ragged memory inputs (see `keras_arguments.densify_ragged`).
+    """
+    implicit_masks = [getattr(query, "_keras_mask", None)]
+    if cache is None:
+      implicit_masks += [getattr(value, "_keras_mask", None),
+                         None if key is None or key is value else
+                         getattr(key, "_keras_mask", None)]
+    query, value, key, query_lengths, padding_mask = (
+        keras_arguments.densify_ragged(self.name, query, value, key))
+    if query_lengths is not None or padding_mask is not None:
+      if cache is not None:
+        raise ValueError(f"{self.name}: decoding caches take dense inputs; "
+                         "densify the RaggedTensor with `.to_tensor()`.")
+      implicit_masks.append(padding_mask)
+    return query, value, key, query_lengths, implicit_masks
+
+  # The heads of the attention scores `call` returns; subclasses whose
+  # scores have other heads (talking heads: h_v) override it.
+  @property
+  def attention_scores_heads(self):
+    return self.num_heads
+
+  def compute_output_shape(self, query_shape, value_shape, key_shape=None,
+                           return_attention_scores=False):
+    """Y's shape [b, n, d_Y], and the scores' [b, heads, n, m] if asked.
+
+    tf_keras.layers.MultiHeadAttention's signature; `key_shape` defaults to
+    `value_shape`.
+    """
+    query_shape = tf.TensorShape(query_shape)
+    value_shape = tf.TensorShape(value_shape)
+    key_shape = value_shape if key_shape is None else tf.TensorShape(key_shape)
+    for name, shape in (("query_shape", query_shape),
+                        ("value_shape", value_shape),
+                        ("key_shape", key_shape)):
+      if shape.rank != 3:
+        raise ValueError(f"{self.name}: {name} must be [batch, length, "
+                         f"width], got {shape}.")
+    output_shape = query_shape[:-1].concatenate(
+        [self.output_dim or query_shape[-1]])
+    if not return_attention_scores:
+      return output_shape
+    scores_shape = tf.TensorShape([query_shape[0], self.attention_scores_heads,
+                                   query_shape[1], value_shape[1]])
+    return output_shape, scores_shape
 
   def _check_widths(self, **inputs):
     """Refuses inputs whose width is not the one the weights were built for.
@@ -310,21 +413,26 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   def _combined_mask(self, query, implicit_masks, attention_mask,
                      memory_length):
-    """The non-causal masks as one boolean [b, 1, n, m]-broadcastable mask."""
+    """The non-causal masks as one boolean [b, 1, n, m]-broadcastable mask.
+
+    `implicit_masks` is the query's [b, n] Keras mask, then any number of
+    [b, m] memory masks (the value's and key's Keras masks, ragged padding),
+    each None or a tensor.
+    """
     masks = []
     if attention_mask is not None:
       masks.append(self._checked_mask(attention_mask, query, memory_length))
-    implicit_query, implicit_value = implicit_masks
+    implicit_query, *implicit_memory = implicit_masks
     if implicit_query is not None:
       masks.append(tf.expand_dims(tf.cast(implicit_query, tf.bool), 2))
-    if implicit_value is not None:
-      masks.append(tf.expand_dims(tf.cast(implicit_value, tf.bool), 1))
+    masks += [tf.expand_dims(tf.cast(memory_mask, tf.bool), 1)
+              for memory_mask in implicit_memory if memory_mask is not None]
     mask = attention_ops.combine_masks(*masks)
     return None if mask is None else tf.expand_dims(mask, 1)  # heads axis
 
   def _checked_mask(self, mask, query, memory_length):
-    """Validates a user mask's static shape against [b, n, m]."""
-    mask = tf.convert_to_tensor(mask)
+    """A user mask as bool, its static shape checked against [b, n, m]."""
+    mask = keras_arguments.boolean_mask(self.name, mask)
     static_memory_length = tf.get_static_value(memory_length)
     expected = [query.shape[0], query.shape[1],
                 None if static_memory_length is None else
@@ -338,9 +446,6 @@ class AttentionLayer(tf_keras.layers.Layer):
           f"{self.name}: attention_mask has shape {shape}, expected "
           f"[batch, query_length, memory_length] = {expected} "
           "(dimensions of size 1 broadcast).")
-    if mask.dtype != tf.bool:
-      raise ValueError(f"{self.name}: attention_mask must be boolean (True = "
-                       f"may attend), got dtype {mask.dtype.name}.")
     return mask
 
   def dropout_weights(self, weights, training):
@@ -349,11 +454,19 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   def get_config(self):
     config = super().get_config()
+    serialize = {"initializer": tf_keras.initializers.serialize,
+                 "regularizer": tf_keras.regularizers.serialize,
+                 "constraint": tf_keras.constraints.serialize}
     config.update({
-        "output_dim": self.output_dim,
-        "dropout_rate": self.dropout_rate,
-        "kernel_initializer":
-            tf_keras.initializers.serialize(self.kernel_initializer),
+        "output_shape": self.output_dim,
+        "dropout": self.dropout,
+        "kernel_initializer": serialize["initializer"](self.kernel_initializer),
+        "kernel_regularizer": serialize["regularizer"](self.kernel_regularizer),
+        "bias_regularizer": serialize["regularizer"](self.bias_regularizer),
+        "activity_regularizer":
+            serialize["regularizer"](self.activity_regularizer),
+        "kernel_constraint": serialize["constraint"](self.kernel_constraint),
+        "bias_constraint": serialize["constraint"](self.bias_constraint),
         "build_shapes": self.build_shapes,
     })
     return config

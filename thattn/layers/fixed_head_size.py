@@ -31,7 +31,7 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
       set to n, as Bhojanapalli et al. propose: d_k = d_v = n.
     head_size: an explicit d_k = d_v instead.
     variant: "multi_head" or "talking_heads".
-    **kwargs: passed to the layer (e.g. output_dim, dynamic_projections).
+    **kwargs: passed to the layer (e.g. output_shape, dynamic_projections).
 
   Returns:
     A `MultiHeadAttention` or `TalkingHeadsAttention` with

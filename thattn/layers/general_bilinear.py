@@ -41,16 +41,17 @@ class GeneralBilinearAttention(base.AttentionLayer):
 
   Args:
     num_heads: h.
-    output_dim: d_Y; defaults to the query width.
-    dropout_rate: attention dropout on W.
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
+    dropout: attention dropout on W (alias: dropout_rate).
     kernel_initializer: for P and Q. Defaults to normals with stddev
       1/sqrt(fan_in), fan_in being d_X * d_M for P and d_M * h for Q, which
       gives unit-variance logits and outputs for unit-variance inputs.
   """
 
-  def __init__(self, num_heads, output_dim=None, dropout_rate=0.0,
+  def __init__(self, num_heads, output_shape=None, dropout=0.0,
                kernel_initializer=None, **kwargs):
-    super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
+    super().__init__(output_shape=output_shape, dropout=dropout,
                      kernel_initializer=kernel_initializer, **kwargs)
     self.num_heads = validation.positive_int("num_heads", num_heads)
 

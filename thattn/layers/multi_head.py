@@ -16,6 +16,7 @@ P_q's initializer (see `thattn.layers.initializers.ScaledInitializer`).
 
 import tf_keras
 
+from thattn.layers import keras_arguments
 from thattn.layers import projected
 
 
@@ -23,30 +24,53 @@ from thattn.layers import projected
 class MultiHeadAttention(projected.ProjectedAttention):
   """Multi-head attention with h heads of sizes d_k and d_v.
 
+  A drop-in for `tf_keras.layers.MultiHeadAttention`: the same
+  constructor arguments in the same positional order, and the same call.
+  What differs by design (docs/coming_from_keras.md): 1/sqrt(d_k) is folded
+  into P_q instead of applied at run time, biases are off by default, and
+  inputs are [batch, length, width] only (`attention_axes` None or (1,)).
+  `thattn.layers.from_keras` converts a built tf_keras layer, weights
+  included, with equal outputs.
+
   Args:
     num_heads: h.
     key_dim: d_k; free, not tied to d_model / h (fixed head size of
       Bhojanapalli et al., 2020).
     value_dim: d_v; defaults to key_dim.
-    output_dim: d_Y; defaults to the query width.
-    use_bias: biases on P_q, P_k, P_v and P_o.
-    dropout_rate: attention dropout on W.
+    dropout: attention dropout on W (alias: dropout_rate).
+    use_bias: biases on P_q, P_k, P_v and P_o (the paper has none; tf_keras
+      defaults to True).
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
+    attention_axes: only None or (1,), tf_keras's default for rank-3 inputs.
     kernel_initializer: for P_q (scaled by d_k**-0.5), P_k, P_v and P_o.
     bias_initializer: for the biases.
+    kernel_regularizer, bias_regularizer, activity_regularizer,
+    kernel_constraint, bias_constraint: as in tf_keras (the activity
+      regularizer applies to the layer's output).
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries with recomputation in the backward pass (see
       `TalkingHeadsAttention`).
   """
 
-  def __init__(self, num_heads, key_dim, value_dim=None, output_dim=None,
-               use_bias=False, dropout_rate=0.0,
+  def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0,
+               use_bias=False, output_shape=None, attention_axes=None,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
-               query_chunk_size=None, **kwargs):
+               kernel_regularizer=None, bias_regularizer=None,
+               activity_regularizer=None, kernel_constraint=None,
+               bias_constraint=None, *, query_chunk_size=None, **kwargs):
+    keras_arguments.check_attention_axes(
+        kwargs.get("name") or "MultiHeadAttention", attention_axes)
     super().__init__(num_heads, num_heads, num_heads, key_dim,
-                     value_dim=value_dim, output_dim=output_dim,
-                     use_bias=use_bias, dropout_rate=dropout_rate,
+                     value_dim=value_dim, dropout=dropout, use_bias=use_bias,
+                     output_shape=output_shape,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer,
+                     kernel_regularizer=kernel_regularizer,
+                     bias_regularizer=bias_regularizer,
+                     activity_regularizer=activity_regularizer,
+                     kernel_constraint=kernel_constraint,
+                     bias_constraint=bias_constraint,
                      query_chunk_size=query_chunk_size, **kwargs)
 
   def get_config(self):

@@ -60,11 +60,9 @@ class ProjectedAttention(base.AttentionLayer):
   num_head_groups = 1
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
-               value_dim=None, output_dim=None, use_bias=False,
-               dropout_rate=0.0, kernel_initializer="glorot_uniform",
-               bias_initializer="zeros", query_chunk_size=None, **kwargs):
-    super().__init__(output_dim=output_dim, dropout_rate=dropout_rate,
-                     kernel_initializer=kernel_initializer, **kwargs)
+               value_dim=None, use_bias=False, bias_initializer="zeros",
+               query_chunk_size=None, **kwargs):
+    super().__init__(**kwargs)
     value_dim = key_dim if value_dim is None else value_dim
     self.num_heads = validation.positive_int("num_heads", num_heads)
     self.num_key_heads = validation.positive_int("num_key_heads",
@@ -88,6 +86,10 @@ class ProjectedAttention(base.AttentionLayer):
         bias_axes=bias_axes if self.use_bias else None,
         kernel_initializer=initializers.fresh(initializer),
         bias_initializer=initializers.fresh(self.bias_initializer),
+        kernel_regularizer=self.kernel_regularizer,
+        bias_regularizer=self.bias_regularizer,
+        kernel_constraint=self.kernel_constraint,
+        bias_constraint=self.bias_constraint,
         dtype=self.dtype_policy, name=name)
 
   def create_weights(self, query_width, key_width, value_width):
@@ -149,7 +151,7 @@ class ProjectedAttention(base.AttentionLayer):
                    self._post_softmax_projection)
     path = core.choose_path(
         chunk_size=self.query_chunk_size, return_scores=return_scores,
-        dropout_rate=self.dropout_rate, training=training,
+        dropout_rate=self.dropout, training=training,
         fused_kernel=self.fused_kernel,
         dynamic_projections=self.dynamic_projections,
         head_groups=self.num_head_groups, scores_like=query,

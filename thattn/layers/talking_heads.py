@@ -150,13 +150,19 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       input-dependent terms P_Xl, P_Ml, P_Xw, P_Mw of Appendix A. m2l is
       generated from the key input and m2w from the value input (both M
       when `key` is not given).
-    output_dim: d_Y; defaults to the query width.
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
     use_bias: biases on P_q, P_k, P_v and P_o (the paper has none).
-    dropout_rate: dropout on U, the weights applied to the values.
+    dropout: dropout on U, the weights applied to the values (alias:
+      dropout_rate).
     kernel_initializer: for P_q (scaled by d_k**-0.5), P_k, P_v and P_o.
     bias_initializer: for the biases.
     talking_heads_initializer: for P_l and P_w; defaults to a normal with
       stddev 1/sqrt(fan_in), as Mesh TensorFlow does.
+    kernel_regularizer, bias_regularizer, activity_regularizer,
+    kernel_constraint, bias_constraint: as in tf_keras; the kernel ones
+      also apply to P_l, P_w and the dynamic projections (as Model Garden
+      does for its pre- and post-softmax weights).
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries and recompute the scores in the backward pass
       (`thattn.layers.chunked`): same results, memory about linear in the
@@ -189,16 +195,16 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
                num_value_heads=None, project_logits=True,
-               project_weights=True, dynamic_projections=(), output_dim=None,
-               use_bias=False, dropout_rate=0.0,
+               project_weights=True, dynamic_projections=(),
+               output_shape=None, use_bias=False, dropout=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, query_chunk_size=None,
                num_head_groups=1, fused_kernel=None, **kwargs):
     num_key_heads = num_heads if num_key_heads is None else num_key_heads
     num_value_heads = num_heads if num_value_heads is None else num_value_heads
     super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
-                     value_dim=value_dim, output_dim=output_dim,
-                     use_bias=use_bias, dropout_rate=dropout_rate,
+                     value_dim=value_dim, output_shape=output_shape,
+                     use_bias=use_bias, dropout=dropout,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer,
                      query_chunk_size=query_chunk_size, **kwargs)
@@ -255,6 +261,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
               generators[name], output_shape=(None, *shape),
               kernel_initializer=initializers.fan_in_normal(
                   widths[name] * shapes.fan_in(kind), DYNAMIC_INIT_SCALE),
+              kernel_regularizer=self.kernel_regularizer,
+              kernel_constraint=self.kernel_constraint,
               dtype=self.dtype_policy, name=name),
           [None, None, widths[name]],
           {"kernel": (dims.D_MODEL,) + axes})
@@ -307,6 +315,11 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     mixed = tf.einsum(_GROUPED_DYNAMIC_MIXES[name], grouped, projection)
     return tf.reshape(mixed, [shape[0], groups * projection.shape[-1],
                               shape[2], shape[3]])
+
+  @property
+  def attention_scores_heads(self):
+    """h_v: the scores returned are U, the weights applied to the values."""
+    return self.num_value_heads
 
   def get_config(self):
     config = super().get_config()

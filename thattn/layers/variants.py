@@ -23,8 +23,8 @@ def make_attention(variant, num_heads, key_dim, **kwargs):
   """Builds the named attention variant with h heads of size d_k.
 
   `key_dim` is ignored by general_bilinear, whose heads read the full memory
-  width. Extra keyword arguments go to the layer (e.g. output_dim,
-  dropout_rate, num_key_heads for talking heads).
+  width. Extra keyword arguments go to the layer (e.g. output_shape,
+  dropout, num_key_heads for talking heads).
   """
   validation.one_of("attention variant", variant, VARIANTS)
   if variant == "multi_head":

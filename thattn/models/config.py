@@ -140,10 +140,10 @@ class AttentionConfig:
       # Its heads read the whole memory: no d_k, no biases. Its own
       # initializer keeps the logits at unit scale.
       return layers.make_attention(self.variant, self.num_heads, None,
-                                   dropout_rate=dropout_rate, name=name)
+                                   dropout=dropout_rate, name=name)
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
-                  dropout_rate=dropout_rate, name=name)
+                  dropout=dropout_rate, name=name)
     if kernel_initializer is not None:
       kwargs["kernel_initializer"] = kernel_initializer
     if self.variant in _TALKING_HEADS_FAMILY:

@@ -101,7 +101,7 @@ class _GroupedTalkingHeads(transformer.TransformerLayer):
         num_head_groups=num_head_groups, project_logits=project_logits,
         project_weights=project_weights,
         dynamic_projections=dynamic_projections or (),
-        dropout_rate=dropout_rate)
+        dropout=dropout_rate)
     self.num_heads = keras.num_heads
     self.key_dim = keras.key_dim
     self.value_dim = keras.value_dim
@@ -128,7 +128,7 @@ class _GroupedTalkingHeads(transformer.TransformerLayer):
         project_logits=self.project_logits,
         project_weights=self.project_weights,
         dynamic_projections=list(self.dynamic_projections),
-        dropout_rate=self.dropout_rate)
+        dropout=self.dropout_rate)
 
   def heads_dims(self):
     """(key, softmax, value) heads dims as mtf (name, size) lists."""
