@@ -12,7 +12,9 @@ Read from README.md's `sh` blocks:
   the export and the tools. For time, each training command gets
   `--train_steps=2 --eval_steps=1` (and the ablation a 1-run grid) appended,
   which override the README's values and change nothing else: flags,
-  files, folders and the order are the README's.
+  files, folders and the order are the README's. The default job keeps
+  its export, which the README's serving snippet loads;
+- then each `python` block runs in a fresh Python in that folder.
 """
 
 import os
@@ -37,8 +39,12 @@ _QUICK = {
 
 
 def _sh_blocks():
+  return _blocks("sh")
+
+
+def _blocks(language):
   text = (ROOT / "README.md").read_text()
-  return re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+  return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
 def _commands(block):
@@ -89,15 +95,18 @@ def test_every_command_names_its_programs_by_path():
         assert program[len(VENV_BIN):] in scripts, program
 
 
-def _run_in_order(commands, folder):
+def _run_in_order(commands, folder, keep_export=()):
   env = dict(os.environ)
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-  for command in commands:
+  for index, command in enumerate(commands):
     program = command[0][len(VENV_BIN):]
     argv = ([os.path.join(BIN_DIR, program)] + command[1:] +
-            _QUICK.get(program, []))
+            [flag for flag in _QUICK.get(program, [])
+             if not (index in keep_export and flag == "--noexport")])
     if command[1:] == ["--help"]:
       argv = argv[:2]
+    elif program == "python":
+      argv = [sys.executable] + command[1:]
     result = subprocess.run(argv, cwd=folder, env=env, capture_output=True,
                             text=True, timeout=600, check=False)
     assert result.returncode == 0, (
@@ -114,11 +123,15 @@ def test_the_commands_run_in_order_in_a_fresh_folder(tmp_path):
             for command in _commands(block)]
   assert len(others) >= 8, others
   (tmp_path / "docs").symlink_to(ROOT / "docs")
-  _run_in_order([main_job] + others, tmp_path)
+  _run_in_order([main_job] + others, tmp_path, keep_export=(0,))
   runs = sorted(os.listdir(tmp_path / "thattn_runs"))
   assert "mlm_bert_tiny_talking_heads" in runs
   assert any(run.startswith("classification_from-mlm_bert_tiny_talking_heads")
              for run in runs), runs
   assert (tmp_path / "thattn_runs" / "served" / "saved_model.pb").exists()
   assert (tmp_path / "thattn_runs" / "ablation" / "table.md").exists()
+  snippets = _blocks("python")
+  assert len(snippets) >= 2, snippets
+  _run_in_order([[VENV_BIN + "python", "-c", code] for code in snippets],
+                tmp_path)
 
