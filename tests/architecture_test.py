@@ -8,7 +8,10 @@ function-level import counts too). Also:
 - `absl.flags` is imported only by the binaries (`thattn/bin/`);
 - the Keras side never imports Mesh TensorFlow: only `thattn/mtf/` (and
   the binaries) may import `thattn.mtf` or `mesh_tensorflow`;
-- no function under `thattn/` is over 80 lines, no module over 500.
+- no function under `thattn/` is over 80 lines, no module over 500;
+- the Mesh TensorFlow backend is an adapter of the run driver
+  (`thattn.training.run`), not a second trainer: `thattn/mtf/` never
+  imports `thattn.training.trainer`.
 """
 
 import ast
@@ -31,6 +34,7 @@ RANKS = {
     "thattn.training": 6,
     "thattn.export": 7,
     "thattn.experiments": 8,
+    "thattn.launch": 8,  # thattn-train's library function, above export
     "thattn.mtf": 8,
     "thattn.bin": 9,
 }
@@ -122,6 +126,14 @@ def test_only_the_mtf_package_imports_mesh_tensorflow():
                    imported.startswith("thattn.mtf")) and
                _owner_package(path) not in ("thattn.mtf", "thattn.bin")]
   assert not offenders, offenders
+
+
+def test_the_mtf_backend_does_not_import_the_keras_trainer():
+  offenders = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
+               for path in _modules() for imported, line in _imports(path)
+               if imported.startswith("thattn.training.trainer") and
+               _owner_package(path) == "thattn.mtf"]
+  assert not offenders, f"{offenders}; see docs/architecture.md"
 
 
 def test_the_checker_sees_upward_imports():

@@ -120,21 +120,11 @@ def import_mtf(module, program):
 
 def export_run(*, model_dir, export_dir, program, log, checkpoint=None,
                overwrite=False):
-  """Exports a thattn-train run of either backend (`thattn.export.export`);
-  a --backend=mtf run is converted to Keras first
-  (`thattn.mtf.training.export`), from its newest checkpoint."""
-  from thattn import export  # pylint: disable=g-import-not-at-top
-  from thattn import run_dir  # pylint: disable=g-import-not-at-top
-  try:
-    backend = run_dir.backend(model_dir)
-  except ValueError:
-    backend = run_dir.KERAS  # export.export names what is missing
-  if backend == run_dir.KERAS:
-    return export.export(model_dir=model_dir, export_dir=export_dir,
-                         checkpoint=checkpoint, overwrite=overwrite, log=log)
-  if checkpoint or overwrite:
-    raise ValueError("--checkpoint and --overwrite apply to Keras runs; "
-                     f"{model_dir} is a --backend={backend} run, whose "
-                     "newest checkpoint is exported.")
-  return import_mtf("training", program).export(
-      model_dir=model_dir, export_dir=export_dir, log=log)
+  """Exports a thattn-train run of either backend (`thattn.launch.export_run`:
+  a --backend=mtf run is converted to Keras first, from its newest
+  checkpoint)."""
+  del program  # the library names the missing [mtf] extra itself
+  from thattn import launch  # pylint: disable=g-import-not-at-top
+  return launch.export_run(model_dir=model_dir, export_dir=export_dir,
+                           checkpoint=checkpoint, overwrite=overwrite,
+                           log=log)

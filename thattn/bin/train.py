@@ -35,18 +35,17 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from thattn import export  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.training import cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.training import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import run_setup  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Flags that change what a run computes: a default run name includes each
 # one given, so that runs of a sweep get their own model_dirs.
@@ -192,7 +191,7 @@ def _model_options(task_class):
     overrides["dropout_rate"] = dropout
   model = tasks.ModelOptions(preset=preset, overrides=overrides,
                              freeze_embeddings=FLAGS.freeze_embeddings)
-  return model if FLAGS.init_checkpoint else trainer.default_model(
+  return model if FLAGS.init_checkpoint else run_setup.default_model(
       task_class, model)
 
 
@@ -236,47 +235,26 @@ def main(argv):
     raise app.UsageError(f"--task: {e}") from None
   model = _model_options(task_class)
   model_dir = FLAGS.model_dir or _default_model_dir(task_class, model)
-  export_dir = None
-  if FLAGS.export and cluster.is_chief():  # the chief exports for a cluster
-    export_dir = FLAGS.export_dir or run_dir.path(model_dir, run_dir.EXPORT)
   try:
-    if export_dir:  # refused now, not after training
-      export.check_export_dir(os.path.abspath(export_dir))
-    # (An mtf run over a TF_CONFIG cluster gives its server the devices:
-    # thattn.mtf.cluster.)
-    if FLAGS.mesh_shape and (FLAGS.strategy == strategies.DTENSOR or (
-        FLAGS.backend == options_lib.MTF and cluster.num_tasks() == 1)):
-      split = dtensor.split_cpu(FLAGS.mesh_shape)
-      if split:
-        cli.print_now(f"No GPU: the CPU runs the mesh as {split} logical "
-                      "devices, sharing its cores (sharded, not faster).")
-      if dtensor.num_clients() > 1:  # before TensorFlow initializes
-        dtensor.connect_clients()
-    train = trainer.train
-    if FLAGS.backend == options_lib.MTF:
-      train = cli.import_mtf("training", "thattn-train").train
-    summary = train(
+    summary = launch.train(
         model_dir=model_dir, task=task_class.name, model=model,
         data=tasks.DataOptions(
             train_files=FLAGS.train_files, eval_files=FLAGS.eval_files,
             tokenizer=FLAGS.tokenizer, vocab_size=FLAGS.vocab_size,
             glue_task=FLAGS.glue_task, on_overflow=FLAGS.on_overflow),
-        options=_options(task_class), log=cli.print_now)
-    if "served" in summary:  # an mtf task that served the chief
-      cli.print_now(f"Done: {summary['served']} served the chief's run, "
-                    f"which the chief wrote to {model_dir}.")
-      return
-    if export_dir and not (summary.get("already_finished") and
-                           export.is_export(export_dir)):
-      cli.export_run(model_dir=model_dir, export_dir=export_dir,
-                     program="thattn-train", log=cli.print_now)
+        options=_options(task_class), export=FLAGS.export,
+        export_dir=FLAGS.export_dir, log=cli.print_now)
   except ValueError as e:  # bad flags or data (DataError): no traceback
     sys.exit(f"thattn-train: error: {e}")
   except tf.errors.UnavailableError as e:  # a task of the cluster died
     sys.exit(f"thattn-train: error: the cluster lost a task "
              f"({str(e).splitlines()[0]}). Restart every task with the same "
              f"command to resume from the last checkpoint in {model_dir}.")
-  _print_where(model_dir, summary, export_dir)
+  if "served" in summary:  # an mtf task that served the chief
+    cli.print_now(f"Done: {summary['served']} served the chief's run, "
+                  f"which the chief wrote to {model_dir}.")
+    return
+  _print_where(model_dir, summary, summary["export"])
 
 
 def _print_where(model_dir, summary, export_dir):

@@ -13,11 +13,15 @@ or `options.mesh_shape` logical CPUs laid out by `options.layout_rules`
 (thattn's one rules table; the binary splits the CPU before TensorFlow
 starts). The step's graph is `thattn.mtf.training_graph`'s.
 
-The same as the Keras backend (`thattn.training.trainer`), so that the two
-are interchangeable and agree step for step:
-- the task, its tokenizer and its step-addressed batches; run_config.json
-  (with "backend": "mtf"), the model_dir lock, progress lines, TensorBoard
-  summaries, summary.json, and resuming from the latest checkpoint;
+This module is the Mesh TensorFlow adapter of the run driver
+(`thattn.training.run`; the protocol is `thattn.training.backend`'s): the
+driver runs the step loop, evaluation, progress lines, summaries,
+summary.json, the resume policy and the lock for both backends, so that the
+two are interchangeable and agree step for step. Shared with the Keras
+backend too:
+- the task, its tokenizer and its step-addressed batches (the task turns
+  them into mtf's inputs and targets: `Task.inputs_and_targets`), and
+  run_config.json (with "backend": "mtf");
 - the initial weights: the task builds its Keras backbone under the run's
   seed, exactly as the Keras backend does, and `thattn.mtf.model_map`
   converts them (or, with `init_checkpoint`, that run's backbone);
@@ -39,15 +43,10 @@ Adafactor; their steps differ slightly).
 """
 
 import contextlib
-import dataclasses
-import math
 import os
 import tempfile
-import time
 
-import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from thattn import export as export_lib
 from thattn import models
@@ -58,39 +57,12 @@ from thattn.mtf import cluster as cluster_lib
 from thattn.mtf import convert
 from thattn.mtf import model_map
 from thattn.mtf import models as mtf_models
+from thattn.mtf import session as session_lib
 from thattn.mtf import training_graph
+from thattn.training import backend as backend_lib
 from thattn.training import devices as devices_lib
-from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
-from thattn.training import progress as progress_lib
-from thattn.training import run_lock
-from thattn.training import trainer
-
-_CHECKPOINT_PREFIX = mtf_models.CHECKPOINT_PREFIX
-
-
-# What --backend=mtf trains: each task with its T5 model.
-_TASKS = {"span_corruption": "a T5 encoder-decoder (e.g. t5_tiny)",
-          "mlm": "a T5 encoder (e.g. t5_tiny_encoder)"}
-
-
-def _check_task(task_class, model):
-  """Refuses tasks and models that have no mtf model here."""
-  config = (models.model_config(model.preset, **model.overrides)
-            if model.preset else None)
-  if task_class.name not in _TASKS or not isinstance(config,
-                                                     models.T5Config):
-    trains = "; ".join(f"--task={name} with {what}"
-                       for name, what in _TASKS.items())
-    raise ValueError(f"--backend=mtf trains T5 models ({trains}); "
-                     f"--task={task_class.name} with preset "
-                     f"{model.preset!r} has no Mesh TensorFlow model here.")
-  # The held-out loss is read from the training graph, which is exact only
-  # without dropout (the paper's pretraining recipe).
-  dropout = config.dropout_rate
-  if dropout:
-    raise ValueError(f"--backend=mtf trains without dropout, got "
-                     f"dropout_rate={dropout}; pass --dropout_rate=0.")
+from thattn.training import run
 
 
 def train(*, model_dir, task="span_corruption", model=None, data=None,
@@ -98,37 +70,19 @@ def train(*, model_dir, task="span_corruption", model=None, data=None,
   """Trains a T5 in Mesh TensorFlow (span corruption, or masked LM on a T5
   encoder); returns the summary.
 
-  Args: as `thattn.training.trainer.train`, with `options.backend == "mtf"`.
+  The run driver's `train` (`thattn.training.run`) with this backend.
+
+  Args: as `thattn.training.run.train`, with `options.backend == "mtf"`.
   Raises:
     ValueError for a task or model this backend cannot train, bad mesh or
     rules (naming the variable and sizes), or a model_dir of another run.
   """
-  task_class = tasks.get(task)
   options = options or options_lib.TrainOptions(backend=options_lib.MTF)
   if options.backend != options_lib.MTF:
     raise ValueError(f"backend={options.backend!r}; this trainer is "
                      "--backend=mtf's.")
-  if options.deterministic:
-    tf.config.experimental.enable_op_determinism()
-  processes = cluster_lib.from_tf_config()
-  if processes and not processes.is_chief:
-    return _serve(processes, model_dir, options, log)
-  data = data or tasks.DataOptions()
-  model = trainer.resolve_model(task_class, model, options, log)
-  _check_task(task_class, model)
-  guard = run_lock.StartGuard(model_dir)
-  with _chief_server(processes, options, log) as server, run_lock.hold(
-      model_dir, log=log):
-    tf_keras.utils.set_random_seed(options.seed)  # as the Keras backend
-    try:
-      task_run, gin_text = _start(model_dir, task_class, model, data,
-                                  options, log)
-    except BaseException:
-      guard.rollback()  # a failed start leaves the model_dir as it was
-      raise
-    with mtf_models.gin_scope(gin_text):
-      return _train(model_dir, task_run, gin_text, options, log,
-                    _Placement.of(processes, server, options))
+  return run.train(model_dir=model_dir, task=task, model=model, data=data,
+                   options=options, log=log)
 
 
 def _mesh_size(processes, options):
@@ -138,14 +92,6 @@ def _mesh_size(processes, options):
         "needs --mesh_shape (and --layout_rules) to place the model on "
         "their devices.")
   return options.mtf_mesh()[0].size
-
-
-def _serve(processes, model_dir, options, log):
-  """A task other than the chief: its devices serve the chief's steps."""
-  server = cluster_lib.start_server(processes, _mesh_size(processes, options),
-                                    options.cluster_timeout, log)
-  cluster_lib.serve(processes, server, log)
-  return {"served": processes.name(), "model_dir": model_dir}
 
 
 @contextlib.contextmanager
@@ -168,39 +114,14 @@ def _chief_server(processes, options, log):
     cluster_lib.end_run(processes, server, finished, log)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Placement:
-  """Where the step graph runs: this process, or a TF_CONFIG cluster."""
-  target: str = ""  # the session's: "" in-process, else the chief's server
-  devices: tuple = None  # of the mesh's positions; None: local CPUs
-  client_device: str = None  # the feeds, masters and Saver: the chief's
-
-  @classmethod
-  def of(cls, processes, server, options):
-    if processes is None:
-      return cls()
-    return cls(target=server.target,
-               devices=tuple(processes.mesh_devices(
-                   _mesh_size(processes, options))),
-               client_device=processes.device(processes.chief))
-
-
-def _start(model_dir, task_class, model, data, options, log):
-  """The task (data, tokenizer, Keras backbone) and the run's files."""
-  tf.io.gfile.makedirs(model_dir)
-  task = trainer.make_task(task_class, model_dir=model_dir, model=model,
-                           data=data, options=options, log=log)
-  run_dir.check_or_write_run_config(
-      model_dir, trainer.run_config(task, model, data, options, model_dir))
-  gin_text = architecture.gin_text(task.model_config)
-  _check_or_write_gin(model_dir, gin_text)
-  task.build()  # the Keras backbone: the initial weights
-  if options.init_checkpoint and not tf.train.latest_checkpoint(model_dir):
-    path = run_dir.find_checkpoint(options.init_checkpoint)
-    tf.train.Checkpoint(backbone=task.backbone).restore(
-        path).expect_partial().assert_existing_objects_matched()
-    log(f"Backbone initialized from {path}.")
-  return task, gin_text
+def _placement(processes, server, options):
+  """Where the step graph runs: this process, or the cluster's devices."""
+  if processes is None:
+    return session_lib.Placement()
+  return session_lib.Placement(
+      target=server.target,
+      devices=tuple(processes.mesh_devices(_mesh_size(processes, options))),
+      client_device=processes.device(processes.chief))
 
 
 def _check_or_write_gin(model_dir, gin_text):
@@ -211,26 +132,6 @@ def _check_or_write_gin(model_dir, gin_text):
   elif mtf_models.read_operative_config(model_dir) != gin_text:
     raise ValueError(f"{path} describes another model than this run's; use "
                      "a new --model_dir, or the flags of the run there.")
-
-
-def _build(task, gin_text, options, placement):
-  """The `StepGraph`, with the Keras backbone's weights as initial values."""
-  mesh_and_rules = options.mtf_mesh()
-  mesh, rules = mesh_and_rules or (None, None)
-  config = task.model_config
-  model = mtf_models.build_model(gin_text=gin_text,
-                                 vocab_size=config.vocab_size,
-                                 mesh_shape=mesh, layout=rules)
-  initial = model_map.keras_to_mtf(mtf_model=model, keras_model=task.backbone)
-  # The placeholders take the shapes of the task's batches.
-  inputs, targets = mtf_batch(next(iter(task.eval_dataset(1))))
-  with _quiet_tensorflow_logger():  # mtf's notes on initializers replaced
-    return training_graph.build(
-        model=model, batch_size=inputs.shape[0],
-        inputs_length=inputs.shape[1], targets_length=targets.shape[1],
-        initial_values=initial, mesh_and_rules=mesh_and_rules,
-        seed=options.seed, max_to_keep=options.max_checkpoints,
-        devices=placement.devices, client_device=placement.client_device)
 
 
 @contextlib.contextmanager
@@ -245,231 +146,192 @@ def _quiet_tensorflow_logger():
     logger.setLevel(level)
 
 
-class _Session:
-  """The step graph in a session: steps, held-out loss, saves, restores."""
+@backend_lib.register
+class MtfBackend(backend_lib.Backend):
+  """Mesh TensorFlow's model in a TF1 session; see the module."""
 
-  def __init__(self, step_graph, model_dir, target=""):
-    self.graph = step_graph
-    self.model_dir = model_dir
-    # On a cluster, isolated: a serving task's server keeps no state of an
-    # earlier session (a chief restarted on a live server starts clean).
-    # In process no config: the session takes TensorFlow's, with the
-    # logical CPUs the binary made.
-    config = (tf.compat.v1.ConfigProto(isolate_session_state=True)
-              if target else None)
-    self.session = tf.compat.v1.Session(target, graph=step_graph.graph,
-                                        config=config)
+  name = options_lib.MTF
 
-  def close(self):
-    self.session.close()
+  @classmethod
+  def check_task(cls, task_class, model):
+    """Refuses tasks and models that have no mtf model here."""
+    config = (models.model_config(model.preset, **model.overrides)
+              if model.preset else None)
+    if not task_class.mtf_trains(config):
+      trains = "; ".join(f"--task={name} with {tasks.get(name).mtf_model}"
+                         for name in tasks.names()
+                         if tasks.get(name).mtf_model)
+      raise ValueError(f"--backend=mtf trains T5 models ({trains}); "
+                       f"--task={task_class.name} with preset "
+                       f"{model.preset!r} has no Mesh TensorFlow model here.")
+    # The held-out loss is read from the training graph, which is exact
+    # only without dropout (the paper's pretraining recipe).
+    if config.dropout_rate:
+      raise ValueError(f"--backend=mtf trains without dropout, got "
+                       f"dropout_rate={config.dropout_rate}; pass "
+                       "--dropout_rate=0.")
 
-  def _feeds(self, batch):
-    inputs, targets = mtf_batch(batch)
-    return {self.graph.inputs: inputs, self.graph.targets: targets}
+  @classmethod
+  def logical_devices(cls, options):
+    # Over a TF_CONFIG cluster each task's server brings its own devices
+    # (thattn.mtf.cluster).
+    del options
+    return cluster_lib.from_tf_config() is None
 
-  def train_step(self, batch, learning_rate):
-    feeds = self._feeds(batch)
-    feeds[self.graph.learning_rate] = learning_rate
-    loss_sum, count, _ = self.session.run(
-        [self.graph.loss_sum, self.graph.count, self.graph.train_op], feeds)
-    return float(np.float32(loss_sum) / np.float32(count))
+  @classmethod
+  def serve(cls, model_dir, options, log):
+    """A task other than the chief: its devices serve the chief's steps."""
+    processes = cluster_lib.from_tf_config()
+    if processes is None or processes.is_chief:
+      return None
+    server = cluster_lib.start_server(
+        processes, _mesh_size(processes, options), options.cluster_timeout,
+        log)
+    cluster_lib.serve(processes, server, log)
+    return {"served": processes.name(), "model_dir": model_dir}
 
-  # What `thattn.training.devices.evaluate` asks of a train loop.
-  def distribute(self, dataset):
-    return dataset
+  @classmethod
+  @contextlib.contextmanager
+  def processes(cls, model_dir, options, log):
+    processes = cluster_lib.from_tf_config()
+    with _chief_server(processes, options, log) as server:
+      yield backend_lib.Place(model_dir,
+                              _placement(processes, server, options))
 
-  def eval_step(self, batch):
-    """(sum of losses, non-padding targets) of one batch."""
-    return self.session.run([self.graph.loss_sum, self.graph.count],
-                            self._feeds(batch))
-
-  def evaluate(self, dataset):
-    """ln(PPL) over every non-padding target of `dataset`."""
-    return devices_lib.evaluate(self, dataset)
-
-  @property
-  def step(self):
-    return int(self.session.run(self.graph.global_step))
-
-  @property
-  def initial_eval(self):
-    return float(self.session.run(self.graph.initial_eval))
-
-  def set_initial_eval(self, value):
-    placeholder, assign = self.graph.set_initial_eval
-    self.session.run(assign, {placeholder: value})
-
-  def initialize(self):
-    self.session.run(self.graph.initialize)
-    self.session.run(self.graph.load_ops, self.graph.load_feeds)
-    self.session.run(self.graph.copy_to_slices)
-
-  def save(self):
-    self.session.run(self.graph.copy_to_masters)
-    with self.graph.graph.as_default():  # the Saver's graph-mode path
-      return self.graph.saver.save(
-          self.session, os.path.join(self.model_dir, _CHECKPOINT_PREFIX),
-          global_step=self.step, write_meta_graph=False)
-
-  def restore(self, path):
-    with self.graph.graph.as_default():
-      self.graph.saver.restore(self.session, path)
-    self.session.run(self.graph.copy_to_slices)
-
-
-def mtf_batch(batch):
-  """(inputs, targets) int32 [batch, length] of a task's batch.
-
-  Span corruption's are its own. Masked LM's inputs are the masked tokens,
-  and its targets the original tokens at the masked positions, 0 (not
-  scored) elsewhere: the positions the Keras loss gathers.
-  """
-  if "targets" in batch:
-    return (np.asarray(batch["inputs"], np.int32),
-            np.asarray(batch["targets"], np.int32))
-  inputs = np.asarray(batch["input_word_ids"], np.int32)
-  targets = np.zeros_like(inputs)
-  rows, slots = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
-  positions = np.asarray(batch["masked_lm_positions"])[rows, slots]
-  targets[rows, positions] = np.asarray(batch["masked_lm_ids"])[rows, slots]
-  return inputs, targets
-
-
-# What a damaged or foreign checkpoint raises while it is read.
-_RESTORE_ERRORS = (tf.errors.OpError, ValueError, IndexError)
-
-
-def _resume(session, options, log):
-  """Restores the newest checkpoint, or initializes; returns the step."""
-  state = tf.train.get_checkpoint_state(session.model_dir)
-  paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
-  for index, path in enumerate(paths):
-    try:
-      session.restore(path)
-    except _RESTORE_ERRORS as error:
-      cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-      if options.resume_from == "latest_intact" and index + 1 < len(paths):
-        log(f"{path} cannot be restored ({cause}); trying the one before, "
-            "as --resume_from=latest_intact asks.")
-        continue
-      raise ValueError(
-          f"The checkpoint {path} cannot be restored: {cause}. Rerun with "
-          "--resume_from=latest_intact to resume from an earlier one, or "
-          "use a new --model_dir.") from error
-    log(f"Resumed from {path} at step {session.step}.")
-    return session.step
-  session.initialize()
-  return 0
-
-
-def _train(model_dir, task, gin_text, options, log, placement):
-  session = _Session(_build(task, gin_text, options, placement), model_dir,
-                     placement.target)
-  with contextlib.closing(session):
-    start_step = _resume(session, options, log)
-    finished = trainer.finished_summary(model_dir, start_step, options, log)
-    if finished is not None:
-      return finished
-    return _run(session, task, options, start_step, log)
-
-
-def _run(session, task, options, start_step, log):
-  """Evaluates, trains to train_steps, evaluates; the summary."""
-  schedule = optimizer_lib.make_schedule(options)
-  variables = len(session.graph.variable_names)
-  mesh = (f"mesh {options.mesh_shape}, {len(session.graph.sharded)} of "
-          f"{variables} variables sharded" if options.mesh_shape else
-          "one device")
-  kind = {mtf_models.BITRANSFORMER: "Bitransformer",
-          "aligned": "aligned Unitransformer"}[session.graph.model_type]
-  log(f"{task.describe()}; Mesh TensorFlow {kind}, {variables} "
-      f"variables; adafactor, peak learning rate "
-      f"{options.peak_learning_rate:g}; {mesh}.")
-  eval_data = task.eval_dataset(options.eval_steps)
-  if math.isnan(session.initial_eval):
-    session.set_initial_eval(session.evaluate(eval_data))
-  before = session.initial_eval
-  log(f"Held-out {task.eval_metric} before training: {before:.4f}")
-  writers = {name: tf.summary.create_file_writer(
-      run_dir.path(session.model_dir, name))
-             for name in run_dir.SUMMARY_FOLDERS}
-  started = time.time()
-  steady_rate = _steps(session, task, options, schedule, writers, eval_data,
-                       start_step, log)
-  train_seconds = time.time() - started
-  after = session.evaluate(eval_data)
-  progress_lib.write_eval(writers["eval"], session.step, task.eval_metric,
-                          after, {})
-  for writer in writers.values():
-    writer.flush()
-  metric = task.eval_metric
-  summary = {
-      "task": task.name, "preset": task.model_options.preset,
-      "backend": options_lib.MTF, "steps": session.step,
-      "resumed_from_step": start_step,
-      "steps_this_run": session.step - start_step,
-      "parameters": task.backbone.count_params(),
-      f"held_out_{metric}_before": before, f"held_out_{metric}_after": after,
-      "train_seconds": round(train_seconds, 2),
-      "tokens_per_second": round(steady_rate),
-      "model_dir": session.model_dir,
-      "checkpoint": tf.train.latest_checkpoint(session.model_dir)}
-  run_dir.write_json(run_dir.path(session.model_dir, run_dir.SUMMARY),
-                     summary)
-  log(f"Held-out {metric} after training:  {after:.4f} (before: "
-      f"{before:.4f})")
-  return summary
-
-
-def _steps(session, task, options, schedule, writers, eval_data, start_step,
-           log):
-  """The loop proper; returns tokens/s after the first step."""
-  remaining = options.train_steps - start_step
-  progress = progress_lib.Progress(task, options, schedule, writers["train"],
-                                   log)
-  steady_start, paused = None, 0.0
-  for index, batch in enumerate(task.train_dataset(start_step).take(
-      remaining)):
-    step = start_step + index
-    progress.add(session.train_step(batch, float(schedule(step))))
-    if index == 0:
-      steady_start = time.time()
-    step += 1
-    last = step == options.train_steps
-    # Saved before reported: a progress line says its step is kept.
-    if step % options.checkpoint_every == 0 or last:
-      session.save()
-    if step % options.log_every == 0 or last:
-      progress.report(step)
-    if options.eval_every and step % options.eval_every == 0 and not last:
-      eval_started = time.time()
-      value = session.evaluate(eval_data)
-      progress_lib.write_eval(writers["eval"], step, task.eval_metric, value,
-                              {})
-      log(f"step {step:>6}/{options.train_steps}  held-out "
-          f"{task.eval_metric} {value:.4f}")
-      progress.pause(time.time() - eval_started)
-      paused += time.time() - eval_started
-  if remaining <= 1:
-    return 0.0
-  seconds = max(time.time() - steady_start - paused, 1e-9)
-  return (remaining - 1) * task.tokens_per_step / seconds
-
-
-def export(*, model_dir, export_dir, log=print):
-  """Exports a `--backend=mtf` run: converted to Keras, then exported.
-
-  The newest checkpoint is converted (`thattn.mtf.convert.mtf_to_thattn`,
-  with the run's tokenizer and sequence length) into a temporary thattn
-  model_dir, which `thattn.export.export` exports as any Keras run.
-  """
-  config = run_dir.read_run_config(model_dir)
-  with tempfile.TemporaryDirectory(prefix="thattn-mtf-export-") as temp:
-    keras_dir = os.path.join(temp, "run")
+  @classmethod
+  def model_dir_for_export(cls, model_dir, temp_dir, log):
+    """The newest checkpoint converted to a thattn model_dir in temp_dir
+    (`thattn.mtf.convert.mtf_to_thattn`, with the run's tokenizer and
+    sequence length)."""
+    config = run_dir.read_run_config(model_dir)
+    keras_dir = os.path.join(temp_dir, "run")
     convert.mtf_to_thattn(
         mtf_model_dir=model_dir, model_dir=keras_dir,
         vocabulary=run_dir.path(model_dir, run_dir.TOKENIZER),
         sequence_length=config["sequence_length"], task=config["task"],
         log=log)
+    return keras_dir
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.task = self.gin_text = self.model = self.session = None
+    self._step = 0
+    self._scopes = contextlib.ExitStack()
+
+  def build(self, task):
+    """The gin config (checked against the model_dir's) and the task's
+    Keras backbone, whose weights start the run; the step graph waits for
+    `restore` or `initialize`."""
+    self.task = task
+    self.gin_text = architecture.gin_text(task.model_config)
+    _check_or_write_gin(self.model_dir, self.gin_text)
+    task.build()
+    self._scopes.enter_context(mtf_models.gin_scope(self.gin_text))
+
+  def _open(self):
+    """The `StepGraph` in a session, with the backbone's current weights
+    as the initial values."""
+    options, placement = self.options, self.place.state
+    mesh_and_rules = options.mtf_mesh()
+    mesh, rules = mesh_and_rules or (None, None)
+    self.model = mtf_models.build_model(
+        gin_text=self.gin_text, vocab_size=self.task.model_config.vocab_size,
+        mesh_shape=mesh, layout=rules)
+    initial = model_map.keras_to_mtf(mtf_model=self.model,
+                                     keras_model=self.task.backbone)
+    # The placeholders take the shapes of the task's batches.
+    inputs, targets = self.task.inputs_and_targets(
+        next(iter(self.task.eval_dataset(1))))
+    with _quiet_tensorflow_logger():  # mtf's notes on initializers replaced
+      step_graph = training_graph.build(
+          model=self.model, batch_size=inputs.shape[0],
+          inputs_length=inputs.shape[1], targets_length=targets.shape[1],
+          initial_values=initial, mesh_and_rules=mesh_and_rules,
+          seed=options.seed, max_to_keep=options.max_checkpoints,
+          devices=placement.devices, client_device=placement.client_device)
+    self.session = session_lib.Session(step_graph, self.model_dir,
+                                       self.task.inputs_and_targets,
+                                       placement.target)
+    return self.session
+
+  def checkpoints(self):
+    state = tf.train.get_checkpoint_state(self.model_dir)
+    return list(state.all_model_checkpoint_paths) if state else []
+
+  def restore(self, path):
+    session = self.session or self._open()
+    session.restore(path)
+    self._step = session.step
+
+  def initialize(self):
+    (self.session or self._open()).initialize()
+    self._step = 0
+
+  @property
+  def step(self):
+    return self._step  # kept here: one session.run less per step
+
+  @property
+  def initial_eval(self):
+    return self.session.initial_eval
+
+  def set_initial_eval(self, value):
+    self.session.set_initial_eval(value)
+
+  def train_batches(self, start_step):
+    return iter(self.task.train_dataset(start_step))
+
+  def train_step(self, batches, learning_rate):
+    loss = self.session.train_step(next(batches), learning_rate)
+    self._step += 1
+    return loss
+
+  def evaluate(self, batches):
+    return devices_lib.evaluate(self.session, batches)
+
+  def task_metrics(self, num_steps):
+    """The task's metrics, computed by its Keras model holding mtf's
+    trained weights (converted back, `model_map.mtf_to_keras`)."""
+    if type(self.task).extra_eval_metrics is tasks.Task.extra_eval_metrics:
+      return {}  # the task has none: no weights to convert
+    model_map.mtf_to_keras(mtf_model=self.model,
+                           keras_model=self.task.backbone,
+                           variables=self.session.model_values())
+    return self.task.extra_eval_metrics(
+        num_steps, devices_lib.StrategyDevices(tf.distribute.get_strategy()))
+
+  def save(self):
+    return self.session.save()
+
+  def latest_checkpoint(self):
+    return tf.train.latest_checkpoint(self.model_dir)
+
+  def describe(self):
+    graph, options = self.session.graph, self.options
+    variables = len(graph.variable_names)
+    mesh = (f"mesh {options.mesh_shape}, {len(graph.sharded)} of "
+            f"{variables} variables sharded" if options.mesh_shape else
+            "one device")
+    kind = {mtf_models.BITRANSFORMER: "Bitransformer",
+            "aligned": "aligned Unitransformer"}[graph.model_type]
+    return (f"{self.task.describe()}; Mesh TensorFlow {kind}, {variables} "
+            f"variables; adafactor, peak learning rate "
+            f"{options.peak_learning_rate:g}; {mesh}.")
+
+  def close(self):
+    if self.session is not None:
+      self.session.close()
+    self._scopes.close()
+
+
+def export(*, model_dir, export_dir, log=print):
+  """Exports a `--backend=mtf` run: converted to Keras, then exported.
+
+  The newest checkpoint is converted (`MtfBackend.model_dir_for_export`)
+  into a temporary thattn model_dir, which `thattn.export.export` exports
+  as any Keras run.
+  """
+  with tempfile.TemporaryDirectory(prefix="thattn-mtf-export-") as temp:
+    keras_dir = MtfBackend.model_dir_for_export(model_dir, temp, log)
     return export_lib.export(model_dir=keras_dir, export_dir=export_dir,
                              log=log)

@@ -61,6 +61,7 @@ class StepGraph:
   model_type: str  # "bitransformer" or "aligned" (thattn.mtf.models.kind_of)
   variable_names: tuple  # the model's mtf variable names
   sharded: tuple  # the names of those the mesh splits
+  masters: dict  # mtf variable name -> its master tf.Variable
 
 
 def _masked_cross_entropy(logits, targets):
@@ -104,50 +105,86 @@ def build(*, model, batch_size, inputs_length, targets_length,
   graph = tf.Graph()
   with graph.as_default(), tf.device(client_device):
     v1.set_random_seed(seed)
+    # The trainer's own variables first, as mtf's trainers make them.
     global_step = v1.train.get_or_create_global_step()
     initial_eval = v1.get_variable(
         INITIAL_EVAL, [], tf.float32, trainable=False,
         initializer=v1.constant_initializer(float("nan")))
-    learning_rate = v1.placeholder(tf.float32, [], "learning_rate")
-    inputs = v1.placeholder(tf.int32, [batch_size, inputs_length], "inputs")
-    targets = v1.placeholder(tf.int32, [batch_size, targets_length],
-                             "targets")
+    feeds = _Feeds.make(batch_size, inputs_length, targets_length)
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
-    mtf_targets = mtf_models.ids_to_mtf(mesh, targets)
-    logits = mtf_models.call(
-        model, inputs=mtf_models.ids_to_mtf(mesh, inputs),
-        targets=mtf_targets, mode=_TRAIN)
-    loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
-    variables = list(mesh.graph.trainable_variables)
-    grads = mtf.gradients([loss_sum / count],
-                          [v.outputs[0] for v in variables])
-    update_ops = _optimizer(learning_rate).apply_grads(grads, variables)
+    loss_sum, count, variables, update_ops = _loss_and_updates(
+        model, mesh, feeds)
     mesh_spec, rules = mesh_and_rules or (None, None)
     # A dimension the mesh axis does not divide fails here, named.
     lowering, plan = layout_lib.lower(mesh, variables, mesh=mesh_spec,
                                       rules=rules, devices=devices)
-    update = tf.group([lowering.lowered_operation(op) for op in update_ops])
-    with tf.control_dependencies([update]):
-      train_op = v1.assign_add(global_step, 1).op
-    load_feeds, load_ops = mtf_models.assign_ops(variables, initial_values)
-    eval_value = v1.placeholder(tf.float32, [], "initial_eval_value")
-    step_graph = StepGraph(
-        graph=graph, inputs=inputs, targets=targets,
-        learning_rate=learning_rate,
-        loss_sum=lowering.export_to_tf_tensor(loss_sum),
-        count=lowering.export_to_tf_tensor(count), train_op=train_op,
+    step_graph = _step_graph(
+        graph=graph, feeds=feeds, lowering=lowering, variables=variables,
         global_step=global_step, initial_eval=initial_eval,
-        set_initial_eval=(eval_value, v1.assign(initial_eval, eval_value)),
-        initialize=[v1.global_variables_initializer()],
-        load_feeds=load_feeds, load_ops=load_ops,
-        copy_to_slices=lowering.copy_masters_to_slices(),
-        copy_to_masters=lowering.copy_slices_to_masters(),
-        # The masters (model variables and Adafactor's slots), the global
-        # step and the initial eval, under their own names, as mtf saves.
-        saver=v1.train.Saver(v1.global_variables(), max_to_keep=max_to_keep,
-                             save_relative_paths=True),
-        model_type=mtf_models.kind_of(model),
-        variable_names=tuple(v.name for v in variables),
-        sharded=tuple(name for name, axes in plan.items() if any(axes)))
+        loss_sum=loss_sum, count=count, update_ops=update_ops,
+        initial_values=initial_values, max_to_keep=max_to_keep)
+    step_graph.model_type = mtf_models.kind_of(model)
+    step_graph.sharded = tuple(name for name, axes in plan.items()
+                               if any(axes))
   graph.finalize()  # nothing is added while training
   return step_graph
+
+
+@dataclasses.dataclass(frozen=True)
+class _Feeds:
+  """The placeholders of one step: the batch and the learning rate."""
+  inputs: tf.Tensor
+  targets: tf.Tensor
+  learning_rate: tf.Tensor
+
+  @classmethod
+  def make(cls, batch_size, inputs_length, targets_length):
+    learning_rate = v1.placeholder(tf.float32, [], "learning_rate")
+    return cls(
+        inputs=v1.placeholder(tf.int32, [batch_size, inputs_length],
+                              "inputs"),
+        targets=v1.placeholder(tf.int32, [batch_size, targets_length],
+                               "targets"),
+        learning_rate=learning_rate)
+
+
+def _loss_and_updates(model, mesh, feeds):
+  """(loss sum, count, variables, Adafactor's update ops), as mtf ops."""
+  mtf_targets = mtf_models.ids_to_mtf(mesh, feeds.targets)
+  logits = mtf_models.call(
+      model, inputs=mtf_models.ids_to_mtf(mesh, feeds.inputs),
+      targets=mtf_targets, mode=_TRAIN)
+  loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
+  variables = list(mesh.graph.trainable_variables)
+  grads = mtf.gradients([loss_sum / count],
+                        [v.outputs[0] for v in variables])
+  update_ops = _optimizer(feeds.learning_rate).apply_grads(grads, variables)
+  return loss_sum, count, variables, update_ops
+
+
+def _step_graph(*, graph, feeds, lowering, variables, global_step,
+                initial_eval, loss_sum, count, update_ops, initial_values,
+                max_to_keep):
+  """The lowered step's `StepGraph`."""
+  update = tf.group([lowering.lowered_operation(op) for op in update_ops])
+  with tf.control_dependencies([update]):
+    train_op = v1.assign_add(global_step, 1).op
+  load_feeds, load_ops = mtf_models.assign_ops(variables, initial_values)
+  eval_value = v1.placeholder(tf.float32, [], "initial_eval_value")
+  return StepGraph(
+      graph=graph, inputs=feeds.inputs, targets=feeds.targets,
+      learning_rate=feeds.learning_rate,
+      loss_sum=lowering.export_to_tf_tensor(loss_sum),
+      count=lowering.export_to_tf_tensor(count), train_op=train_op,
+      global_step=global_step, initial_eval=initial_eval,
+      set_initial_eval=(eval_value, v1.assign(initial_eval, eval_value)),
+      initialize=[v1.global_variables_initializer()],
+      load_feeds=load_feeds, load_ops=load_ops,
+      copy_to_slices=lowering.copy_masters_to_slices(),
+      copy_to_masters=lowering.copy_slices_to_masters(),
+      # The masters (model variables and Adafactor's slots), the global
+      # step and the initial eval, under their own names, as mtf saves.
+      saver=v1.train.Saver(v1.global_variables(), max_to_keep=max_to_keep,
+                           save_relative_paths=True),
+      model_type=None, variable_names=tuple(v.name for v in variables),
+      sharded=(), masters={v.name: v.get_master() for v in variables})

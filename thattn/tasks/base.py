@@ -33,6 +33,18 @@ One run (an instance, made with the keywords of `Task.__init__`):
   `devices.fetch(tensor)`;
 - `run_config()`: what `serving_module` needs to rebuild the model.
 
+Mesh TensorFlow (`--backend=mtf`, `thattn.mtf.training`) trains a task that
+says how (the same batches and the same Keras backbone's initial weights,
+converted):
+- `mtf_model`: a description of the T5 it trains ("a T5 encoder (e.g.
+  t5_tiny_encoder)"), None for a task mtf cannot train; `mtf_trains(config)`
+  says whether a backbone config is one of them;
+- `model_config`: the run's backbone config (a `T5Config`), from which mtf
+  builds its model (a Bitransformer, or for stacks="encoder" an aligned
+  Unitransformer);
+- `inputs_and_targets(batch)`: one batch as mtf's int32 arrays
+  [batch, length], targets 0 where not scored.
+
 Serving (a class method, no run needed):
 - `serving_module(config=..., checkpoint=..., tokenizer_dir=...)`: a
   `tf.Module` with a `serve_token_ids` function and, for text tasks,
@@ -180,6 +192,10 @@ class Task:
   supports_dropout = True
   eval_metric = "ln_ppl"
   config_type = None  # the backbone config class the task needs, if any
+  # --backend=mtf: the model it trains for this task, for messages; None:
+  # mtf has no model for it (see the module).
+  mtf_model = None
+  model_config = None  # the run's backbone config, once known
 
   def __init__(self, *, model, data, files, batch_size, sequence_length, seed,
                log=print):
@@ -224,6 +240,18 @@ class Task:
     return [name for name in models.preset_names()
             if isinstance(models.model_config(name), cls.config_type)
             and cls.fits(models.model_config(name))]
+
+  @classmethod
+  def mtf_trains(cls, config):
+    """Whether --backend=mtf trains this task on a backbone of `config`."""
+    return (cls.mtf_model is not None and
+            isinstance(config, models.T5Config) and cls.fits(config))
+
+  def inputs_and_targets(self, batch):
+    """(inputs, targets) of a batch for mtf: int32 NumPy [batch, length],
+    targets 0 where nothing is scored."""
+    raise NotImplementedError(f"Task {self.name!r} has no Mesh TensorFlow "
+                              "inputs.")
 
   def checkpoint_items(self):
     items = {"backbone": self.backbone}

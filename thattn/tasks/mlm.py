@@ -27,6 +27,7 @@ the masked ones. It is Mesh TensorFlow's "aligned" Unitransformer, so
 `--backend=mtf` trains it as well; it serves predicted token ids.
 """
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -110,6 +111,7 @@ class MaskedLM(text.TextTask):
   # stacks="encoder", e.g. t5_tiny_encoder: Mesh TensorFlow's "aligned"
   # Unitransformer, so that masked LM also trains with --backend=mtf).
   config_type = (models.BertConfig, models.T5Config)
+  mtf_model = "a T5 encoder (e.g. t5_tiny_encoder)"  # aligned Unitransformer
 
   @classmethod
   def fits(cls, config):
@@ -170,6 +172,16 @@ class MaskedLM(text.TextTask):
                        batch["masked_lm_positions"])
     return base.masked_cross_entropy(batch["masked_lm_ids"], logits,
                                      batch["masked_lm_weights"])
+
+  def inputs_and_targets(self, batch):
+    """The masked tokens, and the original tokens at the masked positions
+    (0, not scored, elsewhere): the positions `loss` gathers."""
+    inputs = np.asarray(batch["input_word_ids"], np.int32)
+    targets = np.zeros_like(inputs)
+    rows, slots = np.nonzero(np.asarray(batch["masked_lm_weights"]) > 0)
+    positions = np.asarray(batch["masked_lm_positions"])[rows, slots]
+    targets[rows, positions] = np.asarray(batch["masked_lm_ids"])[rows, slots]
+    return inputs, targets
 
   @classmethod
   def serving_module(cls, *, config, checkpoint, tokenizer_dir):

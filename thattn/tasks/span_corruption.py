@@ -9,6 +9,7 @@ after the start token 0, and the held-out loss is ln(PPL) over the target
 tokens. Serving: greedy generation from raw text.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from thattn import models
@@ -26,6 +27,7 @@ class SpanCorruption(text.TextTask):
   default_preset = "t5_tiny"
   default_sequence_length = 128
   config_type = models.T5Config
+  mtf_model = "a T5 encoder-decoder (e.g. t5_tiny)"  # mtf's Bitransformer
 
   @classmethod
   def fits(cls, config):
@@ -63,6 +65,11 @@ class SpanCorruption(text.TextTask):
     weights = tf.cast(tf.not_equal(targets, self.tokenizer.special.pad),
                       tf.float32)
     return base.masked_cross_entropy(targets, logits, weights)
+
+  def inputs_and_targets(self, batch):
+    # mtf's Bitransformer shifts the targets right itself, as loss() does.
+    return (np.asarray(batch["inputs"], np.int32),
+            np.asarray(batch["targets"], np.int32))
 
   @property
   def tokens_per_step(self):

@@ -1,0 +1,187 @@
+"""The protocol between the run driver and a backend, and the backends' registry.
+
+The driver (`thattn.training.run`) owns everything two backends would
+otherwise each repeat: the step loop, the schedule, evaluation every
+`eval_every` steps, progress lines and summaries, summary.json, the one
+resume policy, the run lock. A backend owns only where the model lives and
+how one step runs. It is a `Backend` subclass, registered by name:
+
+| when | member | what it does |
+|---|---|---|
+| before a run | `check_task(task_class, model)` | refuse a task or model it has no model for (ValueError) |
+| | `logical_devices(options)` | whether the binary must split the CPU for `options.mesh_shape` |
+| | `serve(model_dir, options, log)` | a process that only serves another's run: its result; else None |
+| | `processes(model_dir, options, log)` | context manager around the run: yields its `Place` (the folder this process writes, and what the backend's processes hold) |
+| | `model_dir_for_export(model_dir, temp_dir, log)` | a model_dir `thattn.export` reads (mtf: converted) |
+| one run | `Backend(model_dir=, place=, options=, log=)` | devices, before any data is read |
+| | `build(task)` | the model (and optimizer) for the built task |
+| | `checkpoints()` | the run's checkpoint paths, oldest first |
+| | `restore(path)` | every variable from `path` (raises on a damaged one) |
+| | `initialize()` | a fresh start, from the task's Keras backbone's weights |
+| | `step` | steps trained, as the next checkpoint saves it |
+| | `initial_eval`, `set_initial_eval(value)` | the held-out loss at step 0, kept in the checkpoints |
+| | `train_batches(start_step)` | what `train_step` reads its batches from |
+| | `train_step(batches, learning_rate)` | one step on the next batch; the mean loss (float) |
+| | `evaluate(batches)` | mean held-out loss over a dataset of the task's batches |
+| | `task_metrics(num_steps)` | the task's `extra_eval_metrics` on the trained weights |
+| | `save()` | a checkpoint at `step`; its path |
+| | `latest_checkpoint()` | the newest checkpoint's path, or None |
+| | `describe()` | one log line: model, optimizer, devices |
+| | `close()` | release sessions and scopes (the driver calls it) |
+
+`train_step` takes the schedule's learning rate at the step before the
+update, as Mesh TensorFlow feeds it; the Keras backend's optimizer computes
+the same rate from its own schedule and ignores the argument.
+
+Backends are found by name (`get`). The Keras backend is
+`thattn.training.keras_backend`; the Mesh TensorFlow one,
+`thattn.mtf.training`, lives above this package and registers itself when
+imported: `get("mtf")` imports it by module name on first use, so a Keras
+run never imports Mesh TensorFlow, and this package names no code above it.
+"""
+
+import abc
+import contextlib
+import dataclasses
+import importlib
+
+_REGISTRY = {}
+# Where each built-in backend registers itself (imported on first `get`).
+_MODULES = {"keras": "thattn.training.keras_backend",
+            "mtf": "thattn.mtf.training"}
+# What pip installs for the Mesh TensorFlow backend (setup.py's extra).
+MTF_EXTRA = ("pip install 'thattn[mtf]' (from a checkout: pip install -e "
+             "'.[mtf]')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+  """Where one process of a run writes, and what its backend holds there.
+
+  write_dir: model_dir, but for the non-chief workers of a Keras cluster
+    (their own temporary folders). state: the backend's own (mtf: the
+    chief's server of a TF_CONFIG cluster), None by default.
+  """
+  write_dir: str
+  state: object = None
+
+
+def register(backend_class):
+  """Class decorator: makes `backend_class` `get(backend_class.name)`."""
+  _REGISTRY[backend_class.name] = backend_class
+  return backend_class
+
+
+def get(name):
+  """The backend class registered as `name`, imported on first use."""
+  if name not in _REGISTRY and name in _MODULES:
+    try:
+      importlib.import_module(_MODULES[name])
+    except ImportError as error:
+      raise ValueError(f"--backend={name} needs Mesh TensorFlow, which is "
+                       f"not installed ({error}); {MTF_EXTRA}.") from None
+  if name not in _REGISTRY:
+    raise ValueError(f"Unknown backend {name!r}; expected one of "
+                     f"{', '.join(sorted(set(_MODULES) | set(_REGISTRY)))}.")
+  return _REGISTRY[name]
+
+
+class Backend(abc.ABC):
+  """One backend of the driver; see the module for the protocol."""
+
+  name = None
+
+  @classmethod
+  def check_task(cls, task_class, model):
+    """Raises ValueError for a task or model this backend cannot train."""
+    del task_class, model  # the Keras backend trains every task
+
+  @classmethod
+  def logical_devices(cls, options):
+    """Whether this process needs `options.mesh_shape` logical CPUs."""
+    del options
+    return False
+
+  @classmethod
+  def serve(cls, model_dir, options, log):
+    """Serves another process's run and returns its result, or None."""
+    del model_dir, options, log
+    return None
+
+  @classmethod
+  def processes(cls, model_dir, options, log):
+    """Context manager around a run; yields its `Place`."""
+    del options, log
+    return contextlib.nullcontext(Place(model_dir))
+
+  @classmethod
+  def model_dir_for_export(cls, model_dir, temp_dir, log):
+    """A model_dir that `thattn.export.export` reads, for a run of ours."""
+    del temp_dir, log
+    return model_dir
+
+  def __init__(self, *, model_dir, place, options, log):
+    self.model_dir, self.place, self.write_dir = (model_dir, place,
+                                                  place.write_dir)
+    self.options, self.log = options, log
+
+  @abc.abstractmethod
+  def build(self, task):
+    """Builds the model (and optimizer) of `task`, an unbuilt task."""
+
+  @abc.abstractmethod
+  def checkpoints(self):
+    """The paths of the checkpoints a run resumes from, oldest first."""
+
+  @abc.abstractmethod
+  def restore(self, path):
+    """Restores every variable from `path`; raises if it cannot."""
+
+  @abc.abstractmethod
+  def initialize(self):
+    """Starts from the task's Keras backbone's current weights."""
+
+  @property
+  @abc.abstractmethod
+  def step(self):
+    """Steps trained so far."""
+
+  @property
+  @abc.abstractmethod
+  def initial_eval(self):
+    """The held-out loss at step 0 (NaN until set), saved with the run."""
+
+  @abc.abstractmethod
+  def set_initial_eval(self, value):
+    """Sets `initial_eval`."""
+
+  @abc.abstractmethod
+  def train_batches(self, start_step):
+    """What `train_step` reads from: the task's batches from start_step."""
+
+  @abc.abstractmethod
+  def train_step(self, batches, learning_rate):
+    """Trains on the next batch of `batches`; returns its mean loss."""
+
+  @abc.abstractmethod
+  def evaluate(self, batches):
+    """Mean loss over every weighted position of `batches` (a dataset)."""
+
+  @abc.abstractmethod
+  def task_metrics(self, num_steps):
+    """The task's extra held-out metrics, {name: float}."""
+
+  @abc.abstractmethod
+  def save(self):
+    """Saves a checkpoint numbered `step`; returns its path."""
+
+  @abc.abstractmethod
+  def latest_checkpoint(self):
+    """The newest checkpoint's path, or None."""
+
+  @abc.abstractmethod
+  def describe(self):
+    """One log line: the model, what is trained, optimizer, devices."""
+
+  def close(self):
+    """Releases what the backend holds (sessions, scopes)."""
