@@ -7,12 +7,19 @@ fresh processes that import this file to register the task) and serves the
 SavedModel, which shows that adding a task needs no change to the trainer,
 the binaries or the export.
 
+`ToyT5Copy`, also registered only here, is the same task on a T5 encoder,
+and says how Mesh TensorFlow trains it (`mtf_model`,
+`inputs_and_targets`): it trains with `--backend=keras` and
+`--backend=mtf` alike, step for step, with its accuracy metric collected
+by both, and no change outside this file.
+
     python tests/tasks/toy_task_test.py train --task=toy_copy ...
     python tests/tasks/toy_task_test.py export --model_dir=...
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -22,6 +29,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import layers
+from thattn import models
 from thattn import tasks
 from thattn.tasks import serving
 
@@ -90,6 +98,60 @@ class ToyCopy(tasks.Task):
                        config["sequence_length"])
 
 
+@tasks.register
+class ToyT5Copy(tasks.Task):
+  """ToyCopy on a T5 encoder and its LM head: one of mtf's models too."""
+
+  name = "toy_t5_copy"
+  default_preset = "t5_tiny_encoder"
+  default_sequence_length = 8
+  config_type = models.T5Config
+  mtf_model = "a T5 encoder (toy_task_test.py)"  # an aligned Unitransformer
+
+  @classmethod
+  def fits(cls, config):
+    return config.stacks == "encoder"
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.model_config = models.model_config(
+        self.model_options.preset, **dict(self.model_options.overrides,
+                                          vocab_size=VOCAB))
+
+  def build(self):
+    self.backbone = models.build_model(self.model_config)
+
+  def _batches(self, *, seed, start_step, num_steps, train):
+    del train
+    def batch(step):  # ids from 1: mtf leaves targets of 0 unscored
+      return tf.random.stateless_uniform(
+          [self.batch_size, self.sequence_length], [seed, step], 1, VOCAB,
+          tf.int32)
+    steps = tf.data.Dataset.range(start_step, 2**62)
+    if num_steps is not None:
+      steps = steps.take(num_steps)
+    return steps.map(batch)
+
+  def _logits(self, tokens, training=False):
+    return self.backbone({"encoder_input_tokens": tokens}, training=training)
+
+  def loss(self, batch, training):
+    return tasks.base.masked_cross_entropy(
+        batch, self._logits(batch, training), tf.ones_like(batch, tf.float32))
+
+  def inputs_and_targets(self, batch):
+    tokens = np.asarray(batch, np.int32)
+    return tokens, tokens
+
+  def extra_eval_metrics(self, num_steps, devices):
+    hits = count = 0
+    for batch in self.eval_dataset(num_steps):
+      logits = devices.fetch(self._logits(devices.place(batch)))
+      hits += int(np.sum(logits.argmax(-1) == batch.numpy()))
+      count += batch.shape.num_elements()
+    return {"accuracy": hits / count}
+
+
 class CopyServing(serving.Serving):
 
   @tf.function(input_signature=[serving.IDS])
@@ -130,6 +192,45 @@ def test_a_task_registered_in_a_test_trains_evaluates_and_exports(tmp_path):
   predictions = served.signatures["serving_default"](
       tokens=tf.constant(tokens))["predictions"].numpy()
   assert (predictions == tokens).mean() > 0.9
+
+
+# A progress or result line with its numbers taken out: its format.
+_NUMBERS = re.compile(r"\d[\d,.]*(e[-+]\d+)?")
+
+
+def _line_formats(stdout):
+  return [" ".join(_NUMBERS.sub("#", line).split())
+          for line in stdout.splitlines()
+          if line.startswith(("step ", "Held-out "))]
+
+
+def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
+  """The same run, the same losses, the same summary and progress lines."""
+  from tests.training import local_cluster  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for backend in ("keras", "mtf"):
+    model_dir = tmp_path / backend
+    result = _run("train", "--task=toy_t5_copy", f"--model_dir={model_dir}",
+                  f"--backend={backend}", "--train_steps=8", "--batch_size=4",
+                  "--warmup_steps=1", "--learning_rate=0.03", "--eval_steps=2",
+                  "--eval_every=4", "--log_every=4", "--deterministic",
+                  "--noexport")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(model_dir / "summary.json") as f:
+      runs[backend] = (local_cluster.train_losses(str(model_dir)),
+                       json.load(f), result.stdout)
+  (keras_losses, keras, keras_out), (mtf_losses, mtf, mtf_out) = (
+      runs["keras"], runs["mtf"])
+  assert "Mesh TensorFlow aligned Unitransformer" in mtf_out
+  assert sorted(mtf_losses) == sorted(keras_losses) == [4, 8]
+  for step, loss in keras_losses.items():
+    np.testing.assert_allclose(mtf_losses[step], loss, rtol=1e-4)
+  assert keras_losses[8] < keras_losses[4]
+  assert set(keras) == set(mtf) and mtf["backend"] == "mtf"
+  # The task's metric, on mtf's trained weights converted back.
+  assert abs(mtf["held_out_accuracy"] - keras["held_out_accuracy"]) < 0.05
+  assert _line_formats(keras_out) == _line_formats(mtf_out)
+  assert len(_line_formats(mtf_out)) == 5  # before, 4, eval at 4, 8, after
 
 
 def test_unknown_and_duplicate_task_names_are_refused():
