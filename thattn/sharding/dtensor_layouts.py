@@ -286,46 +286,14 @@ def build_sharded(build_fn, rules, mesh, strict=False):
 
   with tf.variable_creator_scope(record):
     reference = build_fn()
-  # Keyed by name, not by variable: under a mixed precision policy the
-  # model's weights are AutoCastVariables that tf-keras wraps around what
-  # the creator made, so the recorded variables are not the model's.
-  planned = {}
-  for variable, mesh_axes in plan_weights(reference, rules, mesh, strict):
-    if planned.setdefault(variable.name, mesh_axes) != mesh_axes:
-      raise ValueError(
-          f"two weights are named {variable.name!r} but need layouts "
-          f"{list(planned[variable.name])} and {list(mesh_axes)}; name "
-          "their layers apart.")
-  remaining = list(created)
-
-  def create_sharded(next_creator, **kwargs):
-    del next_creator  # never creates an unsharded copy
-    if not remaining:
-      raise ValueError(f"build_fn created more weights the second time than "
-                       f"the first ({len(created)}); it must be "
-                       "deterministic.")
-    probe = remaining.pop(0)
-    index = len(created) - len(remaining) - 1
-    name = kwargs.get("name") or "Variable"
-    shape = kwargs.get("shape")
-    if (_base_name(name) != _base_name(probe.name.rsplit("/", 1)[-1]) or
-        (shape is not None and tf.TensorShape(shape) != probe.shape)):
-      raise ValueError(
-          f"build_fn is not deterministic: weight {index} was {probe.name!r}"
-          f" {probe.shape} in the probe build but "
-          f"{name!r} {shape} in the sharded build.")
-    mesh_axes = planned.get(probe.name, (None,) * probe.shape.rank)
-    with tf.init_scope():
-      initial = dtensor.copy_to_mesh(probe.read_value(),
-                                     _layout(mesh, mesh_axes))
-      return dtensor.DVariable(initial, trainable=probe.trainable, name=name)
-
-  with tf.variable_creator_scope(create_sharded):
+  creator = _ShardedCreator(created, _planned_layouts(reference, rules, mesh,
+                                                      strict), mesh)
+  with tf.variable_creator_scope(creator):
     model = build_fn()
-  if remaining:
-    raise ValueError(f"build_fn created {len(created) - len(remaining)} "
-                     f"weights the second time but {len(created)} the first; "
-                     "it must be deterministic.")
+  if creator.remaining:
+    raise ValueError(f"build_fn created {creator.made} weights the second "
+                     f"time but {len(created)} the first; it must be "
+                     "deterministic.")
   unsharded = [variable.name for variable in model.variables
                if variable_layout(variable) is None]
   if unsharded:
@@ -333,6 +301,57 @@ def build_sharded(build_fn, rules, mesh, strict=False):
         f"weights {unsharded} were created after build_fn returned (e.g. on "
         "the first call); build the layer or model inside build_fn.")
   return ShardedBuild(model, reference)
+
+
+def _planned_layouts(reference, rules, mesh, strict):
+  """{weight name: mesh axes} of the probe's weights.
+
+  Keyed by name, not by variable: under a mixed precision policy the
+  model's weights are AutoCastVariables that tf-keras wraps around what
+  the creator made, so the recorded variables are not the model's.
+  """
+  planned = {}
+  for variable, mesh_axes in plan_weights(reference, rules, mesh, strict):
+    if planned.setdefault(variable.name, mesh_axes) != mesh_axes:
+      raise ValueError(
+          f"two weights are named {variable.name!r} but need layouts "
+          f"{list(planned[variable.name])} and {list(mesh_axes)}; name "
+          "their layers apart.")
+  return planned
+
+
+class _ShardedCreator:
+  """A variable creator: the i-th weight as a DVariable laid out as the
+  probe's i-th weight is planned, with the probe's value."""
+
+  def __init__(self, probes, planned, mesh):
+    self.probes, self.planned, self.mesh = probes, planned, mesh
+    self.remaining = list(probes)
+
+  @property
+  def made(self):
+    return len(self.probes) - len(self.remaining)
+
+  def __call__(self, next_creator, **kwargs):
+    del next_creator  # never creates an unsharded copy
+    if not self.remaining:
+      raise ValueError(f"build_fn created more weights the second time than "
+                       f"the first ({len(self.probes)}); it must be "
+                       "deterministic.")
+    probe = self.remaining.pop(0)
+    name = kwargs.get("name") or "Variable"
+    shape = kwargs.get("shape")
+    if (_base_name(name) != _base_name(probe.name.rsplit("/", 1)[-1]) or
+        (shape is not None and tf.TensorShape(shape) != probe.shape)):
+      raise ValueError(
+          f"build_fn is not deterministic: weight {self.made - 1} was "
+          f"{probe.name!r} {probe.shape} in the probe build but "
+          f"{name!r} {shape} in the sharded build.")
+    mesh_axes = self.planned.get(probe.name, (None,) * probe.shape.rank)
+    with tf.init_scope():
+      initial = dtensor.copy_to_mesh(probe.read_value(),
+                                     _layout(self.mesh, mesh_axes))
+      return dtensor.DVariable(initial, trainable=probe.trainable, name=name)
 
 
 def copy_weights(source, target):
