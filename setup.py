@@ -31,6 +31,11 @@ EXTRAS_REQUIRE = {
     "tensorboard": ["tensorboard"],
     # thattn-ablate's plots and heatmaps.
     "plot": ["matplotlib"],
+    # Keras 3 backends for thattn.keras3 (keras itself comes with
+    # TensorFlow). torch 2.13: on CPU machines pip's local CPU-only wheel
+    # (2.13.0+cpu) satisfies it, and sorts above the CUDA build on PyPI.
+    "jax": ["jax[cpu]"],
+    "torch": ["torch==2.13.*"],
 }
 
 setuptools.setup(

@@ -7,36 +7,22 @@ tensors are laid out `[b, heads, n, m]`.
 
 import tensorflow as tf
 
-# Added to the logits of positions that may not be attended. Softmax always
-# runs in float32 (see `masked_softmax`), so this never overflows a float16
-# or bfloat16 tensor, and a fully masked row becomes a uniform distribution
-# rather than NaN.
-MASKED_LOGIT = -1e9
+from thattn import attention_spec
 
-# J[b, h_k, n, m] = einsum(Q[b, n, h_k, d_k], K[b, m, h_k, d_k])
-DOT_PRODUCT = "bnik,bmik->binm"
-# O[b, n, h_v, d_v] = einsum(U[b, h_v, n, m], V[b, m, h_v, d_v])
-WEIGHTED_VALUES = "bjnm,bmjv->bnjv"
-# Dynamic talking-heads projections (Appendix A), added to the static one.
-# L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Xl[b, n, h_k, h])
-QUERY_DYNAMIC_LOGITS_MIX = "binm,bnih->bhnm"
-# L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Ml[b, m, h_k, h])
-MEMORY_DYNAMIC_LOGITS_MIX = "binm,bmih->bhnm"
-# U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Xw[b, n, h, h_v])
-QUERY_DYNAMIC_WEIGHTS_MIX = "bhnm,bnhj->bjnm"
-# U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Mw[b, m, h, h_v])
-MEMORY_DYNAMIC_WEIGHTS_MIX = "bhnm,bmhj->bjnm"
-# The same four with G head groups (grouped talking heads: block-diagonal
-# dynamic projections stored as their blocks; i, h, j count heads within a
-# group, g the group, as in thattn.dims).
-# L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Xl[b, n, g, i, h])
-GROUPED_QUERY_DYNAMIC_LOGITS_MIX = "bginm,bngih->bghnm"
-# L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Ml[b, m, g, i, h])
-GROUPED_MEMORY_DYNAMIC_LOGITS_MIX = "bginm,bmgih->bghnm"
-# U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Xw[b, n, g, h, j])
-GROUPED_QUERY_DYNAMIC_WEIGHTS_MIX = "bghnm,bnghj->bgjnm"
-# U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Mw[b, m, g, h, j])
-GROUPED_MEMORY_DYNAMIC_WEIGHTS_MIX = "bghnm,bmghj->bgjnm"
+# Constants shared with thattn.keras3 (thattn.attention_spec has their
+# comments in the paper's notation).
+MASKED_LOGIT = attention_spec.MASKED_LOGIT
+DOT_PRODUCT = attention_spec.DOT_PRODUCT
+WEIGHTED_VALUES = attention_spec.WEIGHTED_VALUES
+QUERY_DYNAMIC_LOGITS_MIX = attention_spec.DYNAMIC_MIXES["x2l"]
+MEMORY_DYNAMIC_LOGITS_MIX = attention_spec.DYNAMIC_MIXES["m2l"]
+QUERY_DYNAMIC_WEIGHTS_MIX = attention_spec.DYNAMIC_MIXES["x2w"]
+MEMORY_DYNAMIC_WEIGHTS_MIX = attention_spec.DYNAMIC_MIXES["m2w"]
+GROUPED_QUERY_DYNAMIC_LOGITS_MIX = attention_spec.GROUPED_DYNAMIC_MIXES["x2l"]
+GROUPED_MEMORY_DYNAMIC_LOGITS_MIX = attention_spec.GROUPED_DYNAMIC_MIXES["m2l"]
+GROUPED_QUERY_DYNAMIC_WEIGHTS_MIX = attention_spec.GROUPED_DYNAMIC_MIXES["x2w"]
+GROUPED_MEMORY_DYNAMIC_WEIGHTS_MIX = (
+    attention_spec.GROUPED_DYNAMIC_MIXES["m2w"])
 
 
 def mix_heads(scores, projection):

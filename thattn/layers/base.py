@@ -22,15 +22,14 @@ import json
 import tensorflow as tf
 import tf_keras
 
+from thattn import attention_spec
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import keras_arguments
 
-# The decoding-cache write, over the cache's trailing dimensions flattened:
-# written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]), for the s new
-# steps and the m cache (memory) positions.
-_CACHE_WRITE = "bsx,sm->bmx"
+# written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]) (attention_spec).
+_CACHE_WRITE = attention_spec.CACHE_WRITE
 
 
 def _write_positions(cache, update, start):

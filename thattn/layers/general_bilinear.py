@@ -19,20 +19,17 @@ here as the reference point of its Table 1 (d_k = d_v = d_model).
 import tensorflow as tf
 import tf_keras
 
-from thattn import dims
+from thattn import attention_spec
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import initializers
 
-# XP[b, n, h, d_M] = einsum(X[b, n, d_X], P[d_X, d_M, h])
-QUERY_BILINEAR = "bnd,deh->bnhe"
-# L[b, h, n, m] = einsum(XP[b, n, h, d_M], M[b, m, d_M])
-BILINEAR_LOGITS = "bnhe,bme->bhnm"
-# WM[b, n, h, d_M] = einsum(W[b, h, n, m], M[b, m, d_M])
-WEIGHTED_MEMORY = "bhnm,bme->bnhe"
-# Y[b, n, d_Y] = einsum(WM[b, n, h, d_M], Q[d_M, d_Y, h])
-BILINEAR_OUTPUT = "bnhe,eoh->bno"
+# The equations, shared with thattn.keras3 (thattn.attention_spec).
+QUERY_BILINEAR = attention_spec.QUERY_BILINEAR
+BILINEAR_LOGITS = attention_spec.BILINEAR_LOGITS
+WEIGHTED_MEMORY = attention_spec.WEIGHTED_MEMORY
+BILINEAR_OUTPUT = attention_spec.BILINEAR_OUTPUT
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -65,12 +62,12 @@ class GeneralBilinearAttention(base.AttentionLayer):
     output_dim = self.output_dim or query_width
     self._p = self.add_axes_weight(
         "bilinear_p", [query_width, key_width, h],
-        (dims.D_MODEL, dims.D_K, dims.HEADS),
+        attention_spec.BILINEAR_AXES["bilinear_p"],
         self.kernel_initializer or
         initializers.fan_in_normal(query_width * key_width))
     self._q = self.add_axes_weight(
         "bilinear_q", [value_width, output_dim, h],
-        (dims.D_V, dims.D_MODEL, dims.HEADS),
+        attention_spec.BILINEAR_AXES["bilinear_q"],
         self.kernel_initializer or initializers.fan_in_normal(value_width * h))
 
   def project_query(self, query):

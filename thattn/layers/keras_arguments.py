@@ -23,53 +23,14 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-
-def resolve_alias(owner, canonical, alias, default):
-  """(name, value) of a canonical argument or its older alias, as given.
-
-  `canonical` and `alias` are (name, value) pairs; an alias is "given" when
-  its value is not None, the canonical when its value differs from
-  `default`. The name returned is the one the caller used, for error
-  messages. Raises ValueError naming both when both are given and differ.
-  """
-  (name, value), (alias_name, alias_value) = canonical, alias
-  if alias_value is None:
-    return name, value
-  if value != default and value != alias_value:
-    raise ValueError(
-        f"{owner}: {name}={value!r} and its alias {alias_name}="
-        f"{alias_value!r} disagree; pass only {name}.")
-  return alias_name, alias_value
+from thattn import attention_spec
 
 
-def output_width(owner, output_shape):
-  """d_Y from tf_keras's `output_shape` (an int or a 1-tuple), or None.
-
-  tf_keras also allows longer tuples (an output of rank > 3); thattn's
-  layers produce Y[b, n, d_Y] only, so those are refused.
-  """
-  if output_shape is None or isinstance(output_shape, int):
-    return output_shape
-  if isinstance(output_shape, (tuple, list)) and len(output_shape) == 1:
-    return output_shape[0]
-  raise ValueError(
-      f"{owner}: output_shape must be an int d_Y or a 1-tuple (d_Y,), got "
-      f"{output_shape!r}; thattn's layers output [batch, length, d_Y].")
-
-
-# tf_keras's `attention_axes` values that mean thattn's only layout, rank-3
-# inputs [b, n, d] attended over axis 1.
-_SEQUENCE_AXES = (None, 1, -2, (1,), (-2,), [1], [-2])
-
-
-def check_attention_axes(owner, attention_axes):
-  """Accepts tf_keras's `attention_axes` only where it means thattn's layout."""
-  if attention_axes not in _SEQUENCE_AXES:
-    raise ValueError(
-        f"{owner}: attention_axes={attention_axes!r} is not supported; "
-        "thattn's layers take [batch, length, width] inputs and attend over "
-        "the length axis (attention_axes=None or (1,)). Reshape other axes "
-        "into the batch or length axis.")
+# The pure-Python checks live with the Keras 3 front end's in
+# thattn.attention_spec; these names keep the tf_keras side's imports short.
+resolve_alias = attention_spec.resolve_alias
+output_width = attention_spec.output_width
+check_attention_axes = attention_spec.check_attention_axes
 
 
 def refuse_keras3_tensors(owner, values):
@@ -99,28 +60,11 @@ def refuse_keras3_tensors(owner, values):
 
 
 def check_lengths(owner, query, key, value):
-  """Refuses inputs whose batch or memory lengths disagree (static shapes).
-
-  Without this, a mismatch fails inside an einsum of the attention core
-  with a message that names no input.
-  """
-  shapes = {name: tensor.shape for name, tensor in
-            (("query", query), ("key", key), ("value", value))
-            if tensor is not None and tensor.shape.rank == 3}
-  batches = {name: shape[0] for name, shape in shapes.items()
-             if shape[0] is not None}
-  if len(set(batches.values())) > 1:
-    raise ValueError(
-        f"{owner}: query, key and value must have the same batch size, "
-        f"got shapes " + ", ".join(f"{name} {shapes[name]}"
-                                   for name in batches) + ".")
-  key_length, value_length = (shapes.get(name, [None, None])[1]
-                              for name in ("key", "value"))
-  if None not in (key_length, value_length) and key_length != value_length:
-    raise ValueError(
-        f"{owner}: key and value must have the same length (both are "
-        f"the memory M[b, m, ...]), got key {shapes['key']} and value "
-        f"{shapes['value']}.")
+  """`attention_spec.check_lengths` on the tensors' static shapes."""
+  attention_spec.check_lengths(owner, {
+      name: None if tensor is None or tensor.shape.rank is None else
+      tensor.shape.as_list() for name, tensor in
+      (("query", query), ("key", key), ("value", value))})
 
 
 def boolean_mask(owner, mask):

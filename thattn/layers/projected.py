@@ -20,21 +20,19 @@ fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
 
 import tf_keras
 
-from thattn import dims
+from thattn import attention_spec
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import core
 from thattn.layers import initializers
 
-# Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
-QUERY_PROJECTION = "bnd,dik->bnik"
-# K[b, m, h_k, d_k] = einsum(M[b, m, d_M], P_k[d_M, h_k, d_k])
-KEY_PROJECTION = "bme,eik->bmik"
-# V[b, m, h_v, d_v] = einsum(M[b, m, d_M], P_v[d_M, h_v, d_v])
-VALUE_PROJECTION = "bme,ejv->bmjv"
-# Y[b, n, d_Y] = einsum(O[b, n, h_v, d_v], P_o[h_v, d_v, d_Y])
-OUTPUT_PROJECTION = "bnjv,jvo->bno"
+# The projections' equations (thattn.attention_spec, shared with
+# thattn.keras3): Q = X P_q, K = M P_k, V = M P_v, Y = O P_o.
+QUERY_PROJECTION = attention_spec.QUERY_PROJECTION
+KEY_PROJECTION = attention_spec.KEY_PROJECTION
+VALUE_PROJECTION = attention_spec.VALUE_PROJECTION
+OUTPUT_PROJECTION = attention_spec.OUTPUT_PROJECTION
 
 
 class ProjectedAttention(base.AttentionLayer):
@@ -102,26 +100,22 @@ class ProjectedAttention(base.AttentionLayer):
         self._einsum_dense("query", QUERY_PROJECTION, (None, h_k, d_k), "ik",
                            query_init),
         [None, None, query_width],
-        {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
-         "bias": (dims.KEY_HEADS, dims.D_K)})
+        attention_spec.PROJECTION_AXES["query"])
     self._key_dense = self.add_axes_sublayer(
         self._einsum_dense("key", KEY_PROJECTION, (None, h_k, d_k), "ik",
                            self.kernel_initializer),
         [None, None, key_width],
-        {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
-         "bias": (dims.KEY_HEADS, dims.D_K)})
+        attention_spec.PROJECTION_AXES["key"])
     self._value_dense = self.add_axes_sublayer(
         self._einsum_dense("value", VALUE_PROJECTION, (None, h_v, d_v), "jv",
                            self.kernel_initializer),
         [None, None, value_width],
-        {"kernel": (dims.D_MODEL, dims.VALUE_HEADS, dims.D_V),
-         "bias": (dims.VALUE_HEADS, dims.D_V)})
+        attention_spec.PROJECTION_AXES["value"])
     self._output_dense = self.add_axes_sublayer(
         self._einsum_dense("output", OUTPUT_PROJECTION, (None, output_dim),
                            "o", self.kernel_initializer),
         [None, None, h_v, d_v],
-        {"kernel": (dims.VALUE_HEADS, dims.D_V, dims.D_MODEL),
-         "bias": (dims.D_MODEL,)})
+        attention_spec.PROJECTION_AXES["output"])
 
   def project_query(self, query):
     return {"query": self._query_dense(query)}

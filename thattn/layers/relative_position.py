@@ -14,7 +14,7 @@ import math
 import tensorflow as tf
 import tf_keras
 
-from thattn import dims
+from thattn import attention_spec
 from thattn import validation
 
 
@@ -89,8 +89,8 @@ class RelativePositionBias(tf_keras.layers.Layer):
     self.embeddings = self.add_weight(
         "relative_attention_bias", [self.num_buckets, self.num_heads],
         initializer=self.embeddings_initializer)
-    self.logical_axes_by_name[self.embeddings.name] = (dims.RELATIVE_BUCKETS,
-                                                       dims.HEADS)
+    self.logical_axes_by_name[self.embeddings.name] = (
+        attention_spec.RELATIVE_BIAS_AXES)
     super().build(input_shape)
 
   @property

@@ -53,83 +53,16 @@ on one device and the attention core needs no communication.
 import tensorflow as tf
 import tf_keras
 
+from thattn import attention_spec
 from thattn import dims
-from thattn import validation
-from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import projected
 
-DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
-# Appendix A adds the "l" terms to the static P_l and the "w" terms to P_w.
-_STATIC_PROJECTION = {"x2l": ("P_l", "project_logits"),
-                      "m2l": ("P_l", "project_logits"),
-                      "x2w": ("P_w", "project_weights"),
-                      "m2w": ("P_w", "project_weights")}
-
-# The paper (Appendix A) trained well only with small initial dynamic
-# projections: normal with stddev 0.1 / sqrt(fan_in).
-DYNAMIC_INIT_SCALE = 0.1
-
-# R_Xl[b, n, h_k, h] = einsum(X[b, n, d_X], P_Xl[d_X, h_k, h]), and so on.
-_DYNAMIC_GENERATORS = {
-    "x2l": "bnd,dih->bnih",
-    "m2l": "bme,eih->bmih",
-    "x2w": "bnd,dhj->bnhj",
-    "m2w": "bme,ehj->bmhj",
-}
-# Grouped: R_Xl[b, n, g, i, h] = einsum(X[b, n, d_X], P_Xl[d_X, g, i, h]), ...
-_GROUPED_DYNAMIC_GENERATORS = {
-    "x2l": "bnd,dgih->bngih",
-    "m2l": "bme,egih->bmgih",
-    "x2w": "bnd,dghj->bnghj",
-    "m2w": "bme,eghj->bmghj",
-}
-_DYNAMIC_MIXES = {
-    "x2l": attention_ops.QUERY_DYNAMIC_LOGITS_MIX,
-    "m2l": attention_ops.MEMORY_DYNAMIC_LOGITS_MIX,
-    "x2w": attention_ops.QUERY_DYNAMIC_WEIGHTS_MIX,
-    "m2w": attention_ops.MEMORY_DYNAMIC_WEIGHTS_MIX,
-}
-_GROUPED_DYNAMIC_MIXES = {
-    "x2l": attention_ops.GROUPED_QUERY_DYNAMIC_LOGITS_MIX,
-    "m2l": attention_ops.GROUPED_MEMORY_DYNAMIC_LOGITS_MIX,
-    "x2w": attention_ops.GROUPED_QUERY_DYNAMIC_WEIGHTS_MIX,
-    "m2w": attention_ops.GROUPED_MEMORY_DYNAMIC_WEIGHTS_MIX,
-}
-
-
-def checked_dynamic_projections(dynamic_projections, *, project_logits=True,
-                                project_weights=True, owner=None):
-  """The dynamic projection names in the order of DYNAMIC_PROJECTIONS.
-
-  The one check of a `dynamic_projections` argument, for the layer and for
-  `thattn.models.config.AttentionConfig`. Raises ValueError when it is a
-  string rather than a list, names a projection that does not exist, or
-  names one whose static projection is off: each is added to P_l ("x2l",
-  "m2l") or P_w ("x2w", "m2w"), so it needs `project_logits` or
-  `project_weights`. `owner` is prefixed to the message.
-  """
-  prefix = f"{owner}: " if owner else ""
-  if isinstance(dynamic_projections, str):
-    raise ValueError(
-        f"{prefix}dynamic_projections must be a list of names from "
-        f"{DYNAMIC_PROJECTIONS}, got the string {dynamic_projections!r}; "
-        f"write [{dynamic_projections!r}].")
-  names = tuple(dynamic_projections)
-  unknown = sorted(set(names) - set(DYNAMIC_PROJECTIONS))
-  if unknown:
-    unknown_names = f"{owner}: unknown" if owner else "Unknown"
-    raise ValueError(f"{unknown_names} dynamic projections {unknown}; "
-                     f"expected a subset of {DYNAMIC_PROJECTIONS}.")
-  static_on = {"project_logits": project_logits,
-               "project_weights": project_weights}
-  for name in names:
-    static, flag = _STATIC_PROJECTION[name]
-    if not static_on[flag]:
-      raise ValueError(
-          f"{prefix}dynamic projection {name!r} is added to the static "
-          f"{static}, so it needs {flag}=True, got {flag}=False.")
-  return tuple(name for name in DYNAMIC_PROJECTIONS if name in names)
+# The dynamic projections' names, equations and checks are shared with
+# thattn.keras3 (thattn.attention_spec).
+DYNAMIC_PROJECTIONS = attention_spec.DYNAMIC_PROJECTIONS
+DYNAMIC_INIT_SCALE = attention_spec.DYNAMIC_INIT_SCALE
+checked_dynamic_projections = attention_spec.checked_dynamic_projections
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -200,29 +133,22 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, query_chunk_size=None,
                num_head_groups=1, fused_kernel=None, **kwargs):
-    num_key_heads = num_heads if num_key_heads is None else num_key_heads
-    num_value_heads = num_heads if num_value_heads is None else num_value_heads
+    num_key_heads, num_heads, num_value_heads = attention_spec.checked_heads(
+        num_heads, num_key_heads, num_value_heads, project_logits,
+        project_weights)
     super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
                      value_dim=value_dim, output_shape=output_shape,
                      use_bias=use_bias, dropout=dropout,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer,
                      query_chunk_size=query_chunk_size, **kwargs)
-    if not project_logits and num_key_heads != num_heads:
-      raise ValueError(
-          f"project_logits=False needs num_key_heads == num_heads, got "
-          f"num_key_heads={num_key_heads}, num_heads={num_heads}.")
-    if not project_weights and num_value_heads != num_heads:
-      raise ValueError(
-          f"project_weights=False needs num_value_heads == num_heads, got "
-          f"num_value_heads={num_value_heads}, num_heads={num_heads}.")
     self.dynamic_projections = checked_dynamic_projections(
         dynamic_projections, project_logits=project_logits,
         project_weights=project_weights)
     self.project_logits = project_logits
     self.project_weights = project_weights
-    self.num_head_groups = _checked_groups(num_head_groups, num_key_heads,
-                                           num_heads, num_value_heads)
+    self.num_head_groups = attention_spec.checked_groups(
+        num_head_groups, num_key_heads, num_heads, num_value_heads)
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         tf_keras.initializers.get(talking_heads_initializer))
@@ -239,7 +165,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
     h_k, h, h_v = self.num_key_heads, self.num_heads, self.num_value_heads
-    shapes = _MixingShapes(h_k, h, h_v, self.num_head_groups)
+    shapes = attention_spec.MixingShapes(h_k, h, h_v, self.num_head_groups)
     if self.project_logits:
       self._pre_softmax_projection = self.add_axes_weight(
           "pre_softmax_projection", *shapes.static("l"),
@@ -250,8 +176,9 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
           self._projection_initializer(shapes.fan_in("w")))
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
-    generators = (_DYNAMIC_GENERATORS if self.num_head_groups == 1 else
-                  _GROUPED_DYNAMIC_GENERATORS)
+    generators = (attention_spec.DYNAMIC_GENERATORS
+                  if self.num_head_groups == 1 else
+                  attention_spec.GROUPED_DYNAMIC_GENERATORS)
     self._dynamic_dense = {}
     for name in self.dynamic_projections:
       kind = name[-1]  # "l" or "w"
@@ -307,12 +234,13 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     """scores[b, f, n, m] mixed by a dynamic projection R[b, n or m, ...]."""
     groups = self.num_head_groups
     if groups == 1:
-      return tf.einsum(_DYNAMIC_MIXES[name], scores, projection)
+      return tf.einsum(attention_spec.DYNAMIC_MIXES[name], scores, projection)
     # [b, f, n, m] -> [b, G, f/G, n, m]: the heads are group-major.
     shape = tf.shape(scores)
     grouped = tf.reshape(scores, [shape[0], groups, scores.shape[1] // groups,
                                   shape[2], shape[3]])
-    mixed = tf.einsum(_GROUPED_DYNAMIC_MIXES[name], grouped, projection)
+    mixed = tf.einsum(attention_spec.GROUPED_DYNAMIC_MIXES[name], grouped,
+                      projection)
     return tf.reshape(mixed, [shape[0], groups * projection.shape[-1],
                               shape[2], shape[3]])
 
@@ -337,49 +265,3 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
             tf_keras.initializers.serialize(self.talking_heads_initializer)),
     })
     return config
-
-
-def _checked_groups(num_head_groups, num_key_heads, num_heads,
-                    num_value_heads):
-  validation.positive_int("num_head_groups", num_head_groups)
-  sizes = {"num_key_heads": num_key_heads, "num_heads": num_heads,
-           "num_value_heads": num_value_heads}
-  indivisible = {name: size for name, size in sizes.items()
-                 if size % num_head_groups}
-  if indivisible:
-    raise ValueError(
-        f"num_head_groups={num_head_groups} must divide num_key_heads, "
-        f"num_heads and num_value_heads, got "
-        + ", ".join(f"{name}={size}" for name, size in sizes.items())
-        + f" ({', '.join(indivisible)} not divisible by {num_head_groups}).")
-  return num_head_groups
-
-
-class _MixingShapes:
-  """Shapes, logical axes and fan-in of the P_l-like and P_w-like weights.
-
-  Kind "l" maps h_k heads to h (P_l, P_Xl, P_Ml) and kind "w" maps h to h_v
-  (P_w, P_Xw, P_Mw). The dynamic generators put d_model in front.
-  """
-
-  def __init__(self, h_k, h, h_v, groups):
-    self.groups = groups
-    self.heads = {"l": (h_k, h), "w": (h, h_v)}
-
-  def static(self, kind):
-    """(shape, logical axes) of P_l (kind "l") or P_w (kind "w")."""
-    heads_in, heads_out = self.heads[kind]
-    if self.groups == 1:
-      axes = {"l": (dims.KEY_HEADS, dims.HEADS),
-              "w": (dims.HEADS, dims.VALUE_HEADS)}[kind]
-      return [heads_in, heads_out], axes
-    axes = {"l": (dims.HEAD_GROUPS, dims.KEY_HEADS_PER_GROUP,
-                  dims.HEADS_PER_GROUP),
-            "w": (dims.HEAD_GROUPS, dims.HEADS_PER_GROUP,
-                  dims.VALUE_HEADS_PER_GROUP)}[kind]
-    return ([self.groups, heads_in // self.groups,
-             heads_out // self.groups], axes)
-
-  def fan_in(self, kind):
-    """Heads each output head sums over: h_k/G for "l", h/G for "w"."""
-    return self.heads[kind][0] // self.groups

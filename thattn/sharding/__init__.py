@@ -20,21 +20,8 @@ Every check runs before any computation and raises a ValueError naming the
 tensor, the logical axis and the sizes, and saying what to change.
 """
 
-from thattn.sharding.dtensor_layouts import batch_layout
-from thattn.sharding.dtensor_layouts import build_sharded
-from thattn.sharding.dtensor_layouts import connect_clients
-from thattn.sharding.dtensor_layouts import copy_weights
-from thattn.sharding.dtensor_layouts import layout
-from thattn.sharding.dtensor_layouts import logical_axes_of
-from thattn.sharding.dtensor_layouts import make_distributed_mesh
-from thattn.sharding.dtensor_layouts import make_mesh
-from thattn.sharding.dtensor_layouts import mesh_spec_of
-from thattn.sharding.dtensor_layouts import plan_weights
-from thattn.sharding.dtensor_layouts import shard
-from thattn.sharding.dtensor_layouts import ShardedBuild
-from thattn.sharding.dtensor_layouts import to_numpy
-from thattn.sharding.dtensor_layouts import variable_layout
-from thattn.sharding.dtensor_layouts import weight_layouts
+import importlib
+
 from thattn.sharding.rules import ACTIVATION_AXES
 from thattn.sharding.rules import BATCH
 from thattn.sharding.rules import check_layouts
@@ -44,3 +31,30 @@ from thattn.sharding.rules import LayoutRules
 from thattn.sharding.rules import LENGTH
 from thattn.sharding.rules import MeshSpec
 from thattn.sharding.rules import plan_layouts
+
+# The DTensor half imports TensorFlow and tf_keras; it loads on first use,
+# so the rules (plain Python) serve thattn.keras3 on JAX and PyTorch too.
+_DTENSOR_NAMES = (
+    "batch_layout",
+    "build_sharded",
+    "connect_clients",
+    "copy_weights",
+    "layout",
+    "logical_axes_of",
+    "make_distributed_mesh",
+    "make_mesh",
+    "mesh_spec_of",
+    "plan_weights",
+    "shard",
+    "ShardedBuild",
+    "to_numpy",
+    "variable_layout",
+    "weight_layouts",
+)
+
+
+def __getattr__(name):
+  if name in _DTENSOR_NAMES:
+    module = importlib.import_module("thattn.sharding.dtensor_layouts")
+    return getattr(module, name)
+  raise AttributeError(f"module 'thattn.sharding' has no attribute {name!r}")

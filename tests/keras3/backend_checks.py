@@ -1,0 +1,238 @@
+"""thattn.keras3 on one Keras 3 backend: the checks `backends_test.py` runs.
+
+Run by `backends_test.py` in a fresh process per backend (KERAS_BACKEND is
+fixed at import), not collected on its own. Every variant is compared with
+the float64 NumPy transcription of the paper (tests/layers/numpy_reference.py).
+"""
+
+import os
+import types
+
+import keras
+from keras import ops
+import numpy as np
+import pytest
+
+from thattn import keras3
+from tests.layers import numpy_reference as ref
+
+BACKEND = keras.backend.backend()
+RNG = np.random.default_rng(0)
+
+
+def _numpy(tensor):
+  return np.asarray(ops.convert_to_numpy(tensor))
+
+
+def _as_reference_variable(variable):
+  """A Keras 3 variable as numpy_reference reads one (name with its path)."""
+  return types.SimpleNamespace(
+      name=variable.path, shape=tuple(variable.shape),
+      numpy=lambda: _numpy(variable.value),
+      assign=variable.assign)
+
+
+def _reference_weights(layer, rng=None):
+  """Random weights of ordinary size, as float64 reference arguments."""
+  wrapped = types.SimpleNamespace(
+      weights=[_as_reference_variable(v) for v in layer.weights])
+  if rng is not None:
+    ref.randomize_weights(wrapped, rng)
+  return ref.reference_kwargs(wrapped)
+
+
+VARIANTS = {
+    "multi_head": (lambda: keras3.MultiHeadAttention(3, 4, value_dim=5),
+                   ref.multi_head_attention),
+    "talking_heads_2_3_4": (
+        lambda: keras3.TalkingHeadsAttention(3, 4, value_dim=5,
+                                             num_key_heads=2,
+                                             num_value_heads=4),
+        ref.talking_heads_attention),
+    "logits_only": (
+        lambda: keras3.TalkingHeadsAttention(3, 4, num_key_heads=2,
+                                             project_weights=False),
+        ref.talking_heads_attention),
+    "weights_only": (
+        lambda: keras3.TalkingHeadsAttention(3, 4, num_value_heads=2,
+                                             project_logits=False),
+        ref.talking_heads_attention),
+    "dynamic_all": (
+        lambda: keras3.TalkingHeadsAttention(
+            3, 4, num_key_heads=2, num_value_heads=4,
+            dynamic_projections=keras3.DYNAMIC_PROJECTIONS),
+        ref.talking_heads_attention_with_dynamic_projections),
+    "grouped_dynamic": (
+        lambda: keras3.TalkingHeadsAttention(
+            4, 4, num_key_heads=2, num_value_heads=6, num_head_groups=2,
+            dynamic_projections=["m2l", "x2w"]),
+        ref.grouped_talking_heads_attention),
+    "general_bilinear": (lambda: keras3.GeneralBilinearAttention(3),
+                         ref.general_bilinear_attention),
+}
+for _name in keras3.DYNAMIC_PROJECTIONS:
+  VARIANTS[f"dynamic_{_name}"] = (
+      lambda name=_name: keras3.TalkingHeadsAttention(
+          3, 4, num_key_heads=2, num_value_heads=4,
+          dynamic_projections=[name]),
+      ref.talking_heads_attention_with_dynamic_projections)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("memory", ["self", "cross"])
+def test_every_variant_equals_the_paper(variant, masked, memory):
+  make_layer, reference = VARIANTS[variant]
+  rng = np.random.default_rng(1)
+  self_attention = memory == "self"
+  n, m, d_x = 5, 5 if self_attention else 7, 8
+  d_m = d_x if self_attention else 6
+  x, mem = ref.make_inputs(rng, 2, n, m, d_x, d_m, self_attention)
+  # A random mask, and the causal one too for self-attention.
+  kind = ("none" if not masked else
+          "random_and_causal" if self_attention else "random")
+  layer_mask, causal, ref_mask = ref.make_masks(rng, kind, 2, n, m)
+  layer = make_layer()
+  layer(x.astype("float32"), mem.astype("float32"))
+  weights = _reference_weights(layer, rng)
+  got, scores = layer(x.astype("float32"), mem.astype("float32"),
+                      attention_mask=layer_mask, use_causal_mask=causal,
+                      return_attention_scores=True)
+  want, want_scores = reference(x, mem, mask=ref_mask, return_weights=True,
+                                **weights)
+  ref.assert_close(_numpy(got), want)
+  ref.assert_close(_numpy(scores), want_scores)
+
+
+def test_identity_projections_give_multi_head_attention():
+  x = RNG.normal(size=(2, 5, 8)).astype("float32")
+  multi = keras3.MultiHeadAttention(3, 4)
+  talking = keras3.TalkingHeadsAttention(3, 4)
+  multi(x, x)
+  talking(x, x)
+  talking.set_weights([np.eye(3), np.eye(3)] + multi.get_weights())
+  np.testing.assert_allclose(_numpy(talking(x, x, use_causal_mask=True)),
+                             _numpy(multi(x, x, use_causal_mask=True)),
+                             rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "float32", "int32"])
+def test_numeric_and_implicit_masks(dtype):
+  x = RNG.normal(size=(2, 5, 8)).astype("float32")
+  layer = keras3.TalkingHeadsAttention(3, 4, num_value_heads=2)
+  mask = RNG.random((2, 5, 5)) > 0.3
+  mask[:, :, 0] = True
+  want = _numpy(layer(x, x, attention_mask=mask))
+  np.testing.assert_array_equal(
+      _numpy(layer(x, x, attention_mask=mask.astype(dtype))), want)
+  # Keras implicit masks: padding tokens (id 0) of an Embedding(mask_zero).
+  tokens = keras.Input((5,), dtype="int32")
+  embedded = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+  attention = keras3.MultiHeadAttention(2, 4)
+  model = keras.Model(tokens, attention(embedded, embedded))
+  ids = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 5]], "int32")
+  valid = ids != 0
+  explicit = valid[:, :, None] & valid[:, None, :]
+  embedding = model.layers[1]
+  direct = attention(embedding(ids), embedding(ids), attention_mask=explicit)
+  np.testing.assert_allclose(_numpy(model(ids)), _numpy(direct), rtol=1e-6,
+                             atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["talking_heads_2_3_4", "dynamic_all",
+                                     "grouped_dynamic", "general_bilinear"])
+def test_cached_decoding_equals_the_causal_pass(variant):
+  layer = VARIANTS[variant][0]()
+  x = RNG.normal(size=(2, 6, 8)).astype("float32")
+  full = _numpy(layer(x, x, use_causal_mask=True))
+  cache = layer.initial_cache(2, 6)
+  steps = []
+  for t in range(6):
+    y, cache = layer(x[:, t:t + 1], x[:, t:t + 1], cache=cache, decode_step=t)
+    steps.append(_numpy(y))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5,
+                             atol=1e-5)
+  # Cross-attention: the memory projected once.
+  memory = RNG.normal(size=(2, 4, 8)).astype("float32")
+  cross = _numpy(layer(x, memory))
+  cache = layer.memory_cache(memory)
+  y, _ = layer(x, None, cache=cache)
+  np.testing.assert_allclose(_numpy(y), cross, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_half_precision_is_finite_on_fully_masked_rows(policy):
+  if BACKEND == "torch" and policy == "mixed_float16":
+    pytest.skip("torch's CPU einsum has no float16 kernels")
+  layer = keras3.TalkingHeadsAttention(3, 4, dynamic_projections=["x2l"],
+                                       dtype=policy)
+  x = RNG.normal(size=(2, 5, 8)).astype("float32")
+  mask = np.ones((2, 5, 5), bool)
+  mask[0, 2] = False  # one query may attend nothing
+  y = _numpy(layer(x, x, attention_mask=mask)).astype("float32")
+  assert np.isfinite(y).all()
+
+
+def test_keras_file_round_trip(tmp_path):
+  model, inputs = functional_model()
+  path = tmp_path / "model.keras"
+  model.save(path)
+  loaded = keras.models.load_model(path)
+  np.testing.assert_array_equal(_numpy(loaded(inputs)), _numpy(model(inputs)))
+  assert isinstance(loaded.get_layer("talking"),
+                    keras3.TalkingHeadsAttention)
+
+
+def functional_model():
+  """A functional model of every layer kind, and fixed inputs for it."""
+  query = keras.Input((6, 8), name="query")
+  memory = keras.Input((5, 8), name="memory")
+  y = keras3.TalkingHeadsAttention(
+      3, 4, num_key_heads=2, dynamic_projections=["m2w"], num_head_groups=1,
+      name="talking")(query, memory)
+  y = keras3.MultiHeadAttention(2, 4, use_bias=True, name="multi")(y, memory)
+  y = keras3.GeneralBilinearAttention(2, name="bilinear")(y, memory)
+  rng = np.random.default_rng(3)
+  inputs = [rng.normal(size=(2, 6, 8)).astype("float32"),
+            rng.normal(size=(2, 5, 8)).astype("float32")]
+  return keras.Model([query, memory], y), inputs
+
+
+def test_save_for_other_backends():
+  """Writes a model and its outputs for `test_load_from_other_backends`."""
+  folder = os.environ.get("THATTN_KERAS3_EXCHANGE")
+  if not folder:
+    pytest.skip("run by backends_test.py")
+  model, inputs = functional_model()
+  model.save(os.path.join(folder, f"{BACKEND}.keras"))
+  np.save(os.path.join(folder, f"{BACKEND}.npy"), _numpy(model(inputs)))
+
+
+def test_load_from_other_backends():
+  folder = os.environ.get("THATTN_KERAS3_EXCHANGE")
+  if not folder:
+    pytest.skip("run by backends_test.py")
+  _, inputs = functional_model()
+  others = [name[:-len(".keras")] for name in os.listdir(folder)
+            if name.endswith(".keras") and not name.startswith(BACKEND)]
+  if not others:
+    pytest.skip("no other backend has saved a model yet")
+  for other in others:
+    loaded = keras.models.load_model(os.path.join(folder, f"{other}.keras"))
+    np.testing.assert_allclose(
+        _numpy(loaded(inputs)), np.load(os.path.join(folder, f"{other}.npy")),
+        rtol=1e-5, atol=1e-5, err_msg=f"saved on {other}")
+
+
+def test_config_round_trip_and_tf_keras_names():
+  layer = keras3.TalkingHeadsAttention(
+      3, 4, num_key_heads=2, dropout_rate=0.1, output_dim=6,
+      kernel_regularizer="l2")
+  config = layer.get_config()
+  assert (config["dropout"], config["output_shape"]) == (0.1, 6)
+  clone = keras3.TalkingHeadsAttention.from_config(config)
+  assert clone.get_config() == config
+  with pytest.raises(ValueError, match="query_chunk_size=8 is a thattn.layers"):
+    keras3.TalkingHeadsAttention(3, 4, query_chunk_size=8)
+  with pytest.raises(ValueError, match="num_head_groups=2 must divide"):
+    keras3.TalkingHeadsAttention(3, 4, num_head_groups=2)

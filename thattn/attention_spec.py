@@ -1,0 +1,293 @@
+"""What both Keras front ends share: the equations, the checks, the axes.
+
+`thattn.layers` (tf_keras) and `thattn.keras3` (Keras 3 on TensorFlow, JAX
+and PyTorch) compute the same layers with the same weights. This module is
+the one place for what they must agree on, in plain Python (no TensorFlow,
+no Keras), so the Keras 3 front end can import it on any backend:
+
+- the einsum equations, as fixed string constants in the letters of
+  `thattn.dims`, each commented in the paper's named-dimension notation;
+- the checks of the arguments the two front ends share;
+- the shapes and logical axes of the talking-heads projections.
+
+Front-end code computes with these constants (tf.einsum or keras.ops.einsum);
+it does not write equations of its own.
+"""
+
+from thattn import dims
+from thattn import validation
+
+# ---- the projections (Section 3.3 and 4) -------------------------------------
+# Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
+QUERY_PROJECTION = "bnd,dik->bnik"
+# K[b, m, h_k, d_k] = einsum(M[b, m, d_M], P_k[d_M, h_k, d_k])
+KEY_PROJECTION = "bme,eik->bmik"
+# V[b, m, h_v, d_v] = einsum(M[b, m, d_M], P_v[d_M, h_v, d_v])
+VALUE_PROJECTION = "bme,ejv->bmjv"
+# Y[b, n, d_Y] = einsum(O[b, n, h_v, d_v], P_o[h_v, d_v, d_Y])
+OUTPUT_PROJECTION = "bnjv,jvo->bno"
+# J[b, h_k, n, m] = einsum(Q[b, n, h_k, d_k], K[b, m, h_k, d_k])
+DOT_PRODUCT = "bnik,bmik->binm"
+# O[b, n, h_v, d_v] = einsum(U[b, h_v, n, m], V[b, m, h_v, d_v])
+WEIGHTED_VALUES = "bjnm,bmjv->bnjv"
+# L[b, h, n, m] = einsum(J[b, h_k, n, m], P_l[h_k, h]); U likewise with P_w.
+HEADS_MIX = "bfnm,fg->bgnm"
+# The same with G head groups, P_l as its blocks [G, h_k/G, h/G].
+GROUPED_HEADS_MIX = "bgfnm,gfh->bghnm"
+
+# ---- dynamic projections (Appendix A) ----------------------------------------
+DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
+# Appendix A adds the "l" terms to the static P_l and the "w" terms to P_w.
+STATIC_PROJECTION = {"x2l": ("P_l", "project_logits"),
+                     "m2l": ("P_l", "project_logits"),
+                     "x2w": ("P_w", "project_weights"),
+                     "m2w": ("P_w", "project_weights")}
+# The paper (Appendix A) trained well only with small initial dynamic
+# projections: normal with stddev 0.1 / sqrt(fan_in).
+DYNAMIC_INIT_SCALE = 0.1
+# R_Xl[b, n, h_k, h] = einsum(X[b, n, d_X], P_Xl[d_X, h_k, h]), and so on.
+DYNAMIC_GENERATORS = {
+    "x2l": "bnd,dih->bnih",
+    "m2l": "bme,eih->bmih",
+    "x2w": "bnd,dhj->bnhj",
+    "m2w": "bme,ehj->bmhj",
+}
+# Grouped: R_Xl[b, n, g, i, h] = einsum(X[b, n, d_X], P_Xl[d_X, g, i, h]), ...
+GROUPED_DYNAMIC_GENERATORS = {
+    "x2l": "bnd,dgih->bngih",
+    "m2l": "bme,egih->bmgih",
+    "x2w": "bnd,dghj->bnghj",
+    "m2w": "bme,eghj->bmghj",
+}
+DYNAMIC_MIXES = {
+    # L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Xl[b, n, h_k, h])
+    "x2l": "binm,bnih->bhnm",
+    # L[b, h, n, m] += einsum(J[b, h_k, n, m], R_Ml[b, m, h_k, h])
+    "m2l": "binm,bmih->bhnm",
+    # U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Xw[b, n, h, h_v])
+    "x2w": "bhnm,bnhj->bjnm",
+    # U[b, h_v, n, m] += einsum(W[b, h, n, m], R_Mw[b, m, h, h_v])
+    "m2w": "bhnm,bmhj->bjnm",
+}
+# The same four with G head groups (i, h, j count heads within a group).
+GROUPED_DYNAMIC_MIXES = {
+    # L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Xl[b, n, g, i, h])
+    "x2l": "bginm,bngih->bghnm",
+    # L[b, g, h, n, m] += einsum(J[b, g, i, n, m], R_Ml[b, m, g, i, h])
+    "m2l": "bginm,bmgih->bghnm",
+    # U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Xw[b, n, g, h, j])
+    "x2w": "bghnm,bnghj->bgjnm",
+    # U[b, g, j, n, m] += einsum(W[b, g, h, n, m], R_Mw[b, m, g, h, j])
+    "m2w": "bghnm,bmghj->bgjnm",
+}
+
+# ---- general bilinear attention (Section 6) ----------------------------------
+# XP[b, n, h, d_M] = einsum(X[b, n, d_X], P[d_X, d_M, h])
+QUERY_BILINEAR = "bnd,deh->bnhe"
+# L[b, h, n, m] = einsum(XP[b, n, h, d_M], M[b, m, d_M])
+BILINEAR_LOGITS = "bnhe,bme->bhnm"
+# WM[b, n, h, d_M] = einsum(W[b, h, n, m], M[b, m, d_M])
+WEIGHTED_MEMORY = "bhnm,bme->bnhe"
+# Y[b, n, d_Y] = einsum(WM[b, n, h, d_M], Q[d_M, d_Y, h])
+BILINEAR_OUTPUT = "bnhe,eoh->bno"
+
+# ---- masks and caches -------------------------------------------------------
+# Added to the logits of positions that may not be attended. Softmax always
+# runs in float32, so this never overflows a float16 or bfloat16 tensor, and
+# a fully masked row becomes a uniform distribution rather than NaN.
+MASKED_LOGIT = -1e9
+# The decoding-cache write, over the cache's trailing dimensions flattened:
+# written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]), for the s new
+# steps and the m cache (memory) positions.
+CACHE_WRITE = "bsx,sm->bmx"
+
+# ---- logical axes of the weights (thattn.dims) --------------------------------
+PROJECTION_AXES = {
+    "query": {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
+              "bias": (dims.KEY_HEADS, dims.D_K)},
+    "key": {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
+            "bias": (dims.KEY_HEADS, dims.D_K)},
+    "value": {"kernel": (dims.D_MODEL, dims.VALUE_HEADS, dims.D_V),
+              "bias": (dims.VALUE_HEADS, dims.D_V)},
+    "output": {"kernel": (dims.VALUE_HEADS, dims.D_V, dims.D_MODEL),
+               "bias": (dims.D_MODEL,)},
+}
+BILINEAR_AXES = {"bilinear_p": (dims.D_MODEL, dims.D_K, dims.HEADS),
+                 "bilinear_q": (dims.D_V, dims.D_MODEL, dims.HEADS)}
+RELATIVE_BIAS_AXES = (dims.RELATIVE_BUCKETS, dims.HEADS)
+
+
+def checked_dynamic_projections(dynamic_projections, *, project_logits=True,
+                                project_weights=True, owner=None):
+  """The dynamic projection names in the order of DYNAMIC_PROJECTIONS.
+
+  The one check of a `dynamic_projections` argument, for both front ends
+  and `thattn.models.config.AttentionConfig`. Raises ValueError when it is
+  a string rather than a list, names a projection that does not exist, or
+  names one whose static projection is off: each is added to P_l ("x2l",
+  "m2l") or P_w ("x2w", "m2w"), so it needs `project_logits` or
+  `project_weights`. `owner` is prefixed to the message.
+  """
+  prefix = f"{owner}: " if owner else ""
+  if isinstance(dynamic_projections, str):
+    raise ValueError(
+        f"{prefix}dynamic_projections must be a list of names from "
+        f"{DYNAMIC_PROJECTIONS}, got the string {dynamic_projections!r}; "
+        f"write [{dynamic_projections!r}].")
+  names = tuple(dynamic_projections)
+  unknown = sorted(set(names) - set(DYNAMIC_PROJECTIONS))
+  if unknown:
+    unknown_names = f"{owner}: unknown" if owner else "Unknown"
+    raise ValueError(f"{unknown_names} dynamic projections {unknown}; "
+                     f"expected a subset of {DYNAMIC_PROJECTIONS}.")
+  static_on = {"project_logits": project_logits,
+               "project_weights": project_weights}
+  for name in names:
+    static, flag = STATIC_PROJECTION[name]
+    if not static_on[flag]:
+      raise ValueError(
+          f"{prefix}dynamic projection {name!r} is added to the static "
+          f"{static}, so it needs {flag}=True, got {flag}=False.")
+  return tuple(name for name in DYNAMIC_PROJECTIONS if name in names)
+
+
+def checked_heads(num_heads, num_key_heads, num_value_heads, project_logits,
+                  project_weights):
+  """(h_k, h, h_v) with h_k and h_v defaulting to h; ValueError if a
+  projection is off while its two heads dimensions differ."""
+  num_key_heads = num_heads if num_key_heads is None else num_key_heads
+  num_value_heads = num_heads if num_value_heads is None else num_value_heads
+  for name, value in (("num_heads", num_heads),
+                      ("num_key_heads", num_key_heads),
+                      ("num_value_heads", num_value_heads)):
+    validation.positive_int(name, value)
+  if not project_logits and num_key_heads != num_heads:
+    raise ValueError(
+        f"project_logits=False needs num_key_heads == num_heads, got "
+        f"num_key_heads={num_key_heads}, num_heads={num_heads}.")
+  if not project_weights and num_value_heads != num_heads:
+    raise ValueError(
+        f"project_weights=False needs num_value_heads == num_heads, got "
+        f"num_value_heads={num_value_heads}, num_heads={num_heads}.")
+  return num_key_heads, num_heads, num_value_heads
+
+
+def checked_groups(num_head_groups, num_key_heads, num_heads,
+                   num_value_heads):
+  """G if it divides h_k, h and h_v; ValueError naming the ones it doesn't."""
+  validation.positive_int("num_head_groups", num_head_groups)
+  sizes = {"num_key_heads": num_key_heads, "num_heads": num_heads,
+           "num_value_heads": num_value_heads}
+  indivisible = {name: size for name, size in sizes.items()
+                 if size % num_head_groups}
+  if indivisible:
+    raise ValueError(
+        f"num_head_groups={num_head_groups} must divide num_key_heads, "
+        f"num_heads and num_value_heads, got "
+        + ", ".join(f"{name}={size}" for name, size in sizes.items())
+        + f" ({', '.join(indivisible)} not divisible by {num_head_groups}).")
+  return num_head_groups
+
+
+class MixingShapes:
+  """Shapes, logical axes and fan-in of the P_l-like and P_w-like weights.
+
+  Kind "l" maps h_k heads to h (P_l, P_Xl, P_Ml) and kind "w" maps h to h_v
+  (P_w, P_Xw, P_Mw). The dynamic generators put d_model in front.
+  """
+
+  def __init__(self, h_k, h, h_v, groups):
+    self.groups = groups
+    self.heads = {"l": (h_k, h), "w": (h, h_v)}
+
+  def static(self, kind):
+    """(shape, logical axes) of P_l (kind "l") or P_w (kind "w")."""
+    heads_in, heads_out = self.heads[kind]
+    if self.groups == 1:
+      axes = {"l": (dims.KEY_HEADS, dims.HEADS),
+              "w": (dims.HEADS, dims.VALUE_HEADS)}[kind]
+      return [heads_in, heads_out], axes
+    axes = {"l": (dims.HEAD_GROUPS, dims.KEY_HEADS_PER_GROUP,
+                  dims.HEADS_PER_GROUP),
+            "w": (dims.HEAD_GROUPS, dims.HEADS_PER_GROUP,
+                  dims.VALUE_HEADS_PER_GROUP)}[kind]
+    return ([self.groups, heads_in // self.groups,
+             heads_out // self.groups], axes)
+
+  def fan_in(self, kind):
+    """Heads each output head sums over: h_k/G for "l", h/G for "w"."""
+    return self.heads[kind][0] // self.groups
+
+
+# ---- tf_keras's argument conventions -------------------------------------------
+def resolve_alias(owner, canonical, alias, default):
+  """(name, value) of a canonical argument or its older alias, as given.
+
+  `canonical` and `alias` are (name, value) pairs; an alias is "given" when
+  its value is not None, the canonical when its value differs from
+  `default`. The name returned is the one the caller used, for error
+  messages. Raises ValueError naming both when both are given and differ.
+  """
+  (name, value), (alias_name, alias_value) = canonical, alias
+  if alias_value is None:
+    return name, value
+  if value != default and value != alias_value:
+    raise ValueError(
+        f"{owner}: {name}={value!r} and its alias {alias_name}="
+        f"{alias_value!r} disagree; pass only {name}.")
+  return alias_name, alias_value
+
+
+def output_width(owner, output_shape):
+  """d_Y from tf_keras's `output_shape` (an int or a 1-tuple), or None.
+
+  tf_keras also allows longer tuples (an output of rank > 3); thattn's
+  layers produce Y[b, n, d_Y] only, so those are refused.
+  """
+  if output_shape is None or isinstance(output_shape, int):
+    return output_shape
+  if isinstance(output_shape, (tuple, list)) and len(output_shape) == 1:
+    return output_shape[0]
+  raise ValueError(
+      f"{owner}: output_shape must be an int d_Y or a 1-tuple (d_Y,), got "
+      f"{output_shape!r}; thattn's layers output [batch, length, d_Y].")
+
+
+# tf_keras's `attention_axes` values that mean thattn's only layout, rank-3
+# inputs [b, n, d] attended over axis 1.
+_SEQUENCE_AXES = (None, 1, -2, (1,), (-2,), [1], [-2])
+
+
+def check_attention_axes(owner, attention_axes):
+  """Accepts tf_keras's `attention_axes` only where it means thattn's layout."""
+  if attention_axes not in _SEQUENCE_AXES:
+    raise ValueError(
+        f"{owner}: attention_axes={attention_axes!r} is not supported; "
+        "thattn's layers take [batch, length, width] inputs and attend over "
+        "the length axis (attention_axes=None or (1,)). Reshape other axes "
+        "into the batch or length axis.")
+
+
+def check_lengths(owner, shapes):
+  """Refuses inputs whose batch or memory lengths disagree (static shapes).
+
+  `shapes` maps "query", "key", "value" to shapes as lists (None for an
+  unknown size) or None. Without this, a mismatch fails inside an einsum of
+  the attention core with a message that names no input.
+  """
+  shapes = {name: list(shape) for name, shape in shapes.items()
+            if shape is not None and len(shape) == 3}
+  batches = {name: shape[0] for name, shape in shapes.items()
+             if shape[0] is not None}
+  if len(set(batches.values())) > 1:
+    raise ValueError(
+        f"{owner}: query, key and value must have the same batch size, got "
+        "shapes " + ", ".join(f"{name} {tuple(shapes[name])}"
+                              for name in batches) + ".")
+  key_length, value_length = (shapes.get(name, [None, None])[1]
+                              for name in ("key", "value"))
+  if None not in (key_length, value_length) and key_length != value_length:
+    raise ValueError(
+        f"{owner}: key and value must have the same length (both are the "
+        f"memory M[b, m, ...]), got key {tuple(shapes['key'])} and value "
+        f"{tuple(shapes['value'])}.")

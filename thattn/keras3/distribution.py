@@ -1,0 +1,84 @@
+"""Sharding the Keras 3 layers' heads with `keras.distribution`.
+
+`layout_map(device_mesh, rules)` turns thattn's one rules table
+(`thattn.sharding.LayoutRules`: logical axis -> mesh axis) into a
+`keras.distribution.LayoutMap` for every weight the Keras 3 layers create,
+matched by the weight's path ending (`.../query/kernel`,
+`.../pre_softmax_projection`, ...), so
+
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(
+        layout_map=thattn.keras3.layout_map(mesh), batch_dim_name="batch"))
+
+shards the query/key/value/output kernels along their heads. Keras matches
+variables by path, not by shape, and grouped talking heads store P_l, P_w
+and the dynamic projections with one more dimension (their G blocks), so
+the map is made for one `num_head_groups`; with G a multiple of the model
+axis and the rule "head_groups:model", each device holds whole groups.
+"""
+
+import keras
+
+from thattn import attention_spec
+from thattn import dims
+from thattn.sharding import rules as rules_lib
+
+# thattn's default, as for DTensor: data parallel on `batch`; the query/key
+# heads and the value heads on `model` (P_l and P_w then split along one
+# side; the softmax heads stay whole), and d_ff and the vocabulary there.
+DEFAULT_LAYOUT_RULES = ("batch:batch;key_heads:model;value_heads:model;"
+                        "d_ff:model;vocab:model")
+
+
+def weight_axes(num_head_groups=1):
+  """{path pattern: logical axes} of every weight the Keras 3 layers make."""
+  shapes = attention_spec.MixingShapes(1, 1, 1, num_head_groups)
+  (_, mixing_l), (_, mixing_w) = shapes.static("l"), shapes.static("w")
+  axes = {f".*{name}/{part}": part_axes
+          for name, by_part in attention_spec.PROJECTION_AXES.items()
+          for part, part_axes in by_part.items()}
+  axes.update({
+      ".*pre_softmax_projection": mixing_l,
+      ".*post_softmax_projection": mixing_w,
+      ".*/x2l/kernel": (dims.D_MODEL,) + mixing_l,
+      ".*/m2l/kernel": (dims.D_MODEL,) + mixing_l,
+      ".*/x2w/kernel": (dims.D_MODEL,) + mixing_w,
+      ".*/m2w/kernel": (dims.D_MODEL,) + mixing_w,
+      ".*relative_attention_bias": attention_spec.RELATIVE_BIAS_AXES,
+  })
+  axes.update({f".*{name}": name_axes for name, name_axes in
+               attention_spec.BILINEAR_AXES.items()})
+  return axes
+
+
+def layout_map(device_mesh, rules=None, *, num_head_groups=1):
+  """A `keras.distribution.LayoutMap` of thattn's weights under `rules`.
+
+  Args:
+    device_mesh: a `keras.distribution.DeviceMesh`.
+    rules: a `thattn.sharding.LayoutRules` or its string form, e.g.
+      "batch:batch;key_heads:model;value_heads:model"; defaults to
+      DEFAULT_LAYOUT_RULES.
+    num_head_groups: the G of the model's talking-heads layers (1 for
+      multi-head and ungrouped talking heads).
+
+  Raises:
+    ValueError naming the rule, if a rule names a mesh axis the device mesh
+    lacks or would split one weight twice along the same mesh axis. Sizes
+    that a mesh axis does not divide are named when the layer is built.
+  """
+  if not isinstance(rules, rules_lib.LayoutRules):
+    rules = rules_lib.LayoutRules.parse(rules or DEFAULT_LAYOUT_RULES)
+  mesh = rules_lib.MeshSpec(tuple(zip(device_mesh.axis_names,
+                                      device_mesh.shape)))
+  rules.check_mesh(mesh)
+  result = keras.distribution.LayoutMap(device_mesh)
+  tensors = [(pattern, (1,) * len(axes), axes) for pattern, axes in
+             weight_axes(num_head_groups).items()]
+  # Sizes of 1 stand in for the unknown sizes: this checks the rules'
+  # structure (no mesh axis twice in one weight), not divisibility.
+  unit_mesh = rules_lib.MeshSpec(tuple((name, 1) for name in mesh.names))
+  for (pattern, _, _), mesh_axes in zip(
+      tensors, rules_lib.check_layouts(tensors, rules, unit_mesh)):
+    result[pattern] = tuple(mesh_axes)
+  return result

@@ -1,0 +1,81 @@
+"""General bilinear multihead attention (Section 6) as a Keras 3 layer.
+
+Computation (per example; letters as in `thattn.dims`):
+
+    L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
+    W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
+    Y[n, d_Y]  = einsum(dropout(W[h, n, m]), M[m, d_M], Q[d_M, d_Y, h])
+
+`thattn.layers.GeneralBilinearAttention` in Keras 3: the same arguments and
+the weights `bilinear_p [d_X, d_M, h]` and `bilinear_q [d_M, d_Y, h]`.
+"""
+
+import keras
+from keras import ops
+
+from thattn import attention_spec
+from thattn import validation
+from thattn.keras3 import attention_math
+from thattn.keras3 import base
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class GeneralBilinearAttention(base.AttentionLayer):
+  """General bilinear attention with h heads reading the whole memory.
+
+  kernel_initializer defaults to normals with stddev 1/sqrt(fan_in), fan_in
+  d_X * d_M for P and d_M * h for Q (unit-variance logits and outputs).
+  """
+
+  def __init__(self, num_heads, output_shape=None, dropout=0.0,
+               kernel_initializer=None, **kwargs):
+    super().__init__(output_shape=output_shape, dropout=dropout,
+                     kernel_initializer=kernel_initializer, **kwargs)
+    self.num_heads = validation.positive_int("num_heads", num_heads)
+
+  def _initializer(self, fan_in):
+    return self.kernel_initializer or keras.initializers.RandomNormal(
+        stddev=fan_in ** -0.5)
+
+  def create_weights(self, query_width, key_width, value_width):
+    if key_width != value_width:
+      raise ValueError(
+          f"{self.name}: general bilinear attention reads one memory M, so "
+          f"key and value must have the same width, got key width "
+          f"{key_width} and value width {value_width}.")
+    h = self.num_heads
+    self._p = self.add_axes_weight(
+        "bilinear_p", [query_width, key_width, h],
+        attention_spec.BILINEAR_AXES["bilinear_p"],
+        self._initializer(query_width * key_width))
+    self._q = self.add_axes_weight(
+        "bilinear_q", [value_width, self.output_dim or query_width, h],
+        attention_spec.BILINEAR_AXES["bilinear_q"],
+        self._initializer(value_width * h))
+
+  def project_query(self, query):
+    return {"query": ops.einsum(attention_spec.QUERY_BILINEAR, query,
+                                self._p)}
+
+  def project_memory(self, key, value):
+    return {"key": key, "value": value}
+
+  def attend(self, query_state, memory_state, mask, position_bias, training,
+             causal_offset):
+    logits = ops.einsum(attention_spec.BILINEAR_LOGITS, query_state["query"],
+                        memory_state["key"])
+    _, _, query_length, memory_length = ops.shape(logits)
+    mask = self.full_mask(mask, causal_offset, query_length, memory_length)
+    weights = ops.cast(
+        attention_math.masked_softmax(logits, mask, position_bias),
+        self.compute_dtype)
+    weighted_memory = ops.einsum(attention_spec.WEIGHTED_MEMORY,
+                                 self.dropout_weights(weights, training),
+                                 memory_state["value"])
+    return (ops.einsum(attention_spec.BILINEAR_OUTPUT, weighted_memory,
+                       self._q), weights)
+
+  def get_config(self):
+    config = super().get_config()
+    config["num_heads"] = self.num_heads
+    return config

@@ -1,0 +1,315 @@
+"""Multi-head and talking-heads attention as Keras 3 layers.
+
+Computation (per example; letters as in `thattn.dims`; the equations are
+`thattn.attention_spec`'s, shared with `thattn.layers`):
+
+    Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
+    K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
+    V[m, h_v, d_v] = einsum(M[m, d_M], P_v[d_M, h_v, d_v])
+    J[h_k, n, m]   = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
+    L[h, n, m]     = einsum(J, P_l[h_k, h]) + dynamic terms      (talking)
+    W[h, n, m]     = softmax(L + bias, masked, reduced_dim=m)    # float32
+    U[h_v, n, m]   = einsum(W, P_w[h, h_v]) + dynamic terms      (talking)
+    O[n, h_v, d_v] = einsum(dropout(U[h_v, n, m]), V[m, h_v, d_v])
+    Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
+
+Multi-head attention is the case without P_l and P_w (h_k = h = h_v). The
+1/sqrt(d_k) of scaled dot products is folded into P_q's initializer, never
+applied at run time. See `thattn.layers.TalkingHeadsAttention` for the
+arguments; these layers take the same ones and hold the same weights.
+"""
+
+import keras
+from keras import ops
+
+from thattn import attention_spec
+from thattn import dims
+from thattn import validation
+from thattn.keras3 import attention_math
+from thattn.keras3 import base
+
+
+class ProjectedAttention(base.AttentionLayer):
+  """P_q, P_k, P_v, P_o and the attention core; P_l / P_w are optional."""
+
+  dynamic_projections = ()
+  num_head_groups = 1
+
+  def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
+               value_dim=None, use_bias=False, bias_initializer="zeros",
+               **kwargs):
+    super().__init__(**kwargs)
+    value_dim = key_dim if value_dim is None else value_dim
+    self.num_heads = validation.positive_int("num_heads", num_heads)
+    self.num_key_heads = validation.positive_int("num_key_heads",
+                                                 num_key_heads)
+    self.num_value_heads = validation.positive_int("num_value_heads",
+                                                   num_value_heads)
+    self.key_dim = validation.positive_int("key_dim", key_dim)
+    self.value_dim = validation.positive_int("value_dim", value_dim)
+    self.use_bias = use_bias
+    self.bias_initializer = keras.initializers.get(bias_initializer)
+    self._pre_softmax_projection = None
+    self._post_softmax_projection = None
+
+  def _einsum_dense(self, name, equation, output_shape, bias_axes,
+                    initializer, input_shape):
+    layer = keras.layers.EinsumDense(
+        equation, output_shape=output_shape,
+        bias_axes=bias_axes if self.use_bias else None,
+        kernel_initializer=base.fresh(initializer),
+        bias_initializer=base.fresh(self.bias_initializer),
+        kernel_regularizer=self.kernel_regularizer,
+        bias_regularizer=self.bias_regularizer,
+        kernel_constraint=self.kernel_constraint,
+        bias_constraint=self.bias_constraint,
+        dtype=self.dtype_policy, name=name)
+    return self.add_axes_sublayer(layer, input_shape,
+                                  attention_spec.PROJECTION_AXES[name])
+
+  def create_weights(self, query_width, key_width, value_width):
+    h_k, h_v = self.num_key_heads, self.num_value_heads
+    d_k, d_v = self.key_dim, self.value_dim
+    query_init = base.ScaledInitializer(self.kernel_initializer, d_k ** -0.5)
+    self._query_dense = self._einsum_dense(
+        "query", attention_spec.QUERY_PROJECTION, (None, h_k, d_k), "ik",
+        query_init, (None, None, query_width))
+    self._key_dense = self._einsum_dense(
+        "key", attention_spec.KEY_PROJECTION, (None, h_k, d_k), "ik",
+        self.kernel_initializer, (None, None, key_width))
+    self._value_dense = self._einsum_dense(
+        "value", attention_spec.VALUE_PROJECTION, (None, h_v, d_v), "jv",
+        self.kernel_initializer, (None, None, value_width))
+    self._output_dense = self._einsum_dense(
+        "output", attention_spec.OUTPUT_PROJECTION,
+        (None, self.output_dim or query_width), "o", self.kernel_initializer,
+        (None, None, h_v, d_v))
+
+  def project_query(self, query):
+    return {"query": self._query_dense(query)}
+
+  def project_memory(self, key, value):
+    return {"key": self._key_dense(key), "value": self._value_dense(value)}
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    """L[b, h, n, m] from J[b, h_k, n, m]: identity here."""
+    del query_state, memory_state
+    if self._pre_softmax_projection is None:
+      return dot_products
+    return attention_math.mix_heads(dot_products,
+                                    self._pre_softmax_projection)
+
+  def mix_weights(self, weights, query_state, memory_state):
+    """U[b, h_v, n, m] from W[b, h, n, m]: identity here."""
+    del query_state, memory_state
+    if self._post_softmax_projection is None:
+      return weights
+    return attention_math.mix_heads(weights, self._post_softmax_projection)
+
+  def attend(self, query_state, memory_state, mask, position_bias, training,
+             causal_offset):
+    dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
+                      memory_state["key"])
+    logits = self.mix_logits(dots, query_state, memory_state)
+    _, _, query_length, memory_length = ops.shape(logits)
+    mask = self.full_mask(mask, causal_offset, query_length, memory_length)
+    weights = ops.cast(
+        attention_math.masked_softmax(logits, mask, position_bias),
+        self.compute_dtype)
+    value_weights = self.mix_weights(weights, query_state, memory_state)
+    context = ops.einsum(attention_spec.WEIGHTED_VALUES,
+                         self.dropout_weights(value_weights, training),
+                         memory_state["value"])
+    return self._output_dense(context), value_weights
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "key_dim": self.key_dim,
+        "value_dim": self.value_dim,
+        "use_bias": self.use_bias,
+        "bias_initializer":
+            keras.saving.serialize_keras_object(self.bias_initializer),
+    })
+    return config
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class MultiHeadAttention(ProjectedAttention):
+  """Multi-head attention: `thattn.layers.MultiHeadAttention` in Keras 3.
+
+  Same arguments in the same order (tf_keras's): num_heads, key_dim,
+  value_dim, dropout, use_bias, output_shape, attention_axes (None or (1,)
+  only), the initializers, regularizers and constraints.
+  """
+
+  def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0,
+               use_bias=False, output_shape=None, attention_axes=None,
+               kernel_initializer="glorot_uniform", bias_initializer="zeros",
+               kernel_regularizer=None, bias_regularizer=None,
+               activity_regularizer=None, kernel_constraint=None,
+               bias_constraint=None, query_chunk_size=None, **kwargs):
+    attention_spec.check_attention_axes(
+        kwargs.get("name") or "MultiHeadAttention", attention_axes)
+    _refuse_tf_keras_options(kwargs.get("name"), query_chunk_size, None)
+    super().__init__(num_heads, num_heads, num_heads, key_dim,
+                     value_dim=value_dim, dropout=dropout, use_bias=use_bias,
+                     output_shape=output_shape,
+                     kernel_initializer=kernel_initializer,
+                     bias_initializer=bias_initializer,
+                     kernel_regularizer=kernel_regularizer,
+                     bias_regularizer=bias_regularizer,
+                     activity_regularizer=activity_regularizer,
+                     kernel_constraint=kernel_constraint,
+                     bias_constraint=bias_constraint, **kwargs)
+
+  def get_config(self):
+    config = super().get_config()
+    config["num_heads"] = self.num_heads
+    return config
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class TalkingHeadsAttention(ProjectedAttention):
+  """Talking-heads attention: `thattn.layers.TalkingHeadsAttention` in
+  Keras 3, with separate h_k, h, h_v, logits-only and weights-only
+  projections, the four dynamic projections and head groups.
+
+  `query_chunk_size` and `fused_kernel`, tf_keras-side speed options, are
+  accepted only as None (so a `thattn.layers` config loads): this core is
+  plain `keras.ops`.
+  """
+
+  def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
+               num_value_heads=None, project_logits=True,
+               project_weights=True, dynamic_projections=(),
+               output_shape=None, use_bias=False, dropout=0.0,
+               kernel_initializer="glorot_uniform", bias_initializer="zeros",
+               talking_heads_initializer=None, num_head_groups=1,
+               query_chunk_size=None, fused_kernel=None, **kwargs):
+    _refuse_tf_keras_options(kwargs.get("name"), query_chunk_size,
+                             fused_kernel)
+    num_key_heads, num_heads, num_value_heads = attention_spec.checked_heads(
+        num_heads, num_key_heads, num_value_heads, project_logits,
+        project_weights)
+    super().__init__(num_key_heads, num_heads, num_value_heads, key_dim,
+                     value_dim=value_dim, output_shape=output_shape,
+                     use_bias=use_bias, dropout=dropout,
+                     kernel_initializer=kernel_initializer,
+                     bias_initializer=bias_initializer, **kwargs)
+    self.dynamic_projections = attention_spec.checked_dynamic_projections(
+        dynamic_projections, project_logits=project_logits,
+        project_weights=project_weights)
+    self.project_logits = project_logits
+    self.project_weights = project_weights
+    self.num_head_groups = attention_spec.checked_groups(
+        num_head_groups, num_key_heads, num_heads, num_value_heads)
+    self.talking_heads_initializer = (
+        None if talking_heads_initializer is None else
+        keras.initializers.get(talking_heads_initializer))
+
+  @property
+  def attention_scores_heads(self):
+    return self.num_value_heads
+
+  def _projection_initializer(self, fan_in):
+    if self.talking_heads_initializer is not None:
+      return self.talking_heads_initializer
+    return keras.initializers.RandomNormal(stddev=fan_in ** -0.5)
+
+  def create_weights(self, query_width, key_width, value_width):
+    shapes = attention_spec.MixingShapes(
+        self.num_key_heads, self.num_heads, self.num_value_heads,
+        self.num_head_groups)
+    # P_l and P_w first, then the projections, then the dynamic ones in
+    # name order: thattn.layers' weight order, so get_weights lines up.
+    if self.project_logits:
+      self._pre_softmax_projection = self.add_axes_weight(
+          "pre_softmax_projection", *shapes.static("l"),
+          self._projection_initializer(shapes.fan_in("l")))
+    if self.project_weights:
+      self._post_softmax_projection = self.add_axes_weight(
+          "post_softmax_projection", *shapes.static("w"),
+          self._projection_initializer(shapes.fan_in("w")))
+    super().create_weights(query_width, key_width, value_width)
+    widths = {"x2l": query_width, "m2l": key_width,
+              "x2w": query_width, "m2w": value_width}
+    generators = (attention_spec.DYNAMIC_GENERATORS
+                  if self.num_head_groups == 1 else
+                  attention_spec.GROUPED_DYNAMIC_GENERATORS)
+    self._dynamic_dense = {}
+    for name in sorted(self.dynamic_projections):
+      kind = name[-1]  # "l" or "w"
+      shape, axes = shapes.static(kind)
+      scale = attention_spec.DYNAMIC_INIT_SCALE
+      layer = keras.layers.EinsumDense(
+          generators[name], output_shape=(None, *shape),
+          kernel_initializer=keras.initializers.RandomNormal(
+              stddev=scale * (widths[name] * shapes.fan_in(kind)) ** -0.5),
+          kernel_regularizer=self.kernel_regularizer,
+          kernel_constraint=self.kernel_constraint,
+          dtype=self.dtype_policy, name=name)
+      self._dynamic_dense[name] = self.add_axes_sublayer(
+          layer, (None, None, widths[name]),
+          {"kernel": (dims.D_MODEL,) + axes})
+
+  def project_query(self, query):
+    state = super().project_query(query)
+    for name in ("x2l", "x2w"):
+      if name in self._dynamic_dense:
+        state[name] = self._dynamic_dense[name](query)
+    return state
+
+  def project_memory(self, key, value):
+    state = super().project_memory(key, value)
+    if "m2l" in self._dynamic_dense:
+      state["m2l"] = self._dynamic_dense["m2l"](key)
+    if "m2w" in self._dynamic_dense:
+      state["m2w"] = self._dynamic_dense["m2w"](value)
+    return state
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    logits = super().mix_logits(dot_products, query_state, memory_state)
+    for name, state in (("x2l", query_state), ("m2l", memory_state)):
+      if name in state:
+        logits = logits + attention_math.dynamic_mix(
+            name, dot_products, state[name], self.num_head_groups)
+    return logits
+
+  def mix_weights(self, weights, query_state, memory_state):
+    value_weights = super().mix_weights(weights, query_state, memory_state)
+    for name, state in (("x2w", query_state), ("m2w", memory_state)):
+      if name in state:
+        value_weights = value_weights + attention_math.dynamic_mix(
+            name, weights, state[name], self.num_head_groups)
+    return value_weights
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({
+        "num_heads": self.num_heads,
+        "num_key_heads": self.num_key_heads,
+        "num_value_heads": self.num_value_heads,
+        "project_logits": self.project_logits,
+        "project_weights": self.project_weights,
+        "dynamic_projections": list(self.dynamic_projections),
+        "num_head_groups": self.num_head_groups,
+        "talking_heads_initializer": (
+            None if self.talking_heads_initializer is None else
+            keras.saving.serialize_keras_object(
+                self.talking_heads_initializer)),
+    })
+    return config
+
+
+def _refuse_tf_keras_options(name, query_chunk_size, fused_kernel):
+  """thattn.layers' speed options have no Keras 3 counterpart yet."""
+  given = {option: value for option, value in
+           (("query_chunk_size", query_chunk_size),
+            ("fused_kernel", fused_kernel)) if value is not None}
+  if given:
+    raise ValueError(
+        f"{name or 'thattn.keras3'}: "
+        + ", ".join(f"{option}={value!r}" for option, value in given.items())
+        + " is a thattn.layers (tf_keras) option; the Keras 3 layers run "
+        "plain keras.ops, so leave it None.")
