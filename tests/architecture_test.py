@@ -137,19 +137,26 @@ def test_the_mtf_backend_does_not_import_the_keras_trainer():
   assert not offenders, f"{offenders}; see docs/architecture.md"
 
 
-def test_the_keras3_layers_import_no_tf_keras():
+def _keras3_may_import(path, imported):
   """thattn.keras3 runs on JAX and PyTorch: it may import keras, the
   plain-Python modules of thattn and thattn.sharding's rules, but neither
-  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers)."""
+  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). One
+  exception: `keras3/fused.py` reaches the fused TensorFlow kernel
+  (thattn.kernels), importing it only on the TensorFlow backend."""
+  if imported.split(".")[0] in ("tf_keras", "tensorflow", "mesh_tensorflow",
+                                "tensorflow_text"):
+    return False
+  allowed = {None, "thattn", "thattn.keras3", "thattn.sharding"}
+  if path.name == "fused.py":
+    allowed.add("thattn.kernels")
+  return _package_of(imported) in allowed
+
+
+def test_the_keras3_layers_import_no_tf_keras():
   offenders = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
                for path in _modules() for imported, line in _imports(path)
                if _owner_package(path) == "thattn.keras3" and
-               imported.split(".")[0] in ("tf_keras", "tensorflow",
-                                          "mesh_tensorflow",
-                                          "tensorflow_text") or
-               _owner_package(path) == "thattn.keras3" and
-               _package_of(imported) not in (None, "thattn", "thattn.keras3",
-                                             "thattn.sharding")]
+               not _keras3_may_import(path, imported)]
   assert not offenders, f"{offenders}; see docs/architecture.md"
 
 

@@ -236,3 +236,15 @@ def test_config_round_trip_and_tf_keras_names():
     keras3.TalkingHeadsAttention(3, 4, query_chunk_size=8)
   with pytest.raises(ValueError, match="num_head_groups=2 must divide"):
     keras3.TalkingHeadsAttention(3, 4, num_head_groups=2)
+
+
+def test_fused_kernel_true_names_what_stops_it():
+  layer = keras3.TalkingHeadsAttention(2, 4, fused_kernel=True)
+  x = RNG.normal(size=(1, 3, 8)).astype("float32")
+  if BACKEND == "tensorflow":
+    layer(x, x)  # the kernel runs (compiled on first use)
+    return
+  with pytest.raises(ValueError, match=rf"fused_kernel=True, but the fused "
+                     rf"kernel is a TensorFlow op and the Keras backend is "
+                     rf"{BACKEND}"):
+    layer(x, x)

@@ -78,3 +78,32 @@ def test_tf_function_traces_the_keras3_layer():
   np.testing.assert_allclose(traced(tf.constant(X)).numpy(), eager,
                              rtol=1e-5, atol=1e-6)
   assert keras.backend.backend() == "tensorflow"
+
+
+@pytest.mark.parametrize("arguments", [
+    {},
+    {"dynamic_projections": ["x2l", "m2w"]},
+    {"num_head_groups": 2, "num_key_heads": 4, "num_value_heads": 2},
+], ids=["static", "dynamic", "grouped"])
+def test_the_fused_kernel_runs_and_equals_keras_ops(arguments):
+  kwargs = dict(num_heads=4, key_dim=4, **arguments)
+  fused = keras3.TalkingHeadsAttention(**kwargs)
+  plain = keras3.TalkingHeadsAttention(fused_kernel=False, **kwargs)
+  fused(X, X)
+  plain(X, X)
+  plain.set_weights(fused.get_weights())
+  x = tf.constant(X)
+
+  def step(layer):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer(x, x, attention_mask=MASK[:, :, :5], use_causal_mask=True)
+      loss = tf.reduce_sum(tf.square(y))
+    return [y] + tape.gradient(loss, [x] + layer.trainable_variables)
+
+  for got, want in zip(step(fused), step(plain)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
+                               atol=1e-5)
+  graph = tf.function(lambda x: fused(x, x)).get_concrete_function(x).graph
+  assert "ThattnTalkingHeadsSoftmax" in {op.type for op in
+                                         graph.get_operations()}

@@ -27,13 +27,17 @@ from thattn import dims
 from thattn import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
+from thattn.keras3 import fused
 
 
 class ProjectedAttention(base.AttentionLayer):
   """P_q, P_k, P_v, P_o and the attention core; P_l / P_w are optional."""
 
+  # What the fused kernel's choice reads (thattn.keras3.fused); multi-head
+  # attention has no heads mixing to fuse.
   dynamic_projections = ()
   num_head_groups = 1
+  fused_kernel = False
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
@@ -110,17 +114,29 @@ class ProjectedAttention(base.AttentionLayer):
              causal_offset):
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
-    logits = self.mix_logits(dots, query_state, memory_state)
-    _, _, query_length, memory_length = ops.shape(logits)
+    _, _, query_length, memory_length = ops.shape(dots)
     mask = self.full_mask(mask, causal_offset, query_length, memory_length)
-    weights = ops.cast(
-        attention_math.masked_softmax(logits, mask, position_bias),
-        self.compute_dtype)
-    value_weights = self.mix_weights(weights, query_state, memory_state)
+    value_weights = None
+    if self._pre_softmax_projection is not None or (
+        self._post_softmax_projection is not None):
+      value_weights = fused.value_weights(
+          self, dots, mask, position_bias,
+          self.dynamic_terms(query_state, memory_state))
+    if value_weights is None:
+      logits = self.mix_logits(dots, query_state, memory_state)
+      weights = ops.cast(
+          attention_math.masked_softmax(logits, mask, position_bias),
+          self.compute_dtype)
+      value_weights = self.mix_weights(weights, query_state, memory_state)
     context = ops.einsum(attention_spec.WEIGHTED_VALUES,
                          self.dropout_weights(value_weights, training),
                          memory_state["value"])
     return self._output_dense(context), value_weights
+
+  def dynamic_terms(self, query_state, memory_state):
+    """{name: R} of the dynamic projections of this call (none here)."""
+    del query_state, memory_state
+    return {}
 
   def get_config(self):
     config = super().get_config()
@@ -151,7 +167,7 @@ class MultiHeadAttention(ProjectedAttention):
                bias_constraint=None, query_chunk_size=None, **kwargs):
     attention_spec.check_attention_axes(
         kwargs.get("name") or "MultiHeadAttention", attention_axes)
-    _refuse_tf_keras_options(kwargs.get("name"), query_chunk_size, None)
+    _refuse_query_chunks(kwargs.get("name"), query_chunk_size)
     super().__init__(num_heads, num_heads, num_heads, key_dim,
                      value_dim=value_dim, dropout=dropout, use_bias=use_bias,
                      output_shape=output_shape,
@@ -175,9 +191,11 @@ class TalkingHeadsAttention(ProjectedAttention):
   Keras 3, with separate h_k, h, h_v, logits-only and weights-only
   projections, the four dynamic projections and head groups.
 
-  `query_chunk_size` and `fused_kernel`, tf_keras-side speed options, are
-  accepted only as None (so a `thattn.layers` config loads): this core is
-  plain `keras.ops`.
+  `fused_kernel` as in thattn.layers: on the TensorFlow backend the fused
+  CPU kernel computes J -> U wherever it applies (None), never (False) or
+  always (True, a ValueError says why not); see `thattn.keras3.fused`.
+  `query_chunk_size` (tf_keras-side) is accepted only as None, so a
+  `thattn.layers` config loads.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,
@@ -187,8 +205,7 @@ class TalkingHeadsAttention(ProjectedAttention):
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, num_head_groups=1,
                query_chunk_size=None, fused_kernel=None, **kwargs):
-    _refuse_tf_keras_options(kwargs.get("name"), query_chunk_size,
-                             fused_kernel)
+    _refuse_query_chunks(kwargs.get("name"), query_chunk_size)
     num_key_heads, num_heads, num_value_heads = attention_spec.checked_heads(
         num_heads, num_key_heads, num_value_heads, project_logits,
         project_weights)
@@ -207,6 +224,10 @@ class TalkingHeadsAttention(ProjectedAttention):
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         keras.initializers.get(talking_heads_initializer))
+    if fused_kernel is not None and not isinstance(fused_kernel, bool):
+      raise ValueError(f"fused_kernel must be None, True or False, got "
+                       f"{fused_kernel!r}.")
+    self.fused_kernel = fused_kernel
 
   @property
   def attention_scores_heads(self):
@@ -268,6 +289,11 @@ class TalkingHeadsAttention(ProjectedAttention):
       state["m2w"] = self._dynamic_dense["m2w"](value)
     return state
 
+  def dynamic_terms(self, query_state, memory_state):
+    states = {"x2l": query_state, "x2w": query_state, "m2l": memory_state,
+              "m2w": memory_state}
+    return {name: states[name][name] for name in self.dynamic_projections}
+
   def mix_logits(self, dot_products, query_state, memory_state):
     logits = super().mix_logits(dot_products, query_state, memory_state)
     for name, state in (("x2l", query_state), ("m2l", memory_state)):
@@ -294,6 +320,7 @@ class TalkingHeadsAttention(ProjectedAttention):
         "project_weights": self.project_weights,
         "dynamic_projections": list(self.dynamic_projections),
         "num_head_groups": self.num_head_groups,
+        "fused_kernel": self.fused_kernel,
         "talking_heads_initializer": (
             None if self.talking_heads_initializer is None else
             keras.saving.serialize_keras_object(
@@ -302,14 +329,10 @@ class TalkingHeadsAttention(ProjectedAttention):
     return config
 
 
-def _refuse_tf_keras_options(name, query_chunk_size, fused_kernel):
-  """thattn.layers' speed options have no Keras 3 counterpart yet."""
-  given = {option: value for option, value in
-           (("query_chunk_size", query_chunk_size),
-            ("fused_kernel", fused_kernel)) if value is not None}
-  if given:
+def _refuse_query_chunks(name, query_chunk_size):
+  """thattn.layers' query chunking has no Keras 3 counterpart yet."""
+  if query_chunk_size is not None:
     raise ValueError(
-        f"{name or 'thattn.keras3'}: "
-        + ", ".join(f"{option}={value!r}" for option, value in given.items())
-        + " is a thattn.layers (tf_keras) option; the Keras 3 layers run "
-        "plain keras.ops, so leave it None.")
+        f"{name or 'thattn.keras3'}: query_chunk_size={query_chunk_size!r} "
+        "is a thattn.layers (tf_keras) option; the Keras 3 layers compute "
+        "all queries at once, so leave it None.")
