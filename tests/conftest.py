@@ -1,6 +1,13 @@
-"""Shared fixtures: a small built corpus and tokenizers learned from it."""
+"""Shared fixtures: a small built corpus and tokenizers learned from it;
+`unchanged` (a folder byte-identical across a refused command) and
+`killed_staging` (a staging folder of a really SIGKILLed write)."""
 
+import contextlib
+import hashlib
 import os
+import signal
+import subprocess
+import sys
 
 # TensorFlow turns oneDNN on by default only on some x86 CPUs; without it,
 # its CPU allocator keeps no memory statistics (reset_memory_stats("CPU:0")
@@ -71,3 +78,70 @@ def tiny_bert_flags(tmp_path_factory, corpus_cache, sentencepiece_model):
           "--d_model=16", "--d_ff=32", "--num_layers=1", "--batch_size=4",
           "--sequence_length=16", "--eval_steps=1", "--warmup_steps=1",
           "--log_every=1", "--noexport"]
+
+
+def snapshot(folder, ignore=(".thattn.lock",)):
+  """{relative path: (size, sha256)} of every file, {path: "dir"} of every
+  folder under folder (None if it does not exist). The run lock is left
+  out: each run writes who holds it, and it holds nothing of the run's."""
+  if not os.path.exists(folder):
+    return None
+  entries = {}
+  for root, folders, files in os.walk(folder):
+    for name in folders:
+      entries[os.path.relpath(os.path.join(root, name), folder)] = "dir"
+    for name in files:
+      if name in ignore:
+        continue
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        data = f.read()
+      entries[os.path.relpath(path, folder)] = (
+          len(data), hashlib.sha256(data).hexdigest())
+  return entries
+
+
+@pytest.fixture
+def unchanged():
+  """`with unchanged(folder, ...):` asserts every folder is as it was
+  (names, sizes, hashes) after the block: for refused commands."""
+
+  @contextlib.contextmanager
+  def check(*folders):
+    before = [snapshot(str(folder)) for folder in folders]
+    yield
+    for folder, was in zip(folders, before):
+      assert snapshot(str(folder)) == was, f"{folder} changed"
+
+  return check
+
+
+_KILLED_WRITE = """
+import os, signal, sys
+from thattn import staging
+with staging.staged(sys.argv[1], program=sys.argv[2]) as folder:
+  with open(os.path.join(folder, "partial.data"), "wb") as f:
+    f.write(b"half of a checkpoint")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture
+def killed_staging():
+  """`killed_staging(target, program)`: the staging folder a thattn write
+  into target left when it was SIGKILLed mid-write (a real process,
+  `thattn.staging` as the binaries use it, killed while writing a file)."""
+
+  def kill(target, program):
+    result = subprocess.run([sys.executable, "-c", _KILLED_WRITE,
+                             str(target), program], check=False,
+                            capture_output=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    parent, name = os.path.split(os.path.abspath(target))
+    left = [entry for entry in os.listdir(parent)
+            if entry.startswith(f".{name}.incomplete-")]
+    assert len(left) == 1, left
+    return os.path.join(parent, left[0])
+
+  return kill

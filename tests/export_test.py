@@ -2,14 +2,19 @@
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from thattn import export
+from thattn import models
+from thattn import staging
 from thattn import tasks
 from thattn.data import tokenizers
 from thattn.training import options as options_lib
@@ -165,3 +170,82 @@ def test_classification_export_serves_predictions(bert_run, tmp_path, data):
   out = module.serve_text(np.array(["a good movie", "a bad movie"]))
   assert out["logits"].shape == [2, 2]
   assert out["predictions"].shape == [2]
+
+
+# ---- an export never deletes what it did not write (issue 27) -------------
+
+
+@pytest.fixture
+def runs(bert_run, tmp_path):
+  """A folder holding a copy of the trained run, `runs/run`."""
+  shutil.copytree(bert_run, tmp_path / "runs" / "run")
+  return tmp_path / "runs"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("run", "is a training run's folder (it holds run_config.json)"),
+    (".", "holds the training run"),
+    ("run/checkpoints", "lies inside the training run"),
+    ("run/tokenizer/new", "lies inside the training run"),
+])
+def test_an_export_into_a_run_is_refused_and_the_run_kept(
+    runs, where, message, unchanged):
+  export_dir = os.path.normpath(runs / where)
+  with unchanged(runs), pytest.raises(ValueError) as error:
+    export.export(model_dir=str(runs / "run"), export_dir=export_dir,
+                  overwrite=True, log=lambda line: None)
+  assert message in str(error.value) and repr(export_dir) in str(error.value)
+  assert models.load(str(runs / "run")).count_params() > 0  # restores
+
+
+@pytest.mark.parametrize("where", ["run", "."])
+def test_thattn_export_overwrite_into_a_run_or_its_parent_is_refused(
+    runs, where, unchanged):
+  export_dir = os.path.normpath(runs / where)
+  with unchanged(runs):
+    result = subprocess.run(
+        [sys.executable, "-m", "thattn.bin.export",
+         f"--model_dir={runs / 'run'}", f"--export_dir={export_dir}",
+         "--overwrite"], env=_ENV, capture_output=True, text=True,
+        timeout=300, check=False)
+  assert result.returncode == 1, result.stdout[-2000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"thattn-export: error: export_dir='{export_dir}'")
+  assert "training run" in last and "never deletes a run" in last
+  assert models.load(str(runs / "run")).count_params() > 0
+
+
+def test_user_files_are_refused_even_with_overwrite(bert_run, tmp_path,
+                                                    unchanged):
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("my notes")
+  with unchanged(tmp_path), pytest.raises(
+      ValueError, match=r"1 entries that are not a thattn export \(notes.txt\)"
+      ".*never deletes files it did not write"):
+    export.export(model_dir=str(bert_run), export_dir=str(tmp_path / "mine"),
+                  overwrite=True, log=lambda line: None)
+
+
+def test_a_killed_exports_staging_folder_goes_with_the_next_export(
+    bert_run, tmp_path, killed_staging):
+  target = tmp_path / "served"
+  killed = killed_staging(target, "thattn-export")  # SIGKILLed mid-write
+  # Not removed: a live process's staging folder, and one without thattn's
+  # marker (a name alone does not make a folder thattn's).
+  live = tmp_path / f".served.incomplete-{os.getppid()}"
+  live.mkdir()
+  (live / staging.MARKER).write_text(json.dumps(
+      {"pid": os.getppid(), "host": socket.gethostname()}))
+  (tmp_path / ".served.incomplete-999999999").mkdir()
+  lines = []
+  export.export(model_dir=str(bert_run), export_dir=str(target),
+                log=lines.append)
+  assert not os.path.exists(killed)
+  assert f"Removed {killed}, left by a killed thattn process." in lines
+  assert sorted(os.listdir(tmp_path)) == [
+      f".served.incomplete-{os.getppid()}", ".served.incomplete-999999999",
+      "served"]
+  assert export.is_export(str(target))
+  assert not (target / staging.MARKER).exists()
+  assert "serve_token_ids" in tf.saved_model.load(str(target)).signatures

@@ -29,14 +29,16 @@ The export is atomic: everything is written to a hidden staging folder
 beside export_dir, then renamed into place. A failed export removes the
 staging folder and leaves any previous export untouched, so nothing that
 looks like a valid SavedModel appears at export_dir unless it is complete;
-what a killed export left is removed by the next one. A non-empty
-export_dir that is not a thattn export is refused unless `overwrite=True`
-(`thattn-export --overwrite`): the export replaces its target whole.
+what a killed export left is removed by the next one (`thattn.staging`:
+only thattn's own staging folders, of processes that are gone). The export
+replaces its target whole, so it never writes into a folder it did not
+write: export_dir must be absent, empty or an earlier thattn export, and
+never a training run's folder, a folder holding one, or a folder inside
+one other than its `export/` (`check_export_dir`).
 """
 
 import json
 import os
-import re
 import shutil
 import time
 
@@ -44,6 +46,7 @@ import tensorflow as tf
 
 from thattn import tasks
 from thattn import run_dir
+from thattn import staging
 
 EXPORT_INFO = "thattn_export.json"
 
@@ -82,25 +85,22 @@ def export(*, model_dir, export_dir, checkpoint=None, overwrite=False,
   """Writes the SavedModel of model_dir's latest checkpoint to export_dir.
 
   Atomic (see the module): an existing export_dir is replaced only by a
-  complete new export. A non-empty export_dir that is not a thattn export
-  is refused unless `overwrite` (see `check_export_dir`). Returns
-  export_dir.
+  complete new export, and only if it is empty or an earlier thattn export
+  (see `check_export_dir`; `overwrite` is accepted and changes nothing).
+  Returns export_dir.
   """
   started = time.time()
   export_dir = os.path.abspath(export_dir)
-  check_export_dir(export_dir, overwrite=overwrite)
+  run_dir.read_run_config(model_dir)  # a run to export, first
+  check_export_dir(export_dir, overwrite=overwrite, model_dir=model_dir)
   module, config, checkpoint = build_serving_module(model_dir, checkpoint)
-  parent, name = os.path.split(export_dir)
-  tf.io.gfile.makedirs(parent)
-  _remove_leftovers(parent, name, log)
-  staging = os.path.join(parent, f".{name}.incomplete-{os.getpid()}")
-  try:
-    tf.saved_model.save(module, staging, signatures=_signatures(module))
-    _write_info(staging, config, checkpoint)
-    _replace(staging, export_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
+  tf.io.gfile.makedirs(os.path.dirname(export_dir))
+  with staging.staged(export_dir, program="thattn-export",
+                      log=log) as folder:
+    tf.saved_model.save(module, folder, signatures=_signatures(module))
+    _write_info(folder, config, checkpoint)
+    staging.unmark(folder)
+    _replace(folder, export_dir)
   log(f"Exported {config['task']} model ({os.path.basename(checkpoint)}) to "
       f"{export_dir} in {time.time() - started:.1f}s.")
   return export_dir
@@ -111,57 +111,94 @@ def is_export(export_dir):
   return os.path.isfile(os.path.join(export_dir, EXPORT_INFO))
 
 
-def check_export_dir(export_dir, *, overwrite=False):
-  """Refuses to replace what is not a thattn export, unless `overwrite`.
+def check_export_dir(export_dir, *, overwrite=False, model_dir=None):
+  """Refuses an export_dir whose replacement would delete what it did not write.
 
-  An export replaces its target whole; a target holding the user's own
-  files would lose them, so it must be empty, absent, or a previous thattn
-  export (recognized by `thattn_export.json`, written last).
+  An export replaces its target whole, so the target must be absent, empty,
+  or an earlier thattn export (recognized by `thattn_export.json`, written
+  last), and must be neither a training run's folder, nor hold one, nor lie
+  inside one (other than its `export/` folder, the default target).
+  `overwrite` (`thattn-export --overwrite`, kept for older scripts) changes
+  nothing: no flag makes an export delete a run or the user's files.
+
+  Raises:
+    ValueError naming export_dir and what it holds or lies in.
   """
+  del overwrite
+  export_dir = os.path.abspath(export_dir)
   if os.path.exists(export_dir) and not os.path.isdir(export_dir):
     raise ValueError(f"export_dir={export_dir!r} is a file, not a folder.")
-  if overwrite or not os.path.isdir(export_dir) or is_export(export_dir):
+  _check_not_in_a_run(export_dir, model_dir)
+  if not os.path.isdir(export_dir):
     return
+  _check_holds_no_run(export_dir)
   entries = sorted(os.listdir(export_dir))
-  if entries:
+  if entries and not is_export(export_dir):
     shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
     raise ValueError(
         f"export_dir={export_dir!r} holds {len(entries)} entries that are not "
-        f"a thattn export ({shown}); an export would replace them. Choose "
-        "another --export_dir, or pass --overwrite to replace them.")
+        f"a thattn export ({shown}); an export replaces its target whole and "
+        "never deletes files it did not write (with --overwrite or not). "
+        "Choose another --export_dir, or an empty or absent folder.")
 
 
-def _remove_leftovers(parent, name, log):
-  """Removes what a killed export of `name` left beside it.
+def _check_not_in_a_run(export_dir, model_dir):
+  """export_dir is not a run's folder, nor inside one but for its export/."""
+  runs = [os.path.abspath(model_dir)] if model_dir else []
+  folder = export_dir
+  while True:
+    if os.path.isdir(folder) and run_dir.holds_run(folder):
+      runs.append(folder)
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      break
+    folder = parent
+  for run in runs:
+    if export_dir == run:
+      raise ValueError(
+          f"export_dir={export_dir!r} is a training run's folder (it holds "
+          f"{run_dir.holds_run(run) or 'the run being exported'}); an export "
+          "replaces its target whole and never deletes a run. Choose a new "
+          f"folder, such as {run_dir.path(run, run_dir.EXPORT)}.")
+    if os.path.commonpath([export_dir, run]) == export_dir:
+      _refuse_holding(export_dir, run)
+    inside = os.path.relpath(export_dir, run).split(os.sep)
+    if inside[0] not in (os.pardir, run_dir.EXPORT):
+      raise ValueError(
+          f"export_dir={export_dir!r} lies inside the training run {run} (it "
+          f"holds {run_dir.holds_run(run) or 'the run being exported'}); an "
+          "export there would mix with the run's files. Choose "
+          f"{run_dir.path(run, run_dir.EXPORT)} or a folder outside the run.")
 
-  Only this module's own staging folders (`.<name>.incomplete-<pid>`, and
-  `.old` copies of a replaced export) of processes that are no longer
-  alive: a live export's staging folder is left alone.
-  """
-  pattern = re.compile(rf"\.{re.escape(name)}\.incomplete-(\d+)(\.old)?")
-  for entry in os.listdir(parent):
-    match = pattern.fullmatch(entry)
-    if match and not _alive(int(match.group(1))):
-      shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-      log(f"Removed {os.path.join(parent, entry)}, left by a killed export.")
+
+def _check_holds_no_run(export_dir):
+  """export_dir (or, for an earlier export, anything in it) holds no run."""
+  if is_export(export_dir):
+    folders = [root for root, _, _ in os.walk(export_dir)]
+  else:  # refused anyway if not empty; look one level down for the message
+    folders = [os.path.join(export_dir, entry)
+               for entry in sorted(os.listdir(export_dir))]
+  for folder in folders:
+    if os.path.isdir(folder) and run_dir.holds_run(folder):
+      _refuse_holding(export_dir, folder)
 
 
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True  # another user's process
-  return True
+def _refuse_holding(export_dir, run):
+  raise ValueError(
+      f"export_dir={export_dir!r} holds the training run {run} (it holds "
+      f"{run_dir.holds_run(run) or 'the run being exported'}); an export "
+      "replaces its target whole and never deletes a run, with --overwrite "
+      "or not. "
+      "Choose a new folder for the export.")
 
 
-def _replace(staging, export_dir):
-  """Moves staging to export_dir; an old export is removed only after."""
+def _replace(folder, export_dir):
+  """Moves folder to export_dir; an old export is removed only after."""
   old = None
   if os.path.exists(export_dir):
-    old = f"{staging}.old"
+    old = f"{folder}.old"
     os.rename(export_dir, old)
-  os.rename(staging, export_dir)
+    staging.mark(old, program="thattn-export", target=export_dir)
+  os.rename(folder, export_dir)
   if old:
     shutil.rmtree(old, ignore_errors=True)

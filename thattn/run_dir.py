@@ -35,11 +35,23 @@ SUMMARY_FOLDERS = ("train", "eval")
 KERAS, MTF = BACKENDS = ("keras", "mtf")
 # What a run_config.json without a key means (it predates the key).
 IMPLIED_SETTINGS = {"backend": KERAS}
+# Any of these in a folder makes it a run's (a model_dir, a Keras
+# checkpoints/ folder, an mtf model_dir: operative_config.gin and the TF1
+# `checkpoint` state file), which an export or a conversion never replaces.
+RUN_MARKERS = (RUN_CONFIG, CHECKPOINTS, "operative_config.gin", "checkpoint")
 
 
 def path(model_dir, name):
   """The path of one of the names above inside model_dir."""
   return os.path.join(model_dir, name)
+
+
+def holds_run(folder):
+  """The first of `RUN_MARKERS` in folder (a run's folder), or None."""
+  for name in RUN_MARKERS:
+    if os.path.exists(os.path.join(folder, name)):
+      return name
+  return None
 
 
 def read_run_config(model_dir):
@@ -48,14 +60,56 @@ def read_run_config(model_dir):
   if not tf.io.gfile.exists(config_path):
     raise ValueError(f"{model_dir} has no {RUN_CONFIG}: is it a model_dir "
                      "that thattn-train wrote?")
-  with tf.io.gfile.GFile(config_path) as f:
-    return json.load(f)
+  if tf.io.gfile.isdir(config_path):
+    raise ValueError(f"{config_path} is a folder; expected the JSON object "
+                     "thattn-train writes.")
+  with tf.io.gfile.GFile(config_path, "rb") as f:
+    text = f.read()
+  try:
+    config = json.loads(text)
+  except ValueError as error:  # invalid JSON or UTF-8, or empty
+    cause = "it is empty" if not text.strip() else f"not JSON: {error}"
+    raise ValueError(f"{config_path} cannot be read ({cause}); expected the "
+                     "JSON object thattn-train writes.") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"{config_path} holds a JSON {type(config).__name__}, "
+                     "not the JSON object (task, preset, ...) thattn-train "
+                     "writes.")
+  return config
 
 
 def backend(model_dir):
   """The backend of the run in model_dir (`BACKENDS`); ValueError if it
-  has no run_config.json."""
-  return read_run_config(model_dir).get("backend", KERAS)
+  has no run_config.json, or names a backend thattn does not know."""
+  config = read_run_config(model_dir)
+  name = config.get("backend", KERAS)
+  if name not in BACKENDS:
+    raise ValueError(f"{path(model_dir, RUN_CONFIG)}: \"backend\": {name!r} "
+                     f"is not a thattn backend; expected one of "
+                     f"{', '.join(BACKENDS)}.")
+  return name
+
+
+def check_init_checkpoint(location, flag="--init_checkpoint"):
+  """Refuses a --backend=mtf run as the start of a Keras run.
+
+  Its checkpoints are Mesh TensorFlow's (model.ckpt-N), which a Keras
+  model cannot restore: convert it first. Other locations pass (a missing
+  checkpoint is named where it is read, `find_checkpoint`).
+  """
+  folder = run_dir_of(location)
+  if not tf.io.gfile.exists(path(folder, RUN_CONFIG)):
+    mtf = tf.io.gfile.exists(path(folder, "operative_config.gin"))
+  else:
+    mtf = backend(folder) == MTF
+  if mtf:
+    raise ValueError(
+        f"{flag}={location!r} is a Mesh TensorFlow model_dir (a thattn-train "
+        "--backend=mtf run, or T5's): its model.ckpt-N checkpoints do not "
+        "restore into a Keras model. Convert it first: thattn-convert "
+        f"--mtf_model_dir={folder} --model_dir=<new folder> "
+        "--vocabulary=<its SentencePiece model or tokenizer folder>, then "
+        f"pass {flag}=<new folder>.")
 
 
 def check_or_write_run_config(model_dir, config):

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from thattn import models
+from thattn import run_dir
 
 
 def _model_dir(folder, run_config, model=None):
@@ -55,3 +56,45 @@ def test_load_refuses_a_checkpoint_of_another_model(tmp_path):
       models.create_model("t5_tiny", num_heads=2, d_model=16))
   with pytest.raises(ValueError, match=r"ckpt-3 cannot be restored"):
     models.load(folder)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{\"task\": ", r"cannot be read \(not JSON: "),
+    ("", r"cannot be read \(it is empty\)"),
+    ("\xff\xfe", r"cannot be read \(not JSON: "),
+    ("[1, 2]", "holds a JSON list, not the JSON object"),
+])
+def test_a_damaged_run_config_is_named(tmp_path, text, message, unchanged):
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "run_config.json").write_bytes(
+      text.encode("latin-1"))
+  with unchanged(tmp_path), pytest.raises(ValueError, match=message) as error:
+    models.load(str(tmp_path / "run"))
+  assert str(tmp_path / "run" / "run_config.json") in str(error.value)
+
+
+def test_an_unknown_backend_is_named_with_the_known_ones(tmp_path, unchanged):
+  folder = _model_dir(tmp_path / "run", {"task": "mlm", "preset": "bert_tiny",
+                                         "backend": "jax"})
+  with unchanged(tmp_path), pytest.raises(ValueError) as error:
+    models.load(folder)
+  assert "\"backend\": 'jax' is not a thattn backend; expected one of " \
+      "keras, mtf." in str(error.value)
+  assert "thattn-convert" not in str(error.value)
+
+
+@pytest.mark.parametrize("marker", ["run_config", "operative_config"])
+def test_an_mtf_run_as_init_checkpoint_is_refused(tmp_path, marker,
+                                                  unchanged):
+  folder = tmp_path / "mtf_run"
+  folder.mkdir()
+  if marker == "run_config":  # thattn-train --backend=mtf
+    (folder / "run_config.json").write_text(json.dumps(
+        {"task": "span_corruption", "backend": "mtf"}))
+  (folder / "operative_config.gin").write_text("Unitransformer.d_model = 8\n")
+  with unchanged(tmp_path), pytest.raises(ValueError) as error:
+    run_dir.check_init_checkpoint(str(folder))
+  assert (f"--init_checkpoint={str(folder)!r} is a Mesh TensorFlow model_dir"
+          in str(error.value))
+  assert f"thattn-convert --mtf_model_dir={folder}" in str(error.value)
+  run_dir.check_init_checkpoint(str(tmp_path / "keras_run"))  # not mtf: ok

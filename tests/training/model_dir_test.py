@@ -83,28 +83,30 @@ def _failed(result, *fragments):
     assert fragment in result.stderr, (fragment, result.stderr[-3000:])
 
 
-def test_export_refuses_a_folder_of_user_files(trained, tmp_path):
+def test_export_refuses_a_folder_of_user_files(trained, tmp_path,
+                                               killed_staging):
   target = tmp_path / "served"
   target.mkdir()
   (target / "notes.txt").write_text("my own notes")
   (target / "data.csv").write_text("1,2,3")
   before = _snapshot(target)
-  leftover = tmp_path / ".served.incomplete-999999999"  # no such process
-  leftover.mkdir()
-  result = _run("export", f"--model_dir={trained}", f"--export_dir={target}")
-  _failed(result, str(target), "not a thattn export (data.csv, notes.txt)",
-          "--overwrite")
-  assert _snapshot(target) == before
-  assert leftover.exists()  # refused before anything was touched
-
+  leftover = killed_staging(target, "thattn-export")  # a SIGKILLed export
+  # --overwrite does not make an export delete files it did not write.
   result = _run("export", f"--model_dir={trained}", f"--export_dir={target}",
                 "--overwrite")
+  _failed(result, str(target), "not a thattn export (data.csv, notes.txt)",
+          "never deletes files it did not write")
+  assert _snapshot(target) == before
+  assert os.path.exists(leftover)  # refused before anything was touched
+
+  for name in ("notes.txt", "data.csv"):
+    (target / name).unlink()
+  result = _run("export", f"--model_dir={trained}", f"--export_dir={target}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (target / "thattn_export.json").exists()
-  assert not (target / "notes.txt").exists()
-  assert not leftover.exists()  # a killed export's staging folder: removed
-  assert "left by a killed export" in result.stdout
-  # A previous thattn export is replaced without --overwrite.
+  assert not os.path.exists(leftover)  # a killed export's staging: removed
+  assert "left by a killed thattn process" in result.stdout
+  # A previous thattn export is replaced.
   result = _run("export", f"--model_dir={trained}", f"--export_dir={target}")
   assert result.returncode == 0, result.stderr[-3000:]
 

@@ -5,9 +5,18 @@
     saved_model_cli show --all --dir /tmp/served
 
 See `thattn.export` for the signatures. A `--backend=mtf` run is converted
-to Keras first (`thattn.mtf.training.export`). The export is atomic: a
+to Keras first (`thattn.launch.export_run`). The export is atomic: a
 failure leaves no partial SavedModel at --export_dir, and any previous
 export there stays until the new one is complete.
+
+Nothing it did not write is ever deleted: --export_dir must be absent,
+empty or an earlier thattn export (its thattn_export.json), and never a
+training run's folder, a folder holding one, or a folder inside one other
+than its export/ (the default); --overwrite does not change that. The
+export is staged beside --export_dir in `.<name>.incomplete-<pid>`; what a
+killed export left there (thattn's own staging folders, with their
+.thattn-staging.json marker, of processes that are gone) is removed by the
+next export into the same --export_dir.
 """
 
 import sys
@@ -20,6 +29,7 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from thattn import export as export_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -28,9 +38,10 @@ flags.DEFINE_string("export_dir", None, "Where the SavedModel goes; default "
                     "<model_dir>/export.")
 flags.DEFINE_string("checkpoint", None, "A checkpoint to export instead of "
                     "the latest one.")
-flags.DEFINE_bool("overwrite", False, "Replace --export_dir even if it holds "
-                  "files that are not a thattn export (a previous thattn "
-                  "export is always replaced, atomically).")
+flags.DEFINE_bool("overwrite", False, "Accepted for older scripts; changes "
+                  "nothing: an earlier thattn export at --export_dir is "
+                  "always replaced (atomically), and a folder of other files "
+                  "or a training run never is.")
 flags.mark_flag_as_required("model_dir")
 
 
@@ -41,9 +52,11 @@ def main(argv):
   export_dir = (FLAGS.export_dir or
                 run_dir.path(FLAGS.model_dir, run_dir.EXPORT))
   try:
+    # Before anything is read or written, whichever backend trained the run.
+    export_lib.check_export_dir(export_dir, model_dir=FLAGS.model_dir)
     cli.export_run(model_dir=FLAGS.model_dir, export_dir=export_dir,
                    program="thattn-export", checkpoint=FLAGS.checkpoint,
-                   overwrite=FLAGS.overwrite, log=cli.print_now)
+                   log=cli.print_now)
   except ValueError as e:
     sys.exit(f"thattn-export: error: {e}")
   cli.print_now(f"Inspect it: saved_model_cli show --all --dir {export_dir}")
