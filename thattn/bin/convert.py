@@ -7,8 +7,12 @@
     # mesh_tensorflow.transformer builds and restores.
     thattn-convert --to=mtf --model_dir=runs/t5_small --mtf_model_dir=back
 
-The output appears whole or not at all (staged beside it, renamed at the
-end), and an output folder that exists and is not empty is refused. See
+The output appears whole or not at all (staged beside it in
+`.<name>.incomplete-<pid>`, renamed at the end), and an output that exists
+(a file, or a folder that is not empty) or whose parent cannot be written is
+refused before anything is read. What a killed conversion left beside the
+same output (thattn's own staging folders, with their .thattn-staging.json
+marker, of processes that are gone) is removed by the next one. See
 `thattn.mtf.convert` and docs/mtf.md.
 """
 
@@ -42,6 +46,10 @@ flags.DEFINE_integer("sequence_length", convert.DEFAULT_SEQUENCE_LENGTH,
                      "--to=thattn: the input length recorded for fine-tuning "
                      "and serving.")
 flags.mark_flags_as_required(["mtf_model_dir", "model_dir"])
+for _name in ("mtf_model_dir", "model_dir"):
+  flags.register_validator(
+      _name, lambda value: value is None or bool(value.strip()),
+      message=f"--{_name} is empty; expected a folder.")
 
 
 def main(argv):

@@ -31,12 +31,12 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 
 import tensorflow as tf
 
 from thattn import models
 from thattn import run_dir
+from thattn import staging
 from thattn.data import tokenizers
 from thattn.mtf import architecture
 from thattn.mtf import model_map
@@ -61,26 +61,73 @@ CONVERTED_FROM = "converted_from"
 LAYER_STACK = "layer_stack"
 
 
-@contextlib.contextmanager
-def _staged(target, what):
-  """Yields a staging folder that becomes `target` when the block succeeds."""
+def _check_output(target, what):
+  """Refuses an output that exists (a file, or a folder not empty) or whose
+  parent cannot be written, before anything is read or written."""
   target = os.path.abspath(target)
-  if tf.io.gfile.exists(target) and tf.io.gfile.listdir(target):
+  if os.path.isfile(target):
+    raise ValueError(f"{what}={target!r} is a file; expected a new folder "
+                     "(nothing was written).")
+  if os.path.isdir(target) and os.listdir(target):
     raise ValueError(f"{target} exists and is not empty; choose a new "
                      f"{what} (nothing was written).")
-  parent, name = os.path.split(target)
-  staging = os.path.join(parent, f".{name}.incomplete-{os.getpid()}")
-  if tf.io.gfile.exists(staging):
-    shutil.rmtree(staging)  # our own leftover: same name, same process id
-  os.makedirs(staging)
-  try:
-    yield staging
-    if tf.io.gfile.exists(target):
+  existing = os.path.dirname(target)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not (os.path.isdir(existing) and
+          os.access(existing, os.W_OK | os.X_OK)):
+    raise ValueError(f"{what}={target!r}: cannot write into {existing} "
+                     "(permission denied, or not a folder); choose a folder "
+                     "you can write to (nothing was written).")
+
+
+@contextlib.contextmanager
+def _staged(target, what, log=print):
+  """Yields a staging folder that becomes `target` when the block succeeds.
+
+  `thattn.staging`: the folder is `.<name>.incomplete-<pid>` beside target,
+  and what killed conversions into target left there is removed first.
+  """
+  _check_output(target, what)
+  target = os.path.abspath(target)
+  with staging.staged(target, program="thattn-convert", log=log) as folder:
+    yield folder
+    staging.unmark(folder)
+    if os.path.exists(target):
       os.rmdir(target)  # empty, checked above; fails if a writer came since
-    os.rename(staging, target)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
+    os.rename(folder, target)
+
+
+def _check_mtf_source(mtf_model_dir):
+  """Refuses an empty --mtf_model_dir, and a thattn (Keras) model_dir."""
+  if not mtf_model_dir or not str(mtf_model_dir).strip():
+    raise ValueError(f"--mtf_model_dir={mtf_model_dir!r} is empty; expected "
+                     "a Mesh TensorFlow model_dir (operative_config.gin and "
+                     "model.ckpt-N).")
+  if (tf.io.gfile.exists(run_dir.path(mtf_model_dir, run_dir.RUN_CONFIG)) and
+      run_dir.backend(mtf_model_dir) == run_dir.KERAS):
+    raise ValueError(
+        f"--mtf_model_dir={mtf_model_dir!r} is a thattn (Keras) model_dir, "
+        "not a Mesh TensorFlow one; to convert it to Mesh TensorFlow: "
+        f"thattn-convert --to=mtf --model_dir={mtf_model_dir} "
+        "--mtf_model_dir=<new folder>.")
+
+
+def _thattn_source(model_dir):
+  """run_config.json of the --to=mtf source; refuses a --backend=mtf run."""
+  if not model_dir or not str(model_dir).strip():
+    raise ValueError(f"--model_dir={model_dir!r} is empty; expected a thattn "
+                     "model_dir (run_config.json and checkpoints/).")
+  run_config = run_dir.read_run_config(model_dir)
+  if run_dir.backend(model_dir) == run_dir.MTF:
+    raise ValueError(
+        f"--model_dir={model_dir!r} is a thattn-train --backend=mtf run: "
+        "already a Mesh TensorFlow model_dir (operative_config.gin, "
+        "model.ckpt-N), which mesh_tensorflow.transformer reads as it is. To "
+        "get a thattn model_dir from it: thattn-convert "
+        f"--mtf_model_dir={model_dir} --model_dir=<new folder> "
+        f"--vocabulary={run_dir.path(model_dir, run_dir.TOKENIZER)}.")
+  return run_config
 
 
 def _gin_setting(gin_text, name, default):
@@ -107,6 +154,13 @@ def _vocabulary(vocabulary, rows, divisor):
       tokenizer = tokenizers.from_sentencepiece_model(model, vocab_size=rows)
     except ValueError as error:
       raise ValueError(f"vocabulary {vocabulary}: {error}") from error
+    except (tf.errors.OpError, RuntimeError) as error:  # not a model at all
+      cause = str(error).splitlines()[0][:200] if str(error) else ""
+      raise ValueError(
+          f"--vocabulary={vocabulary!r} is not a SentencePiece model file "
+          f"({type(error).__name__}: {cause}); expected the .model file the "
+          "checkpoint was trained with, or a thattn tokenizer folder."
+      ) from None
   size = tokenizer.vocab_size
   if isinstance(tokenizer, tokenizers.T5SentencepieceTokenizer):
     size = tokenizer.pieces + tokenizer.extra_ids  # the ids it can produce
@@ -201,18 +255,19 @@ def _run_config(config, *, task, sequence_length, tokenizer, source):
       CONVERTED_FROM: source}
 
 
-def _write_thattn(model_dir, *, keras_model, step, tokenizer, run_config):
+def _write_thattn(model_dir, *, keras_model, step, tokenizer, run_config,
+                  log):
   """The thattn model_dir, staged and renamed into place."""
-  with _staged(model_dir, "--model_dir") as staging:
+  with _staged(model_dir, "--model_dir", log) as folder:
     # CheckpointManager records relative paths in its `checkpoint` state
     # file, so tf.train.latest_checkpoint still resolves after the rename.
     manager = tf.train.CheckpointManager(
         tf.train.Checkpoint(backbone=keras_model),
-        run_dir.path(staging, run_dir.CHECKPOINTS), max_to_keep=1)
+        run_dir.path(folder, run_dir.CHECKPOINTS), max_to_keep=1)
     manager.save(checkpoint_number=step)
     if tokenizer is not None:
-      tokenizer.save(run_dir.path(staging, run_dir.TOKENIZER))
-    run_dir.write_json(run_dir.path(staging, run_dir.RUN_CONFIG), run_config,
+      tokenizer.save(run_dir.path(folder, run_dir.TOKENIZER))
+    run_dir.write_json(run_dir.path(folder, run_dir.RUN_CONFIG), run_config,
                        sort_keys=True)
 
 
@@ -241,6 +296,8 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
     ValueError naming the file, variable or gin binding that cannot be
     converted; nothing is written then.
   """
+  _check_mtf_source(mtf_model_dir)
+  _check_output(model_dir, "--model_dir")
   gin_text, checkpoint, variables, mtf_model, rows = _load_mtf(
       mtf_model_dir, checkpoint_step)
   config, layout = _t5_config(gin_text, mtf_model, rows)
@@ -258,7 +315,7 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
       source={"mtf_model_dir": os.path.abspath(mtf_model_dir),
               "checkpoint": checkpoint, "step": step, LAYER_STACK: layout})
   _write_thattn(model_dir, keras_model=keras_model, step=step,
-                tokenizer=tokenizer, run_config=run_config)
+                tokenizer=tokenizer, run_config=run_config, log=log)
   layers = {"encoder_decoder": f"{config.num_layers}+{config.decoder_layers}",
             "decoder": f"decoder-only {config.decoder_layers}",
             "encoder": f"encoder-only {config.num_layers}"}[config.stacks]
@@ -284,7 +341,8 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
   Raises:
     ValueError when the run is not a T5, or has something mtf lacks.
   """
-  run_config = run_dir.read_run_config(model_dir)
+  run_config = _thattn_source(model_dir)
+  _check_output(mtf_model_dir, "--mtf_model_dir")
   config = models.model_config(run_config["preset"],
                                **run_config.get("overrides", {}))
   # A converted model goes back in its source's layout (T5 1.0's legacy
@@ -300,8 +358,8 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
                                      keras_model=keras_model)
   match = re.search(r"-(\d+)$", checkpoint)
   step = int(match.group(1)) if match else 0
-  with _staged(mtf_model_dir, "--mtf_model_dir") as staging:
-    mtf_models.write_model_dir(mtf_model_dir=staging, gin_text=gin_text,
+  with _staged(mtf_model_dir, "--mtf_model_dir", log) as folder:
+    mtf_models.write_model_dir(mtf_model_dir=folder, gin_text=gin_text,
                                variables=variables, step=step)
   log(f"Converted {checkpoint} to {mtf_model_dir}: "
       f"{mtf_models.OPERATIVE_CONFIG} and model.ckpt-{step}.")

@@ -68,8 +68,17 @@ def read_operative_config(mtf_model_dir):
   if not tf.io.gfile.exists(path):
     raise ValueError(f"{path} does not exist: an mtf model_dir holds the "
                      f"gin config of its run as {OPERATIVE_CONFIG}.")
-  with tf.io.gfile.GFile(path) as f:
-    return f.read()
+  with tf.io.gfile.GFile(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as error:
+    raise ValueError(f"{path} is not a text file ({error}); expected the gin "
+                     "config of an mtf run.") from None
+  if not text.strip():
+    raise ValueError(f"{path} is empty; expected the gin config of an mtf "
+                     "run (its model's bindings).")
+  return text
 
 
 def _without_unimportable_imports(gin_text):
