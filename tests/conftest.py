@@ -116,30 +116,38 @@ def unchanged():
   return check
 
 
+# What `thattn.staging.staged` makes (after its clean-up of earlier
+# leftovers, left out so that several killed writes can pile up), then a
+# SIGKILL while a file is being written.
 _KILLED_WRITE = """
 import os, signal, sys
 from thattn import staging
-with staging.staged(sys.argv[1], program=sys.argv[2]) as folder:
-  with open(os.path.join(folder, "partial.data"), "wb") as f:
-    f.write(b"half of a checkpoint")
-    f.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+target, program, suffix = sys.argv[1:]
+folder = staging.staging_path(target, suffix)
+os.makedirs(folder)
+staging.mark(folder, program=program, target=target)
+with open(os.path.join(folder, "partial.data"), "wb") as f:
+  f.write(b"half of a checkpoint")
+  f.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
 @pytest.fixture
 def killed_staging():
-  """`killed_staging(target, program)`: the staging folder a thattn write
-  into target left when it was SIGKILLed mid-write (a real process,
-  `thattn.staging` as the binaries use it, killed while writing a file)."""
+  """`killed_staging(target, program, suffix="")`: the staging folder a
+  thattn write into target left when it was SIGKILLed mid-write (a real
+  process, `thattn.staging` as the binaries use it, killed while writing a
+  file)."""
 
-  def kill(target, program):
+  def kill(target, program, suffix=""):
+    parent, name = os.path.split(os.path.abspath(target))
+    before = set(os.listdir(parent)) if os.path.isdir(parent) else set()
     result = subprocess.run([sys.executable, "-c", _KILLED_WRITE,
-                             str(target), program], check=False,
+                             str(target), program, suffix], check=False,
                             capture_output=True, timeout=60)
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
-    parent, name = os.path.split(os.path.abspath(target))
-    left = [entry for entry in os.listdir(parent)
+    left = [entry for entry in set(os.listdir(parent)) - before
             if entry.startswith(f".{name}.incomplete-")]
     assert len(left) == 1, left
     return os.path.join(parent, left[0])

@@ -231,6 +231,8 @@ def test_a_killed_exports_staging_folder_goes_with_the_next_export(
     bert_run, tmp_path, killed_staging):
   target = tmp_path / "served"
   killed = killed_staging(target, "thattn-export")  # SIGKILLed mid-write
+  # A converted copy staged beside the target (an mtf run's export).
+  converted = killed_staging(target, "thattn-export", ".converted")
   # Not removed: a live process's staging folder, and one without thattn's
   # marker (a name alone does not make a folder thattn's).
   live = tmp_path / f".served.incomplete-{os.getppid()}"
@@ -241,8 +243,9 @@ def test_a_killed_exports_staging_folder_goes_with_the_next_export(
   lines = []
   export.export(model_dir=str(bert_run), export_dir=str(target),
                 log=lines.append)
-  assert not os.path.exists(killed)
-  assert f"Removed {killed}, left by a killed thattn process." in lines
+  for folder in (killed, converted):
+    assert not os.path.exists(folder)
+    assert f"Removed {folder}, left by a killed thattn process." in lines
   assert sorted(os.listdir(tmp_path)) == [
       f".served.incomplete-{os.getppid()}", ".served.incomplete-999999999",
       "served"]
