@@ -1,0 +1,43 @@
+"""Running pytest and Python on one Keras 3 backend, in a process of its own.
+
+Keras 3 fixes its backend at import, so the tests in this folder start a
+process per backend (KERAS_BACKEND set) and check what it prints.
+"""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def require(backend):
+  if importlib.util.find_spec(backend) is None:
+    pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
+
+
+def run(backend, args, timeout=600, **env):
+  environment = {**os.environ, "KERAS_BACKEND": backend,
+                 "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+  result = subprocess.run([sys.executable, *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=timeout,
+                          check=False)
+  assert result.returncode == 0, (
+      f"{backend}: {' '.join(args)} failed:\n{result.stdout[-6000:]}\n"
+      f"{result.stderr[-3000:]}")
+  return result.stdout
+
+
+def run_pytest(backend, checks, **env):
+  # --noconftest: tests/conftest.py imports TensorFlow and tensorflow-text
+  # for the other tests, which the JAX and PyTorch processes must not need.
+  return run(backend, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--noconftest", str(HERE / checks)], **env)
+
+
