@@ -1,7 +1,8 @@
 """Training tokens/s of two thattn checkouts, job by job, side by side.
 
 Runs `thattn-train` (as `python -m thattn.bin.train`) for the default job
-(talking-heads BERT, masked LM) and the T5 span-corruption job, once with
+(talking-heads BERT, masked LM) and the T5 span-corruption job (with the
+Keras backend and with `--backend=mtf`; `--jobs` picks some), once with
 this checkout's code and once with another checkout's (`--before`, e.g. a
 `git worktree` of an older commit), alternating round by round so that
 drift on a noisy machine hits both alike. Reads each run's steady
@@ -28,6 +29,8 @@ JOBS = {
     "default job (mlm, bert_tiny talking heads)": [],
     "T5 span corruption (t5_tiny talking heads)": [
         "--task=span_corruption", "--preset=t5_tiny"],
+    "T5 span corruption, --backend=mtf": [
+        "--task=span_corruption", "--preset=t5_tiny", "--backend=mtf"],
 }
 
 
@@ -52,11 +55,16 @@ def main():
                       help="another thattn checkout (its repository root)")
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--jobs", default=None, help="comma-separated "
+                      "1-based job numbers to run (default: all)")
   args = parser.parse_args()
+  jobs = list(JOBS.items())
+  if args.jobs:
+    jobs = [jobs[int(number) - 1] for number in args.jobs.split(",")]
   trees = {"before": os.path.abspath(args.before), "after": HERE}
-  rates = {(job, name): [] for job in JOBS for name in trees}
+  rates = {(job, name): [] for job, _ in jobs for name in trees}
   for round_index in range(args.rounds):
-    for job, flags in JOBS.items():
+    for job, flags in jobs:
       for name, tree in trees.items():
         rate = tokens_per_second(tree, flags, args.steps)
         rates[job, name].append(rate)
@@ -64,7 +72,7 @@ def main():
               flush=True)
   print("\n| job | before (tokens/s) | after (tokens/s) | after / before |")
   print("|---|---:|---:|---:|")
-  for job in JOBS:
+  for job, _ in jobs:
     before = statistics.median(rates[job, "before"])
     after = statistics.median(rates[job, "after"])
     print(f"| {job} | {before:,.0f} | {after:,.0f} | {after / before:.2f}x |")
