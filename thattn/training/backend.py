@@ -30,8 +30,10 @@ how one step runs. It is a `Backend` subclass, registered by name:
 | | `close()` | release sessions and scopes (the driver calls it) |
 
 `train_step` takes the schedule's learning rate at the step before the
-update, as Mesh TensorFlow feeds it; the Keras backend's optimizer computes
-the same rate from its own schedule and ignores the argument.
+update, as Mesh TensorFlow feeds it, where the backend's `feeds_learning_rate`
+is True; the Keras backend's optimizer computes the same rate from its own
+schedule inside the compiled step, so it says False and gets None (the
+driver then runs no schedule ops of its own between steps).
 
 Backends are found by name (`get`). The Keras backend is
 `thattn.training.keras_backend`; the Mesh TensorFlow one,
@@ -90,6 +92,7 @@ class Backend(abc.ABC):
   """One backend of the driver; see the module for the protocol."""
 
   name = None
+  feeds_learning_rate = True  # see the module
 
   @classmethod
   def check_task(cls, task_class, model):

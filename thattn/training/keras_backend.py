@@ -42,6 +42,7 @@ class KerasBackend(backend_lib.Backend):
   """tf-keras on a strategy or a DTensor mesh; see the module."""
 
   name = "keras"
+  feeds_learning_rate = False  # the optimizer's schedule, in the step
 
   @classmethod
   def logical_devices(cls, options):
@@ -111,7 +112,7 @@ class KerasBackend(backend_lib.Backend):
     return iter(self.loop.distribute(self.task.train_dataset(start_step)))
 
   def train_step(self, batches, learning_rate):
-    del learning_rate  # the optimizer's own schedule gives the same rate
+    del learning_rate  # None: the optimizer's own schedule gives the rate
     return float(self.loop.train_step(batches))
 
   def evaluate(self, batches):

@@ -268,7 +268,8 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
                                    log)
   steady_start, paused = None, 0.0
   for index in range(remaining):
-    learning_rate = float(schedule(start_step + index))
+    learning_rate = (float(schedule(start_step + index))
+                     if backend.feeds_learning_rate else None)
     progress.add(backend.train_step(batches, learning_rate))
     if index == 0:
       steady_start = time.time()
