@@ -55,8 +55,8 @@ def refuse_keras3_tensors(owner, values):
           "thattn.layers are tf_keras (Keras 2) layers. Either build the "
           "model with tf_keras (`import tf_keras; tf_keras.Input(...)`, or "
           "set TF_USE_LEGACY_KERAS=1 before importing TensorFlow so that "
-          "tf.keras is tf_keras), or use Keras 3 layers (thattn.keras3, "
-          "planned: not in this release).")
+          "tf.keras is tf_keras), or use the same layers for Keras 3: "
+          "thattn.keras3 (docs/keras3.md).")
 
 
 def check_lengths(owner, query, key, value):
