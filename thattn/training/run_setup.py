@@ -78,9 +78,12 @@ def resolve_model(task_class, model, options, log=print):
   """The run's ModelOptions, checked before anything is read or written.
 
   Without a preset: the init checkpoint's run's model, or the task's
-  default. Raises ValueError for a model the task cannot build, or one
-  with fewer learned positions than the sequence length.
+  default. Raises ValueError for a model the task cannot build, one
+  with fewer learned positions than the sequence length, or an init
+  checkpoint that is a --backend=mtf run (`run_dir.check_init_checkpoint`).
   """
+  if options.init_checkpoint:  # an mtf run: named, not an AssertionError
+    run_dir.check_init_checkpoint(options.init_checkpoint)
   model = model or tasks.ModelOptions(preset=None)
   if model.preset is None and task_class.default_preset is not None:
     model = (_inherit_model(model, options.init_checkpoint, log)
