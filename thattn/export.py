@@ -138,7 +138,7 @@ def check_export_dir(export_dir, *, overwrite=False, model_dir=None):
     raise ValueError(
         f"export_dir={export_dir!r} holds {len(entries)} entries that are not "
         f"a thattn export ({shown}); an export replaces its target whole and "
-        "never deletes files it did not write (with --overwrite or not). "
+        "never deletes files it did not write (no flag changes that). "
         "Choose another --export_dir, or an empty or absent folder.")
 
 
@@ -187,9 +187,8 @@ def _refuse_holding(export_dir, run):
   raise ValueError(
       f"export_dir={export_dir!r} holds the training run {run} (it holds "
       f"{run_dir.holds_run(run) or 'the run being exported'}); an export "
-      "replaces its target whole and never deletes a run, with --overwrite "
-      "or not. "
-      "Choose a new folder for the export.")
+      "replaces its target whole and never deletes a run (no flag changes "
+      "that). Choose a new folder for the export.")
 
 
 def _replace(folder, export_dir):

@@ -21,10 +21,10 @@ TensorFlow only through the backends' registry.
 """
 
 import os
-import tempfile
 
 from thattn import export as export_lib
 from thattn import run_dir
+from thattn import staging
 from thattn.training import backend as backend_lib
 from thattn.training import cluster
 from thattn.training import dtensor
@@ -51,7 +51,10 @@ def train(*, model_dir, task, model=None, data=None, options, export=True,
   backend_class = backend_lib.get(options.backend)
   if export and cluster.is_chief():  # the chief exports for a cluster
     export_dir = export_dir or run_dir.path(model_dir, run_dir.EXPORT)
-    export_lib.check_export_dir(os.path.abspath(export_dir))  # refused now
+    # Refused now, before training writes a file (a target that is, holds
+    # or lies in this run's model_dir too).
+    export_lib.check_export_dir(os.path.abspath(export_dir),
+                                model_dir=model_dir)
   else:
     export_dir = None
   if options.mesh_shape and backend_class.logical_devices(options):
@@ -76,7 +79,7 @@ def export_run(*, model_dir, export_dir, log=print, checkpoint=None,
   """Exports a thattn-train run of either backend (`thattn.export.export`);
   a run of another backend is turned into a Keras model_dir first (its
   `model_dir_for_export`: a --backend=mtf run's newest checkpoint,
-  converted)."""
+  converted in a staging folder beside export_dir, removed after)."""
   try:
     backend = run_dir.backend(model_dir)
   except ValueError:
@@ -85,11 +88,15 @@ def export_run(*, model_dir, export_dir, log=print, checkpoint=None,
     return export_lib.export(model_dir=model_dir, export_dir=export_dir,
                              checkpoint=checkpoint, overwrite=overwrite,
                              log=log)
-  if checkpoint or overwrite:
-    raise ValueError("--checkpoint and --overwrite apply to Keras runs; "
+  if checkpoint:
+    raise ValueError("--checkpoint applies to Keras runs; "
                      f"{model_dir} is a --backend={backend} run, whose "
                      "newest checkpoint is exported.")
-  with tempfile.TemporaryDirectory(prefix=f"thattn-{backend}-export-") as temp:
+  # The converted copy is staged beside the target (thattn.staging): a
+  # killed export's copy is removed by the next export there.
+  export_lib.check_export_dir(export_dir, model_dir=model_dir)  # not after
+  with staging.staged(export_dir, program="thattn-export", log=log,
+                      suffix=".converted") as temp:
     keras_dir = backend_lib.get(backend).model_dir_for_export(model_dir, temp,
                                                               log)
     return export_lib.export(model_dir=keras_dir, export_dir=export_dir,

@@ -192,6 +192,8 @@ def test_thattn_export_serves_text(runs, tmp_path):
       text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"model.ckpt-{_STEPS} (step {_STEPS})" in result.stdout  # converted
+  # The converted copy was staged beside the target, and is gone.
+  assert os.listdir(tmp_path) == ["served"]
   served = tf.saved_model.load(str(tmp_path / "served"))
   out = served.signatures["serving_default"](
       text=tf.constant(["The function returns a list of names."]))
