@@ -281,3 +281,25 @@ def test_a_keras_model_dir_is_not_resumed_by_mtf(runs, data_flags):
   assert result.returncode != 0
   assert "backend" in result.stderr and "run_config" in result.stderr
   assert sorted(os.listdir(keras_dir)) == before
+
+
+def test_a_layout_the_mesh_cannot_hold_leaves_the_model_dir_as_it_was(
+    data_flags, tmp_path, unchanged):
+  """heads=4 on model:3 is refused before a file is written (a model_dir
+  the user made stays empty: no run_config.json, gin, tokenizer or lock),
+  and the rerun with a mesh that divides it starts."""
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  with unchanged(model_dir):
+    result = subprocess.run(
+        _command(model_dir, data_flags, "--backend=mtf", "--noexport",
+                 "--mesh_shape=model:3", "--layout_rules=heads:model"),
+        env=_ENV, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode != 0
+  assert "heads=4 is not divisible by model=3" in result.stderr, (
+      result.stderr[-3000:])
+  assert os.listdir(model_dir) == []  # not even the lock
+  stdout = _train(model_dir, data_flags, "--backend=mtf", "--noexport",
+                  "--mesh_shape=model:2", "--layout_rules=heads:model",
+                  "--train_steps=1")
+  assert "step      1/1" in stdout, stdout

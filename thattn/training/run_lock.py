@@ -51,18 +51,36 @@ def hold(directory, *, log=print):
     return
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, LOCK_FILE)
-  descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  descriptor = _lock(path, directory)
   try:
-    try:
-      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise ModelDirInUse(
-          f"{directory} is in use by another run ({_holder(path)}); wait for "
-          "it to finish, or choose another --model_dir.") from None
     _write_holder(descriptor)
     yield
   finally:
     os.close(descriptor)  # releases the lock
+
+
+def _lock(path, directory):
+  """A descriptor holding the lock on the file `path` names now.
+
+  A failed start removes the lock file it made (`StartGuard.rollback`)
+  while holding it, so a lock taken on a file that has since left `path`
+  holds nothing: it is dropped and taken again on the new file.
+  """
+  while True:
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(descriptor)
+      raise ModelDirInUse(
+          f"{directory} is in use by another run ({_holder(path)}); wait for "
+          "it to finish, or choose another --model_dir.") from None
+    try:
+      if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+        return descriptor
+    except FileNotFoundError:
+      pass
+    os.close(descriptor)
 
 
 def _write_holder(descriptor):
@@ -100,13 +118,14 @@ class StartGuard:
     self.before = set(os.listdir(directory)) if self.existed else set()
 
   def rollback(self):
-    """Removes the folder if this run made it, else only its new entries."""
+    """Removes the folder if this run made it, else only its new entries
+    (the lock file too, if this run made it: `_lock` allows for that)."""
     if not self.local:
       return
     if not self.existed:
       shutil.rmtree(self.directory, ignore_errors=True)
       return
-    for name in set(os.listdir(self.directory)) - self.before - {LOCK_FILE}:
+    for name in set(os.listdir(self.directory)) - self.before:
       path = os.path.join(self.directory, name)
       if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
