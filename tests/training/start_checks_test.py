@@ -9,8 +9,12 @@ import json
 import pytest
 
 from thattn import launch
+from thattn.mtf import cluster as mtf_cluster
+from thattn.training import cluster
+from thattn.training import dtensor
 from thattn.training import options as options_lib
 from thattn.training import run
+from thattn.training import strategies
 
 
 def _mtf_run(folder):
@@ -73,3 +77,68 @@ def test_exporting_an_mtf_run_refuses_its_own_folder_and_leaves_no_copy(
     launch.export_run(model_dir=str(mtf_run), export_dir=str(tmp_path / "s"),
                       overwrite=True, log=lambda line: None)
   assert "--overwrite" not in str(error.value)
+
+
+_WORKERS = {"worker": ["localhost:1", "localhost:2"]}
+
+
+@pytest.mark.parametrize("tf_config, named", [
+    ("{not json", "TF_CONFIG='{not json' is not valid JSON"),
+    ("[1, 2]", "TF_CONFIG='[1, 2]' is not a JSON object"),
+    (json.dumps({"cluster": _WORKERS, "task": {"type": "worker", "index": 2}}),
+     "TF_CONFIG's task worker 2 is not in its cluster, which has worker 0-1"),
+    (json.dumps({"cluster": _WORKERS, "task": {"type": "worker", "index": -1}}),
+     "TF_CONFIG's task \"index\" is -1; expected a non-negative integer"),
+    (json.dumps({"cluster": _WORKERS, "task": {"type": "worker",
+                                               "index": "one"}}),
+     "TF_CONFIG's task \"index\" is 'one'; expected a non-negative integer"),
+    (json.dumps({"cluster": _WORKERS, "task": {"type": "worker",
+                                               "index": 1.5}}),
+     "TF_CONFIG's task \"index\" is 1.5"),
+    (json.dumps({"cluster": {"worker": "localhost:1"},
+                 "task": {"type": "worker", "index": 0}}),
+     "TF_CONFIG's cluster job 'worker' is 'localhost:1'; expected a list"),
+    (json.dumps({"cluster": _WORKERS, "task": {"type": "chief", "index": 0}}),
+     "TF_CONFIG's task chief 0 is not in its cluster"),
+])
+def test_a_bad_tf_config_is_named(monkeypatch, tf_config, named):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  for parse in (cluster.task_spec, cluster.is_chief, mtf_cluster.from_tf_config):
+    with pytest.raises(ValueError) as error:
+      parse()
+    assert named in str(error.value)
+
+
+def test_a_multi_worker_cluster_without_chief_or_worker_is_named(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      {"cluster": {"ps": ["localhost:1", "localhost:2"]},
+       "task": {"type": "ps", "index": 0}}))
+  with pytest.raises(ValueError, match="TF_CONFIG's cluster .* has no chief or "
+                     "worker to train on.*other jobs \\(ps\\)"):
+    strategies.make_strategy("multi_worker_mirrored", cluster_timeout=1)
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      {"cluster": dict(_WORKERS, chief=["localhost:3"]),
+       "task": {"type": "worker", "index": "1"}}))
+  assert cluster.task_spec()[:2] == ("worker", 1)  # a string index is taken
+  cluster.check_multi_worker()
+
+
+@pytest.mark.parametrize("variables, named", [
+    ({"DTENSOR_NUM_CLIENTS": "abc"}, "DTENSOR_NUM_CLIENTS='abc' is not an "
+     "integer of at least 1"),
+    ({"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "x"},
+     "DTENSOR_CLIENT_ID='x' is not an integer"),
+    ({"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "2"},
+     "DTENSOR_CLIENT_ID=2 is not one of the DTENSOR_NUM_CLIENTS=2 clients"),
+    ({"DTENSOR_NUM_CLIENTS": "2", "DTENSOR_CLIENT_ID": "0",
+      "DTENSOR_JOBS": "localhost:1,localhost:2,localhost:3"},
+     "DTENSOR_JOBS='localhost:1,localhost:2,localhost:3' lists 3 addresses, "
+     "but DTENSOR_NUM_CLIENTS=2"),
+])
+def test_bad_dtensor_variables_are_named(monkeypatch, variables, named):
+  for name, value in variables.items():
+    monkeypatch.setenv(name, value)
+  for parse in (dtensor.num_clients, cluster.is_chief):
+    with pytest.raises(ValueError) as error:
+      parse()
+    assert named in str(error.value)

@@ -25,12 +25,82 @@ import tempfile
 import time
 
 
+_EXPECTED = ('expected {"cluster": {"worker": ["host:port", ...]}, '
+             '"task": {"type": "worker", "index": 0}}')
+
+
 def task_spec():
-  """(task type, task index, cluster dict) from TF_CONFIG; a lone chief."""
-  config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+  """(task type, task index, cluster dict) from TF_CONFIG; a lone chief.
+
+  Raises:
+    ValueError naming TF_CONFIG, the bad value and what was expected: not
+    JSON, not an object, a job that is not a list of addresses, a task
+    index that is not a non-negative integer, or a task not in its cluster.
+  """
+  text = os.environ.get("TF_CONFIG") or "{}"
+  try:
+    config = json.loads(text)
+  except ValueError as error:
+    raise ValueError(f"TF_CONFIG={text!r} is not valid JSON ({error}); "
+                     f"{_EXPECTED}.") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"TF_CONFIG={text!r} is not a JSON object; "
+                     f"{_EXPECTED}.")
+  spec = _cluster_of(config.get("cluster", {}))
   task = config.get("task", {})
-  return (task.get("type", "chief"), int(task.get("index", 0)),
-          config.get("cluster", {}))
+  if not isinstance(task, dict):
+    raise ValueError(f"TF_CONFIG's \"task\" is {task!r}, not an object; "
+                     f"{_EXPECTED}.")
+  task_type = task.get("type", "chief")
+  index = _index_of(task.get("index", 0))
+  addresses = spec.get(task_type, []) if isinstance(task_type, str) else []
+  if spec and task_type != "evaluator" and index >= len(addresses):
+    jobs = ", ".join(f"{job} 0-{len(tasks) - 1}" for job, tasks in spec.items()
+                     if tasks)
+    raise ValueError(
+        f"TF_CONFIG's task {task_type} {index} is not in its cluster, "
+        f"which has {jobs or 'no tasks'}; expected a task type and index of "
+        "the cluster.")
+  return task_type, index, spec
+
+
+def _cluster_of(spec):
+  """TF_CONFIG's "cluster", checked: {job name: [host:port, ...]}."""
+  if not isinstance(spec, dict):
+    raise ValueError(f"TF_CONFIG's \"cluster\" is {spec!r}, not an object; "
+                     f"{_EXPECTED}.")
+  for job, addresses in spec.items():
+    if not (isinstance(addresses, list) and
+            all(isinstance(address, str) for address in addresses)):
+      raise ValueError(
+          f"TF_CONFIG's cluster job {job!r} is {addresses!r}; expected a list "
+          'of "host:port" strings, one per task.')
+  return spec
+
+
+def _index_of(index):
+  """TF_CONFIG's task index, a non-negative integer ("1" is taken too)."""
+  if isinstance(index, str) and index.isdigit():
+    index = int(index)
+  if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    raise ValueError(f"TF_CONFIG's task \"index\" is {index!r}; expected a "
+                     "non-negative integer, the task's place in its job's "
+                     "list of addresses.")
+  return index
+
+
+def check_multi_worker():
+  """Refuses a TF_CONFIG cluster that multi_worker_mirrored cannot run:
+  jobs other than "chief" (at most one) and "worker", or no task at all."""
+  _, _, spec = task_spec()
+  others = sorted(set(spec) - {"chief", "worker"})
+  if others or len(spec.get("chief", [])) > 1 or not (
+      spec.get("chief") or spec.get("worker")):
+    raise ValueError(
+        f"TF_CONFIG's cluster {spec} has no chief or worker to train on, or "
+        f"other jobs ({', '.join(others) or 'none'}) or several chiefs; "
+        "--strategy=multi_worker_mirrored expects at most one \"chief\" and "
+        'a list of "worker" addresses, nothing else.')
 
 
 def num_tasks():
@@ -39,14 +109,50 @@ def num_tasks():
   return max(sum(len(addresses) for addresses in spec.values()), 1)
 
 
+def _integer_variable(name, default, minimum):
+  """An integer environment variable, named in the error if it is not one."""
+  text = os.environ.get(name) or str(default)
+  try:
+    value = int(text)
+  except ValueError:
+    value = None
+  if value is None or value < minimum:
+    raise ValueError(f"{name}={text!r} is not an integer of at least "
+                     f"{minimum}.")
+  return value
+
+
+def dtensor_clients():
+  """(number of clients, this client's id) of a multi-client DTensor job,
+  from DTENSOR_NUM_CLIENTS and DTENSOR_CLIENT_ID; (1, 0) without them.
+
+  Raises:
+    ValueError naming the variable: not an integer, an id out of range, or
+    a DTENSOR_JOBS that does not list one address per client.
+  """
+  count = _integer_variable("DTENSOR_NUM_CLIENTS", 1, 1)
+  client = _integer_variable("DTENSOR_CLIENT_ID", 0, 0)
+  if count > 1:
+    if client >= count:
+      raise ValueError(f"DTENSOR_CLIENT_ID={client} is not one of the "
+                       f"DTENSOR_NUM_CLIENTS={count} clients (0-{count - 1}).")
+    jobs = os.environ.get("DTENSOR_JOBS")
+    if jobs is not None and len(jobs.split(",")) != count:
+      raise ValueError(
+          f"DTENSOR_JOBS={jobs!r} lists {len(jobs.split(','))} addresses, but "
+          f"DTENSOR_NUM_CLIENTS={count}; expected one host:port per client, "
+          "comma-separated, in client order.")
+  return count, client
+
+
 def is_dtensor_client():
   """Whether this process is one client of a multi-client DTensor job."""
-  return int(os.environ.get("DTENSOR_NUM_CLIENTS") or 1) > 1
+  return dtensor_clients()[0] > 1
 
 
 def is_chief():
   if is_dtensor_client():  # DTensor's clients: client 0 leads
-    return int(os.environ.get("DTENSOR_CLIENT_ID") or 0) == 0
+    return dtensor_clients()[1] == 0
   task_type, index, cluster = task_spec()
   if "chief" in cluster:
     return task_type == "chief"
@@ -84,7 +190,7 @@ def wait_for_workers(timeout_seconds, log=print):
   """
   task_type, index, spec = task_spec()
   tasks = [address for kind in sorted(spec) for address in spec[kind]]
-  mine = spec.get(task_type, [None] * (index + 1))[index]
+  mine = dict(enumerate(spec.get(task_type, []))).get(index)
   pending = [address for address in tasks if address != mine]
   if not pending:
     return

@@ -60,7 +60,6 @@ and client 0 writes the rest of the run's files (`thattn.training.cluster`).
 """
 
 import numbers
-import os
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -69,6 +68,7 @@ import tf_keras
 from thattn import sharding
 from thattn.training import devices
 from thattn import run_dir
+from thattn.training import cluster
 from thattn.training import strategies
 
 # Mesh TensorFlow's classic "batch:batch;heads:model;d_ff:model;vocab:model"
@@ -145,7 +145,7 @@ def connect_clients():
 
 def num_clients():
   """The clients of a multi-client DTensor job (DTENSOR_NUM_CLIENTS), or 1."""
-  return int(os.environ.get("DTENSOR_NUM_CLIENTS") or 1)
+  return cluster.dtensor_clients()[0]  # ValueError naming a bad variable
 
 
 def _device_type(mesh_spec):

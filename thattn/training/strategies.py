@@ -51,6 +51,7 @@ def make_strategy(name, tpu=None, cluster_timeout=300, log=print):
     return tf.distribute.MirroredStrategy()
   if name == "multi_worker_mirrored":
     # Bounded: a task that never answers is an error, not a hang.
+    cluster.check_multi_worker()
     cluster.wait_for_workers(cluster_timeout, log=log)
     return tf.distribute.MultiWorkerMirroredStrategy()
   return _tpu_strategy(tpu)
