@@ -63,7 +63,7 @@ def train(*, model_dir, task, model=None, data=None, options, export=True,
       log(f"No GPU: the CPU runs the mesh as {split} logical devices, "
           "sharing its cores (sharded, not faster).")
     if dtensor.num_clients() > 1:  # before TensorFlow initializes
-      dtensor.connect_clients()
+      dtensor.connect_clients(options.cluster_timeout, log)  # bounded
   summary = run.train(model_dir=model_dir, task=task, model=model, data=data,
                       options=options, log=log)
   if "served" in summary:

@@ -12,6 +12,7 @@ checkpoint without losing or repeating a step.
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -97,3 +98,21 @@ def test_a_killed_client_then_a_restart_loses_and_repeats_nothing(
   np.testing.assert_allclose(
       local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
       local_cluster.summary(one_process)["held_out_ln_ppl_after"], rtol=1e-5)
+
+
+def test_a_client_whose_peer_never_comes_fails_in_bounded_time(tmp_path,
+                                                               flags):
+  """One client of two, with --cluster_timeout=3: it stops naming client 1,
+  where DTensor's own start-up would wait without end."""
+  env = dict(_env(tmp_path), **local_cluster.dtensor_envs(2)[0])
+  model_dir = tmp_path / "run"
+  started = time.time()
+  result = subprocess.run(
+      _TRAIN + flags + [f"--model_dir={model_dir}", "--cluster_timeout=3"],
+      env=env, capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode != 0
+  jobs = env["DTENSOR_JOBS"].split(",")
+  assert (f"DTensor client 0 of 2 could not reach client 1 ({jobs[1]}) "
+          "within 3 s") in result.stderr, result.stderr[-3000:]
+  assert time.time() - started < 60
+  assert not model_dir.exists()

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.training import local_cluster
 from thattn import launch
 from thattn.mtf import cluster as mtf_cluster
 from thattn.training import cluster
@@ -142,3 +143,21 @@ def test_bad_dtensor_variables_are_named(monkeypatch, variables, named):
     with pytest.raises(ValueError) as error:
       parse()
     assert named in str(error.value)
+
+
+def test_dtensor_clients_are_waited_for_in_bounded_time(monkeypatch):
+  monkeypatch.setenv("DTENSOR_NUM_CLIENTS", "3")
+  monkeypatch.setenv("DTENSOR_CLIENT_ID", "1")
+  ports = local_cluster.free_ports(3)
+  monkeypatch.setenv("DTENSOR_JOBS",
+                     ",".join(f"localhost:{port}" for port in ports))
+  lines = []
+  with pytest.raises(ValueError) as error:
+    cluster.wait_for_dtensor_clients(0.5, log=lines.append)
+  assert (f"DTensor client 1 of 3 could not reach client 0 (localhost:"
+          f"{ports[0]}), client 2 (localhost:{ports[2]}) within 0.5 s"
+          in str(error.value))
+  assert lines == [f"DTensor client 1: waiting up to 0.5 s for client 0 "
+                   f"(localhost:{ports[0]}), client 2 (localhost:{ports[2]})."]
+  monkeypatch.setenv("DTENSOR_NUM_CLIENTS", "1")
+  cluster.wait_for_dtensor_clients(0.5, log=pytest.fail)  # one: no wait

@@ -143,9 +143,10 @@ flags.DEFINE_enum("strategy", "default", list(strategies.STRATEGIES),
                   "themselves over --mesh_shape by --layout_rules "
                   "(thattn.training.dtensor).")
 flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored "
-                   "and --backend=mtf over a TF_CONFIG cluster: seconds to "
-                   "wait for every task of the cluster before stopping "
-                   "with the addresses that did not answer.")
+                   "and --backend=mtf over a TF_CONFIG cluster, and "
+                   "--strategy=dtensor over several clients (DTENSOR_JOBS): "
+                   "seconds to wait for every task or client before "
+                   "stopping with those that did not answer.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
 flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor or "

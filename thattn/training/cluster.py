@@ -191,26 +191,53 @@ def wait_for_workers(timeout_seconds, log=print):
   task_type, index, spec = task_spec()
   tasks = [address for kind in sorted(spec) for address in spec[kind]]
   mine = dict(enumerate(spec.get(task_type, []))).get(index)
-  pending = [address for address in tasks if address != mine]
+  pending = {address: address for address in tasks if address != mine}
+  _wait_for(pending, mine, f"{task_type} {index}", timeout_seconds, log,
+            f"{task_type} {index} of the TF_CONFIG cluster could not reach",
+            "is every task started, and are the addresses and ports in "
+            "TF_CONFIG right?")
+
+
+def wait_for_dtensor_clients(timeout_seconds, log=print):
+  """`wait_for_workers` for a multi-client DTensor job: returns once every
+  other client of DTENSOR_JOBS accepts a connection, or raises ValueError
+  naming the clients that did not within `timeout_seconds`. (DTensor's
+  start-up waits forever for a client that never comes.) Without
+  DTENSOR_JOBS there is nothing to wait for."""
+  count, client = dtensor_clients()
+  jobs = os.environ.get("DTENSOR_JOBS")
+  if count < 2 or not jobs:
+    return
+  addresses = jobs.split(",")
+  pending = {f"client {other} ({address})": address
+             for other, address in enumerate(addresses) if other != client}
+  _wait_for(pending, addresses[client], f"DTensor client {client}",
+            timeout_seconds, log,
+            f"DTensor client {client} of {count} could not reach",
+            "is every client started (thattn-train with its own "
+            "DTENSOR_CLIENT_ID), and are DTENSOR_JOBS' addresses right?")
+
+
+def _wait_for(pending, mine, me, timeout_seconds, log, failure, hint):
+  """Probes `pending` ({name: address}) while listening on `mine`."""
   if not pending:
     return
   listener = _listen(mine)
   deadline = time.time() + timeout_seconds
-  log(f"{task_type} {index}: waiting up to {timeout_seconds:g} s for "
+  log(f"{me}: waiting up to {timeout_seconds:g} s for "
       f"{', '.join(pending)}.")
   try:
     while pending and time.time() < deadline:
       _drain(listener)
-      pending = [address for address in pending if not answers(address)]
+      pending = {name: address for name, address in pending.items()
+                 if not answers(address)}
       if pending:
         time.sleep(0.2)
   finally:
     listener.close()
   if pending:
-    raise ValueError(
-        f"{task_type} {index} of the TF_CONFIG cluster could not reach "
-        f"{', '.join(pending)} within {timeout_seconds:g} s: is every task "
-        "started, and are the addresses and ports in TF_CONFIG right?")
+    raise ValueError(f"{failure} {', '.join(pending)} within "
+                     f"{timeout_seconds:g} s: {hint}")
 
 
 def _split(address):
@@ -226,8 +253,8 @@ def _listen(address):
     listener.bind(("", port))
   except OSError as error:
     listener.close()
-    raise ValueError(f"This task's address {address} (TF_CONFIG) cannot be "
-                     f"used: {error}.") from None
+    raise ValueError(f"This process's address {address} (TF_CONFIG or "
+                     f"DTENSOR_JOBS) cannot be used: {error}.") from None
   listener.listen(16)
   listener.setblocking(False)
   del host  # any interface: the cluster names this host as it likes

@@ -137,8 +137,11 @@ def split_cpu(mesh_shape):
   return local
 
 
-def connect_clients():
-  """Joins this client to a multi-client DTensor job (DTENSOR_* variables)."""
+def connect_clients(timeout_seconds=300, log=print):
+  """Joins this client to a multi-client DTensor job (DTENSOR_* variables),
+  once every other client answers: ValueError naming those that did not
+  within `timeout_seconds` (`cluster.wait_for_dtensor_clients`)."""
+  cluster.wait_for_dtensor_clients(timeout_seconds, log)
   device_type = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
   sharding.connect_clients(device_type)
 
