@@ -42,6 +42,10 @@ STATIC_PROJECTION = {"x2l": ("P_l", "project_logits"),
                      "m2l": ("P_l", "project_logits"),
                      "x2w": ("P_w", "project_weights"),
                      "m2w": ("P_w", "project_weights")}
+# The input each dynamic projection is generated from: the queries X, or
+# the memory M as the key input (m2l) and the value input (m2w).
+DYNAMIC_SOURCES = {"x2l": "query", "x2w": "query", "m2l": "key",
+                   "m2w": "value"}
 # The paper (Appendix A) trained well only with small initial dynamic
 # projections: normal with stddev 0.1 / sqrt(fan_in).
 DYNAMIC_INIT_SCALE = 0.1
@@ -187,6 +191,57 @@ def checked_groups(num_head_groups, num_key_heads, num_heads,
         + ", ".join(f"{name}={size}" for name, size in sizes.items())
         + f" ({', '.join(indivisible)} not divisible by {num_head_groups}).")
   return num_head_groups
+
+
+def generate_dynamic(generators, **inputs):
+  """{name: R} from `generators` ({name: callable}) whose source is given.
+
+  `inputs` are some of query=, key=, value= (DYNAMIC_SOURCES), so a layer's
+  query projection passes the queries and its memory projection the memory.
+  """
+  return {name: generator(inputs[DYNAMIC_SOURCES[name]])
+          for name, generator in generators.items()
+          if DYNAMIC_SOURCES[name] in inputs}
+
+
+def dynamic_terms(names, query_state, memory_state):
+  """{name: R[b, n or m, ...]} of `names` from a call's projected states."""
+  states = {"query": query_state, "key": memory_state, "value": memory_state}
+  return {name: states[DYNAMIC_SOURCES[name]][name] for name in names
+          if name in states[DYNAMIC_SOURCES[name]]}
+
+
+def fixed_head_size(sequence_length, head_size):
+  """d_k = d_v of Bhojanapalli et al.'s fixed head size: n, or head_size."""
+  if (sequence_length is None) == (head_size is None):
+    raise ValueError("Give exactly one of sequence_length and head_size, got "
+                     f"sequence_length={sequence_length!r}, "
+                     f"head_size={head_size!r}.")
+  return sequence_length if head_size is None else head_size
+
+
+def check_relative_buckets(bidirectional, num_buckets, max_distance):
+  """T5's bucketing needs 2 buckets (4 bidirectional) and a distance > 0."""
+  if num_buckets < 2 or (bidirectional and num_buckets < 4):
+    raise ValueError(f"num_buckets={num_buckets} is too small; expected at "
+                     "least 4 for bidirectional and 2 for unidirectional.")
+  if max_distance <= 0:
+    raise ValueError(f"max_distance must be positive, got {max_distance}.")
+
+
+def talking_heads_config(layer):
+  """The talking-heads arguments of `layer`'s config, as both front ends
+  write them (the initializer, serialized by each Keras, aside)."""
+  return {
+      "num_heads": layer.num_heads,
+      "num_key_heads": layer.num_key_heads,
+      "num_value_heads": layer.num_value_heads,
+      "project_logits": layer.project_logits,
+      "project_weights": layer.project_weights,
+      "dynamic_projections": list(layer.dynamic_projections),
+      "num_head_groups": layer.num_head_groups,
+      "fused_kernel": layer.fused_kernel,
+  }
 
 
 class MixingShapes:

@@ -5,6 +5,8 @@ written with `keras.ops`; importing this package needs neither tf_keras nor
 Mesh TensorFlow nor tensorflow-text. docs/keras3.md has the guide.
 """
 
+from thattn import attention_spec
+from thattn import validation
 from thattn.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
@@ -24,13 +26,7 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
                               variant="multi_head", **kwargs):
   """Attention with d_k = d_v fixed (Bhojanapalli et al., 2020): to the
   sequence length n, or to `head_size`; as `thattn.layers`' helper."""
-  if (sequence_length is None) == (head_size is None):
-    raise ValueError("Give exactly one of sequence_length and head_size, got "
-                     f"sequence_length={sequence_length!r}, "
-                     f"head_size={head_size!r}.")
-  if variant not in _FIXED_HEAD_SIZE_VARIANTS:
-    raise ValueError(f"Unknown variant {variant!r}; expected one of "
-                     f"{', '.join(map(repr, _FIXED_HEAD_SIZE_VARIANTS))}.")
-  size = sequence_length if head_size is None else head_size
+  size = attention_spec.fixed_head_size(sequence_length, head_size)
+  validation.one_of("variant", variant, sorted(_FIXED_HEAD_SIZE_VARIANTS))
   return _FIXED_HEAD_SIZE_VARIANTS[variant](
       num_heads=num_heads, key_dim=size, value_dim=size, **kwargs)

@@ -23,11 +23,8 @@ from thattn import attention_spec
 from thattn import dims
 from thattn.sharding import rules as rules_lib
 
-# thattn's default, as for DTensor: data parallel on `batch`; the query/key
-# heads and the value heads on `model` (P_l and P_w then split along one
-# side; the softmax heads stay whole), and d_ff and the vocabulary there.
-DEFAULT_LAYOUT_RULES = ("batch:batch;key_heads:model;value_heads:model;"
-                        "d_ff:model;vocab:model")
+# thattn's default rules, the same as for DTensor (thattn.sharding.rules).
+DEFAULT_LAYOUT_RULES = rules_lib.DEFAULT_LAYOUT_RULES
 
 
 def weight_axes(num_head_groups=1):

@@ -276,23 +276,19 @@ class TalkingHeadsAttention(ProjectedAttention):
 
   def project_query(self, query):
     state = super().project_query(query)
-    for name in ("x2l", "x2w"):
-      if name in self._dynamic_dense:
-        state[name] = self._dynamic_dense[name](query)
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 query=query))
     return state
 
   def project_memory(self, key, value):
     state = super().project_memory(key, value)
-    if "m2l" in self._dynamic_dense:
-      state["m2l"] = self._dynamic_dense["m2l"](key)
-    if "m2w" in self._dynamic_dense:
-      state["m2w"] = self._dynamic_dense["m2w"](value)
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 key=key, value=value))
     return state
 
   def dynamic_terms(self, query_state, memory_state):
-    states = {"x2l": query_state, "x2w": query_state, "m2l": memory_state,
-              "m2w": memory_state}
-    return {name: states[name][name] for name in self.dynamic_projections}
+    return attention_spec.dynamic_terms(self.dynamic_projections,
+                                        query_state, memory_state)
 
   def mix_logits(self, dot_products, query_state, memory_state):
     logits = super().mix_logits(dot_products, query_state, memory_state)
@@ -312,15 +308,8 @@ class TalkingHeadsAttention(ProjectedAttention):
 
   def get_config(self):
     config = super().get_config()
+    config.update(attention_spec.talking_heads_config(self))
     config.update({
-        "num_heads": self.num_heads,
-        "num_key_heads": self.num_key_heads,
-        "num_value_heads": self.num_value_heads,
-        "project_logits": self.project_logits,
-        "project_weights": self.project_weights,
-        "dynamic_projections": list(self.dynamic_projections),
-        "num_head_groups": self.num_head_groups,
-        "fused_kernel": self.fused_kernel,
         "talking_heads_initializer": (
             None if self.talking_heads_initializer is None else
             keras.saving.serialize_keras_object(

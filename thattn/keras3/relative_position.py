@@ -24,11 +24,8 @@ class RelativePositionBias(keras.layers.Layer):
                max_distance=128, embeddings_initializer=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.positive_int("num_heads", num_heads)
-    if num_buckets < 2 or (bidirectional and num_buckets < 4):
-      raise ValueError(f"num_buckets={num_buckets} is too small; expected at "
-                       "least 4 for bidirectional and 2 for unidirectional.")
-    if max_distance <= 0:
-      raise ValueError(f"max_distance must be positive, got {max_distance}.")
+    attention_spec.check_relative_buckets(bidirectional, num_buckets,
+                                          max_distance)
     self.bidirectional = bidirectional
     self.num_buckets = num_buckets
     self.max_distance = max_distance

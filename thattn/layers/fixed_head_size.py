@@ -11,6 +11,7 @@ fixed head size is just those arguments. `fixed_head_size_attention` is the
 documented shortcut for the paper's proposal, d_k = d_v = n.
 """
 
+from thattn import attention_spec
 from thattn import validation
 from thattn.layers import multi_head
 from thattn.layers import talking_heads
@@ -37,11 +38,7 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
     A `MultiHeadAttention` or `TalkingHeadsAttention` with
     key_dim = value_dim = the head size.
   """
-  if (sequence_length is None) == (head_size is None):
-    raise ValueError("Give exactly one of sequence_length and head_size, got "
-                     f"sequence_length={sequence_length!r}, "
-                     f"head_size={head_size!r}.")
+  size = attention_spec.fixed_head_size(sequence_length, head_size)
   validation.one_of("variant", variant, sorted(_VARIANTS))
-  size = sequence_length if head_size is None else head_size
   return _VARIANTS[variant](num_heads=num_heads, key_dim=size, value_dim=size,
                             **kwargs)

@@ -32,11 +32,8 @@ def relative_position_bucket(relative_position, bidirectional=True,
   Returns:
     int32 tensor of the same shape.
   """
-  if num_buckets < 2 or (bidirectional and num_buckets < 4):
-    raise ValueError(f"num_buckets={num_buckets} is too small; expected at "
-                     "least 4 for bidirectional and 2 for unidirectional.")
-  if max_distance <= 0:
-    raise ValueError(f"max_distance must be positive, got {max_distance}.")
+  attention_spec.check_relative_buckets(bidirectional, num_buckets,
+                                        max_distance)
   relative_position = tf.cast(relative_position, tf.int32)
   bucket_offset = tf.zeros_like(relative_position)
   # Distances are measured backwards: n = query - memory = -relative.

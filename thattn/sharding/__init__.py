@@ -25,6 +25,7 @@ import importlib
 from thattn.sharding.rules import ACTIVATION_AXES
 from thattn.sharding.rules import BATCH
 from thattn.sharding.rules import check_layouts
+from thattn.sharding.rules import DEFAULT_LAYOUT_RULES
 from thattn.sharding.rules import EXPERTS
 from thattn.sharding.rules import known_logical_axes
 from thattn.sharding.rules import LayoutRules

@@ -27,6 +27,15 @@ import re
 
 from thattn import dims
 
+# thattn's default rules, for DTensor and keras.distribution alike: Mesh
+# TensorFlow's classic "batch:batch;heads:model;d_ff:model;vocab:model" in
+# thattn's axes. Data parallel on `batch`, and on `model` the query/key heads
+# and the value heads (so multi-head attention shards, and talking heads'
+# P_l and P_w split along one side; the softmax heads stay whole, see the
+# rules' error hint), the feed-forward width and the vocabulary.
+DEFAULT_LAYOUT_RULES = ("batch:batch;key_heads:model;value_heads:model;"
+                        "d_ff:model;vocab:model")
+
 # Activation axes: they name no weight dimension (thattn.dims lists those),
 # but rules shard them, e.g. "batch:batch" for data parallelism.
 BATCH = "batch"

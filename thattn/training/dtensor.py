@@ -71,13 +71,8 @@ from thattn import run_dir
 from thattn.training import cluster
 from thattn.training import strategies
 
-# Mesh TensorFlow's classic "batch:batch;heads:model;d_ff:model;vocab:model"
-# in thattn's axes: data parallel on `batch`, and on `model` the query/key
-# heads and the value heads (so multi-head attention shards, and talking
-# heads' P_l and P_w split along one side; the softmax heads stay whole, see
-# the rules' error hint), the feed-forward width and the vocabulary.
-DEFAULT_LAYOUT_RULES = ("batch:batch;key_heads:model;value_heads:model;"
-                        "d_ff:model;vocab:model")
+# thattn's default rules (thattn.sharding.rules says why these).
+DEFAULT_LAYOUT_RULES = sharding.DEFAULT_LAYOUT_RULES
 # tf-keras's LayerNormalization runs FusedBatchNormV3 from this epsilon up.
 _FUSED_LAYER_NORM_EPSILON = 1.001e-5
 
