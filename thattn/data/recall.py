@@ -40,6 +40,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from thattn import tracing
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,7 @@ class RecallConfig:
                num_values=values_per_pair * num_pairs)
 
 
+@tracing.unconverted
 def make_example(config, seed, index):
   """One example: (tokens[L, 2], targets[L], weights[L]).
 

@@ -72,17 +72,17 @@ class Tokenizer(tf.Module):
     self.vocab_size = int(vocab_size)
     self.special = special
 
-  @tf.function(input_signature=[_STRINGS])
+  @tf.function(input_signature=[_STRINGS], autograph=False)
   def tokenize(self, strings):
     """int32 ids, ragged [batch, (tokens)]."""
     return self._tokenize_with_offsets(strings)[0]
 
-  @tf.function(input_signature=[_STRINGS])
+  @tf.function(input_signature=[_STRINGS], autograph=False)
   def tokenize_with_offsets(self, strings):
     """(ids, starts, ends): each token's UTF-8 byte span in its string."""
     return self._tokenize_with_offsets(strings)
 
-  @tf.function(input_signature=[_IDS])
+  @tf.function(input_signature=[_IDS], autograph=False)
   def detokenize(self, ids):
     """Strings [batch]; padding, [CLS], [SEP] and end-of-sequence dropped."""
     dropped = tf.constant(sorted(set(self.special.never_masked)), tf.int32)

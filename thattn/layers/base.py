@@ -23,6 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import attention_spec
+from thattn import tracing
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
@@ -272,6 +273,7 @@ class AttentionLayer(tf_keras.layers.Layer):
                                self._to_compute_dtype(value))
 
   # ---- call ----------------------------------------------------------------
+  @tracing.unconverted
   def __call__(self, *args, **kwargs):
     # Before Keras's own __call__, whose error for a Keras 3 tensor does not
     # say that this is a tf_keras layer.
@@ -279,6 +281,7 @@ class AttentionLayer(tf_keras.layers.Layer):
         self.name, list(args) + list(kwargs.values()))
     return super().__call__(*args, **kwargs)
 
+  @tracing.unconverted
   def call(self, query, value=None, key=None, attention_mask=None,
            return_attention_scores=False, training=None,
            use_causal_mask=False, *, position_bias=None, cache=None,

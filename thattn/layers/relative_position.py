@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import attention_spec
+from thattn import tracing
 from thattn import validation
 
 
@@ -94,6 +95,7 @@ class RelativePositionBias(tf_keras.layers.Layer):
   def logical_axes(self):
     return dict(self.logical_axes_by_name)
 
+  @tracing.unconverted
   def call(self, query_length, memory_length, query_offset=0):
     query_positions = tf.range(query_length) + query_offset
     memory_positions = tf.range(memory_length)

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import tracing
 from thattn import validation
 from thattn.layers import base
 from thattn.layers import initializers
@@ -91,6 +92,7 @@ class RMSNorm(tf_keras.layers.Layer):
   def logical_axes(self):
     return {self.scale.name: (dims.D_MODEL,)}
 
+  @tracing.unconverted
   def call(self, inputs):
     x = tf.cast(inputs, tf.float32)
     variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
@@ -165,6 +167,7 @@ class FeedForward(tf_keras.layers.Layer):
           axes[layer.bias.name] = kernel_axes[-1:]
     return axes
 
+  @tracing.unconverted
   def call(self, inputs, training=None):
     hidden = activation_function(self.activation)(self.input_dense(inputs))
     if self.gate_dense is not None:
@@ -206,6 +209,7 @@ class PostNormBlock(tf_keras.layers.Layer):
       _build_sublayer(layer, input_shape)
     super().build(input_shape)
 
+  @tracing.unconverted
   def call(self, inputs, attention_mask=None, position_bias=None,
            training=None):
     x = inputs
@@ -286,6 +290,7 @@ class PreNormBlock(tf_keras.layers.Layer):
       cache["cross_attention"] = self.cross_attention.memory_cache(memory)
     return cache
 
+  @tracing.unconverted
   def call(self, inputs, memory=None, attention_mask=None, memory_mask=None,
            position_bias=None, training=None, cache=None, decode_step=None):
     x = inputs

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import dims
+from thattn import tracing
 from thattn import validation
 from thattn.layers import initializers
 
@@ -52,6 +53,7 @@ class TokenEmbedding(tf_keras.layers.Layer):
   def logical_axes(self):
     return {self.embeddings.name: (dims.VOCAB, dims.D_MODEL)}
 
+  @tracing.unconverted
   def call(self, inputs, mode="embed"):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
@@ -98,6 +100,7 @@ class PositionEmbedding(tf_keras.layers.Layer):
     # No rule shards the position axis of the table: it stays replicated.
     return {self.embeddings.name: (None, dims.D_MODEL)}
 
+  @tracing.unconverted
   def call(self, inputs):
     length = tf.shape(inputs)[1]
     tf.debugging.assert_less_equal(
@@ -126,6 +129,7 @@ class PaddingMask(tf_keras.layers.Layer):
     super().__init__(**kwargs)
     self.pad_id = pad_id
 
+  @tracing.unconverted
   def call(self, inputs):
     if self.pad_id is None:
       keep = tf.cast(inputs, tf.bool)
@@ -166,6 +170,7 @@ class StackPositionBias(tf_keras.layers.Layer):
         bias.build(None)
     super().build(input_shape)
 
+  @tracing.unconverted
   def call(self, inputs, memory_length=None, query_offset=0):
     query_length = tf.shape(inputs)[1]
     if memory_length is None:
@@ -203,6 +208,7 @@ class Pooler(tf_keras.layers.Layer):
     return {self.dense.kernel.name: (dims.D_MODEL, dims.D_MODEL),
             self.dense.bias.name: (dims.D_MODEL,)}
 
+  @tracing.unconverted
   def call(self, inputs):
     return self.dense(inputs[:, 0])
 

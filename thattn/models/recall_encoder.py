@@ -13,6 +13,7 @@ Per block (T5-style pre-norm, relative position bias shared by all blocks):
 import tensorflow as tf
 import tf_keras
 
+from thattn import tracing
 from thattn.layers import relative_position
 from thattn.layers import variants
 
@@ -56,6 +57,7 @@ class RecallEncoder(tf_keras.Model):
     self.final_norm = tf_keras.layers.LayerNormalization(name="final_norm")
     self.classifier = tf_keras.layers.Dense(num_values, name="classifier")
 
+  @tracing.unconverted
   def call(self, tokens, training=None):
     x = self.key_embedding(tokens[..., 0]) + self.value_embedding(tokens[..., 1])
     length = tf.shape(tokens)[1]

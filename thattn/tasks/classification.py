@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
+from thattn import tracing
 from thattn.data import bert_inputs
 from thattn.data import errors
 from thattn.data import glue
@@ -47,6 +48,7 @@ class ClassificationHead(tf_keras.layers.Layer):
     self.out_proj = tf_keras.layers.Dense(
         num_classes, kernel_initializer=kernel_initializer, name="logits")
 
+  @tracing.unconverted
   def call(self, pooled_output, training=None):
     x = pooled_output
     if self.dense is not None:
@@ -176,7 +178,8 @@ class Classification(finetune.FinetuneTask):
     return tf.reduce_sum(losses), tf.cast(tf.size(losses), tf.float32)
 
   def extra_eval_metrics(self, num_steps, devices):
-    predict = tf.function(lambda batch: (self._predict(batch), batch["labels"]))
+    predict = tf.function(
+        lambda batch: (self._predict(batch), batch["labels"]), autograph=False)
     outputs, labels = self._eval_outputs(predict, devices)
     return glue_metrics(self.glue_task, labels, outputs)
 

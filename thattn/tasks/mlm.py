@@ -33,6 +33,7 @@ import tf_keras
 
 from thattn import dims
 from thattn import models
+from thattn import tracing
 from thattn.data import batches
 from thattn.models import blocks
 from thattn.models import embeddings
@@ -85,6 +86,7 @@ class MaskedLMHead(tf_keras.layers.Layer):
     # both alike; the transform (d_model -> embedding width) stays whole.
     return {self.output_bias.name: (dims.VOCAB,)}
 
+  @tracing.unconverted
   def call(self, sequence_output, positions):
     hidden = tf.gather(sequence_output, positions, batch_dims=1)
     activation = blocks.activation_function(self.activation)

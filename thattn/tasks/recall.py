@@ -71,7 +71,7 @@ class Recall(base.Task):
 
   def extra_eval_metrics(self, num_steps, devices):
     """Accuracy of the recalled values over the held-out queries."""
-    @tf.function
+    @tf.function(autograph=False)
     def correct(tokens, targets, weights):
       hits = tf.cast(tf.equal(tf.argmax(self.backbone(tokens), -1,
                                         output_type=tf.int32), targets),

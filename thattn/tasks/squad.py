@@ -16,6 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
+from thattn import tracing
 from thattn.data import errors
 from thattn.data import squad as squad_data
 from thattn.tasks import base
@@ -39,6 +40,7 @@ class SpanHead(tf_keras.layers.Layer):
     self.dense = tf_keras.layers.Dense(2, kernel_initializer=kernel_initializer,
                                        name="span_logits")
 
+  @tracing.unconverted
   def call(self, sequence_output, mask=None):
     logits = self.dense(sequence_output)
     if mask is not None:
@@ -128,7 +130,8 @@ class Squad(finetune.FinetuneTask):
     return loss * count, count
 
   def extra_eval_metrics(self, num_steps, devices):
-    starts, ends = self._eval_outputs(tf.function(self._logits), devices)
+    starts, ends = self._eval_outputs(
+        tf.function(self._logits, autograph=False), devices)
     predictions = predict(self.eval_examples, self.eval_info, starts, ends)
     return squad_metrics.evaluate(
         squad_data.gold_answers(self.eval_examples), predictions)

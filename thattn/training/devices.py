@@ -75,8 +75,9 @@ class TrainLoop:
     self.optimizer = optimizer
     self.variables = task.trainable_variables
     self.loss_scaling = loss_scaling
-    self.train_step = tf.function(self._train_step)
-    self.eval_step = tf.function(self._eval_step)
+    # No AutoGraph: see thattn.tracing.
+    self.train_step = tf.function(self._train_step, autograph=False)
+    self.eval_step = tf.function(self._eval_step, autograph=False)
 
   def replica_train_step(self, batch):
     with tf.GradientTape() as tape:

@@ -302,10 +302,11 @@ class DTensorTrainLoop:
     # tf-keras Adam's weight updates when the gradients are taken in the
     # same tf.function (measured: every weight unchanged after a step while
     # Adam's m and v were right); applied in a second function they land.
-    self._gradients = tf.function(self._loss_and_gradients)
-    self._apply = tf.function(self._apply_gradients)
+    # No AutoGraph: see thattn.tracing.
+    self._gradients = tf.function(self._loss_and_gradients, autograph=False)
+    self._apply = tf.function(self._apply_gradients, autograph=False)
     self.eval_step = tf.function(
-        lambda batch: task.loss(batch, training=False))
+        lambda batch: task.loss(batch, training=False), autograph=False)
 
   def distribute(self, dataset):
     """The dataset's batches, each placed on the mesh as it is read."""
