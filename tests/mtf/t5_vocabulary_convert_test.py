@@ -121,3 +121,34 @@ def test_fine_tunes_exports_and_serves_text(converted, tiny_bert_flags,
   assert out["text"].shape == (1,)
   tokens = out["tokens"].numpy()
   assert tokens.shape[0] == 1 and tokens.max() < _ROWS
+
+
+def test_thattns_own_vocabulary_on_padded_rows_fine_tunes(
+    tmp_path, sentencepiece_model, tiny_bert_flags):
+  """thattn's SentencePiece layout (1,000 ids, 100 of them sentinels) on an
+  mtf model whose embedding mtf padded to 1,024 rows: the converted
+  tokenizer keeps the rows as its vocab_size (so the fine-tuned model has
+  the checkpoint's shape) and produces, and draws random tokens from, its
+  1,000 ids only."""
+  vocabulary = tmp_path / "thattn_spm.model"
+  vocabulary.write_bytes(sentencepiece_model)
+  layouts.save_as_t5(tmp_path / "mtf", layouts.T5_1_0, vocab_size=1000,
+                     seed=4)
+  convert.mtf_to_thattn(mtf_model_dir=str(tmp_path / "mtf"),
+                        model_dir=str(tmp_path / "thattn"),
+                        vocabulary=str(vocabulary), sequence_length=32,
+                        log=lambda line: None)
+  tokenizer = tokenizers.load(str(tmp_path / "thattn" / "tokenizer"))
+  assert isinstance(tokenizer, tokenizers.SentencepieceTokenizer)
+  assert (tokenizer.vocab_size, tokenizer.token_count) == (1024, 1000)
+  result = subprocess.run(
+      [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
+       f"--init_checkpoint={tmp_path / 'thattn'}",
+       f"--model_dir={tmp_path / 'fine_tuned'}", tiny_bert_flags[0],
+       "--train_steps=2", "--batch_size=2", "--sequence_length=32",
+       "--eval_steps=1", "--warmup_steps=1", "--log_every=1", "--noexport"],
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert "Backbone initialized from" in result.stdout
+  assert "step      2/2" in result.stdout

@@ -109,7 +109,7 @@ def mlm_batches(rows, tokenizer, *, batch_size, seed, start_step=0,
     ids = tf.RaggedTensor.from_tensor(ids)
     return masking.mask_batch(
         ids, tf.zeros_like(ids), sequence_length=sequence_length,
-        vocab_size=tokenizer.vocab_size, special=special, config=config,
+        vocab_size=tokenizer.token_count, special=special, config=config,
         seed=_stream_seed(seed, _MASK_STREAM, step))
 
   return step_dataset(make_batch, start_step=start_step, num_steps=num_steps)

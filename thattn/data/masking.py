@@ -193,7 +193,7 @@ def mlm_dataset(documents, tokenizer, *, sequence_length, batch_size,
     batch_seed = None if seed is None else tf.stack(
         [tf.constant(seed, tf.int64), index])
     return mask_batch(ids, tf.zeros_like(ids), sequence_length=sequence_length,
-                      vocab_size=tokenizer.vocab_size, special=special,
+                      vocab_size=tokenizer.token_count, special=special,
                       config=config, seed=batch_seed)
 
   return batches.enumerate().map(to_features, num_parallel_calls=tf.data.AUTOTUNE,

@@ -152,7 +152,7 @@ def pair_dataset(documents, tokenizer, *, objective, sequence_length,
                           tf.zeros_like(column(0)), tf.ones_like(b),
                           tf.ones_like(column(0))], axis=1)
     features = masking.mask_batch(ids, type_ids, sequence_length=sequence_length,
-                              vocab_size=tokenizer.vocab_size,
+                              vocab_size=tokenizer.token_count,
                               special=special, config=config)
     features[_LABEL_NAMES[objective]] = labels
     return features

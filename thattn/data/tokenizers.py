@@ -67,9 +67,15 @@ class Tokenizer(tf.Module):
 
   kind = None
 
-  def __init__(self, vocab_size, special, name=None):
+  def __init__(self, vocab_size, special, name=None, token_count=None):
     super().__init__(name=name)
+    # vocab_size: the model's embedding rows. token_count: the ids this
+    # tokenizer can produce, [0, token_count); fewer than vocab_size when
+    # the rows are padded (Mesh TensorFlow pads them to a multiple of 128),
+    # and the padded ids never occur (nor are they drawn as random tokens).
     self.vocab_size = int(vocab_size)
+    self.token_count = self.vocab_size if token_count is None else int(
+        token_count)
     self.special = special
 
   @tf.function(input_signature=[_STRINGS], autograph=False)
@@ -160,8 +166,9 @@ class _Sentencepiece(Tokenizer):
   one created before fails with "Resource ... SentencepieceOp ... does not
   exist"."""
 
-  def __init__(self, model, sp, vocab_size, special, name=None):
-    super().__init__(vocab_size, special, name=name)
+  def __init__(self, model, sp, vocab_size, special, name=None,
+               token_count=None):
+    super().__init__(vocab_size, special, name=name, token_count=token_count)
     self.model = bytes(model)
     self._sp = sp  # _sentencepiece_op(model)
 
@@ -192,7 +199,7 @@ class SentencepieceTokenizer(_Sentencepiece):
 
   kind = "sentencepiece"
 
-  def __init__(self, model, *, num_sentinels=0, name=None):
+  def __init__(self, model, *, num_sentinels=0, vocab_size=None, name=None):
     sp = _sentencepiece_op(bytes(model))
     names = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", "</s>")
     tokens = names + sentinel_tokens(num_sentinels)
@@ -205,11 +212,17 @@ class SentencepieceTokenizer(_Sentencepiece):
                        f"({len(missing)} missing special tokens); train it "
                        "with train_sentencepiece.")
     special = SpecialIds(*ids[:6], sentinels=tuple(ids[6:]))
-    super().__init__(model, sp, int(sp.vocab_size()), special, name=name)
+    pieces = int(sp.vocab_size())
+    vocab_size = pieces if vocab_size is None else int(vocab_size)
+    if vocab_size < pieces:
+      raise ValueError(f"vocab_size={vocab_size} is smaller than the "
+                       f"model's {pieces} pieces.")
+    super().__init__(model, sp, vocab_size, special, name=name,
+                     token_count=pieces)
     self.num_sentinels = num_sentinels
 
   def _config(self):
-    return {"num_sentinels": self.num_sentinels,
+    return {"num_sentinels": self.num_sentinels, "vocab_size": self.vocab_size,
             "model_file": SENTENCEPIECE_MODEL_FILE}
 
 
@@ -255,7 +268,8 @@ class T5SentencepieceTokenizer(_Sentencepiece):
     special = SpecialIds(pad=0, unk=2, cls=1, sep=1,
                          mask=sentinels[0] if sentinels else 2, eos=1,
                          sentinels=sentinels)
-    super().__init__(model, sp, vocab_size, special, name=name)
+    super().__init__(model, sp, vocab_size, special, name=name,
+                     token_count=minimum)
     self.pieces = pieces
     self.extra_ids = extra_ids
 
@@ -274,7 +288,8 @@ def from_sentencepiece_model(model, *, vocab_size=None):
   A model with thattn's control symbols ([CLS], [SEP], [MASK], as
   `train_sentencepiece` makes) is a `SentencepieceTokenizer` with as many
   sentinels as it has; any other is read as T5's vocabulary
-  (`T5SentencepieceTokenizer`, 100 extra ids, `vocab_size` rows).
+  (`T5SentencepieceTokenizer`, 100 extra ids). Either has `vocab_size`
+  rows (default: the ids it produces).
   """
   sp = _sentencepiece_op(bytes(model))
   unknown, mask = _piece_ids(sp, ["<unk>", "[MASK]"])
@@ -283,7 +298,8 @@ def from_sentencepiece_model(model, *, vocab_size=None):
   count = 0
   while _piece_ids(sp, [f"<extra_id_{count}>"])[0] != unknown:
     count += 1
-  return SentencepieceTokenizer(model, num_sentinels=count)
+  return SentencepieceTokenizer(model, num_sentinels=count,
+                                vocab_size=vocab_size)
 
 
 def load(directory):
@@ -307,7 +323,9 @@ def load(directory):
     if config["kind"] == T5SentencepieceTokenizer.kind:
       return T5SentencepieceTokenizer(model, extra_ids=config["extra_ids"],
                                       vocab_size=config["vocab_size"])
-    return SentencepieceTokenizer(model, num_sentinels=config["num_sentinels"])
+    # Folders saved before vocab_size was recorded have no padded rows.
+    return SentencepieceTokenizer(model, num_sentinels=config["num_sentinels"],
+                                  vocab_size=config.get("vocab_size"))
   raise ValueError(f"{config_path}: unknown tokenizer kind "
                    f"{config.get('kind')!r}.")
 

@@ -161,9 +161,7 @@ def _vocabulary(vocabulary, rows, divisor):
           f"({type(error).__name__}: {cause}); expected the .model file the "
           "checkpoint was trained with, or a thattn tokenizer folder."
       ) from None
-  size = tokenizer.vocab_size
-  if isinstance(tokenizer, tokenizers.T5SentencepieceTokenizer):
-    size = tokenizer.pieces + tokenizer.extra_ids  # the ids it can produce
+  size = tokenizer.token_count  # the ids it can produce
   padded = -(-size // divisor) * divisor
   if padded != rows:
     raise ValueError(
