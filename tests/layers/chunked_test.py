@@ -91,12 +91,14 @@ def _peak_step_bytes(layer, x):
 
 def test_chunked_step_keeps_no_full_score_tensors():
   # One [b, h, n, m] float32 score tensor here is 4 MiB; the plain path
-  # keeps several for the backward pass, the chunked one keeps none.
+  # keeps several for the backward pass, the chunked one keeps none. (The
+  # plain peak is 4 of them on a quiet machine, 3 seen under load: it
+  # depends on how the executor's threads overlap the backward ops.)
   x = tf.random.normal([1, 512, 16])
   plain = layers.TalkingHeadsAttention(4, 4)
   chunked = layers.TalkingHeadsAttention(4, 4, query_chunk_size=32)
   score_bytes = 4 * 512 * 512 * 4
-  assert _peak_step_bytes(plain, x) > 3 * score_bytes
+  assert _peak_step_bytes(plain, x) >= 2 * score_bytes
   assert _peak_step_bytes(chunked, x) < score_bytes
 
 
