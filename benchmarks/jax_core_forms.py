@@ -6,7 +6,8 @@ heads (`thattn.keras3` writes them as einsums). Forward and backward
 (gradients of sum(O^2) with respect to Q, K, V, P_l and P_w) under
 `jax.jit(jax.grad(...))`, every form in this one process, round by round,
 median of `--repeats`; each form's gradients are checked against the
-einsum form's. Multi-head attention's core (no mixes) is the floor.
+einsum form's. Multi-head attention's core (no mixes) is the floor;
+`fused_kernel` is what `thattn.keras3` runs on JAX on CPU.
 
     KERAS_BACKEND=jax python benchmarks/jax_core_forms.py            # h=12
     python benchmarks/jax_core_forms.py --heads 24 --forms einsum,multi_head
@@ -94,6 +95,12 @@ def custom_vjp(q, k, v, pl, pw):
 
 custom_vjp.defvjp(_custom_forward, _custom_backward)
 
+def fused_kernel(q, k, v, pl, pw):
+  """thattn.keras3's XLA FFI kernel (compiled on first use)."""
+  from thattn.keras3 import jax_kernel  # pylint: disable=g-import-not-at-top
+  return _outputs(jax_kernel.talking_heads_softmax(_scores(q, k), pl, pw), v)
+
+
 FORMS = {
     "einsum": talking_heads(einsum_mix),
     "multi_head": multi_head,
@@ -101,6 +108,7 @@ FORMS = {
     "batched_matmul": talking_heads(batched_matmul_mix),
     "custom_vjp": custom_vjp,
     "broadcast": talking_heads(broadcast_mix),
+    "fused_kernel": fused_kernel,
 }
 
 
@@ -110,7 +118,7 @@ def main():
   parser.add_argument("--sizes", default="8,512,768",
                       help="batch,length,width")
   parser.add_argument("--forms", default="einsum,multi_head,heads_major,"
-                      "batched_matmul,custom_vjp")
+                      "batched_matmul,custom_vjp,fused_kernel")
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
   batch, length, width = (int(size) for size in args.sizes.split(","))

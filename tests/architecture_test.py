@@ -140,16 +140,28 @@ def test_the_mtf_backend_does_not_import_the_keras_trainer():
 def _keras3_may_import(path, imported):
   """thattn.keras3 runs on JAX and PyTorch: it may import keras, the
   plain-Python modules of thattn and thattn.sharding's rules, but neither
-  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). One
-  exception: `keras3/fused.py` reaches the fused TensorFlow kernel
-  (thattn.kernels), importing it only on the TensorFlow backend."""
+  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). Two
+  exceptions: `keras3/fused.py` reaches the fused TensorFlow kernel
+  (thattn.kernels), importing it only on the TensorFlow backend, and
+  `keras3/jax_kernel.py` compiles its XLA FFI kernel with
+  thattn.kernels.compiler, which imports no framework."""
   if imported.split(".")[0] in ("tf_keras", "tensorflow", "mesh_tensorflow",
                                 "tensorflow_text"):
     return False
   allowed = {None, "thattn", "thattn.keras3", "thattn.sharding"}
   if path.name == "fused.py":
     allowed.add("thattn.kernels")
+  if path.name == "jax_kernel.py" and imported == "thattn.kernels.compiler":
+    return True
   return _package_of(imported) in allowed
+
+
+def test_the_kernel_compiler_imports_no_framework():
+  path = PACKAGE / "kernels" / "compiler.py"
+  frameworks = [imported for imported, _ in _imports(path)
+                if imported.split(".")[0] in ("tensorflow", "jax", "keras",
+                                              "tf_keras", "torch")]
+  assert not frameworks, frameworks
 
 
 def test_the_keras3_layers_import_no_tf_keras():

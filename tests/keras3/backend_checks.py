@@ -241,10 +241,66 @@ def test_config_round_trip_and_tf_keras_names():
 def test_fused_kernel_true_names_what_stops_it():
   layer = keras3.TalkingHeadsAttention(2, 4, fused_kernel=True)
   x = RNG.normal(size=(1, 3, 8)).astype("float32")
-  if BACKEND == "tensorflow":
+  if BACKEND in ("tensorflow", "jax"):
     layer(x, x)  # the kernel runs (compiled on first use)
     return
   with pytest.raises(ValueError, match=rf"fused_kernel=True, but the fused "
-                     rf"kernel is a TensorFlow op and the Keras backend is "
-                     rf"{BACKEND}"):
+                     rf"kernels run on the TensorFlow and JAX backends and "
+                     rf"the Keras backend is {BACKEND}"):
+    layer(x, x)
+
+
+def _jax_step(layer, x, mask):
+  """jit(grad) of sum(Y * cotangent) for the input and every weight."""
+  import jax  # pylint: disable=g-import-not-at-top
+  cotangent = np.random.default_rng(5).normal(
+      size=(x.shape[0], x.shape[1], layer._output_dense.kernel.shape[-1]))  # pylint: disable=protected-access
+
+  def loss(trainable, x):
+    y, _ = layer.stateless_call(trainable, [], x, x, attention_mask=mask)
+    return (y * cotangent).sum()
+
+  trainable = [v.value for v in layer.trainable_variables]
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), trainable
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA FFI kernel is JAX's")
+def test_the_jax_kernel_runs_in_jit_and_equals_keras_ops():
+  import jax  # pylint: disable=g-import-not-at-top
+  x = RNG.normal(size=(2, 9, 8)).astype("float32")
+  mask = RNG.random((2, 9, 9)) > 0.3
+  mask[0, 4] = False  # a fully masked row
+  fused = keras3.TalkingHeadsAttention(3, 4, num_key_heads=2,
+                                       num_value_heads=5)
+  plain = keras3.TalkingHeadsAttention(3, 4, num_key_heads=2,
+                                       num_value_heads=5, fused_kernel=False)
+  fused(x, x)
+  plain(x, x)
+  plain.set_weights(fused.get_weights())
+  fused_step, weights = _jax_step(fused, x, mask)
+  plain_step, _ = _jax_step(plain, x, mask)
+  # The kernel's custom call is in the traced step; the plain path's is not.
+  assert "thattn_talking_heads_softmax" in str(
+      jax.make_jaxpr(fused_step)(weights, x))
+  assert "thattn_talking_heads_softmax" not in str(
+      jax.make_jaxpr(plain_step)(weights, x))
+  (got_loss, got_grads), (want_loss, want_grads) = (
+      fused_step(weights, x), plain_step(weights, x))
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-4,
+                               atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA FFI kernel is JAX's")
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(num_head_groups=2, num_key_heads=2, num_value_heads=2),
+     "has no grouped heads"),
+    (dict(dynamic_projections=("x2l",)), "has no dynamic projections"),
+    (dict(project_logits=False), "needs both P_l and P_w"),
+])
+def test_the_jax_kernel_names_what_it_cannot_do(kwargs, reason):
+  layer = keras3.TalkingHeadsAttention(2, 4, fused_kernel=True, **kwargs)
+  x = RNG.normal(size=(1, 3, 8)).astype("float32")
+  with pytest.raises(ValueError, match=f"the JAX kernel {reason}"):
     layer(x, x)

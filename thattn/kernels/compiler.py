@@ -1,0 +1,135 @@
+"""Compiles a C++ kernel once per machine and caches the shared library.
+
+Framework-free (no TensorFlow, no JAX import), so both kernel front ends
+use it: `build` (TensorFlow ops) and `thattn.keras3.jax_kernel` (XLA FFI
+custom calls). The library goes to `<cache>/kernels/<name>-<key>.so`
+(cache as in `thattn.paths.cache_dir`), where the key hashes everything the
+binary depends on: the source, the framework version and flags the caller
+passes, the compiler, and this CPU's instruction-set flags (the build uses
+`-march=native`, so a library from another CPU is never loaded).
+
+Set `THATTN_FUSED_KERNELS=0` to never build or load a kernel, and `CXX` to
+choose the compiler (default `g++`).
+"""
+
+import fcntl
+import hashlib
+import logging as python_logging
+import os
+import shutil
+import subprocess
+
+from thattn import paths
+
+SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
+OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
+_COMPILE_TIMEOUT_SECONDS = 600
+# Information lines for the user (the one-time compile); the binaries show
+# them (`thattn.bin.cli`), a library user may turn them on with Python's
+# logging.
+ANNOUNCE = python_logging.getLogger("thattn")
+
+
+class KernelUnavailable(RuntimeError):
+  """A kernel cannot be built or loaded here; the message says why."""
+
+
+def enabled():
+  """False when `THATTN_FUSED_KERNELS=0` turns the kernels off."""
+  return os.environ.get("THATTN_FUSED_KERNELS", "1") != "0"
+
+
+def compiler():
+  """The C++ compiler's path; KernelUnavailable when there is none."""
+  if not enabled():
+    raise KernelUnavailable("THATTN_FUSED_KERNELS=0 turns the kernels off")
+  found = shutil.which(os.environ.get("CXX", "g++"))
+  if found is None:
+    raise KernelUnavailable(
+        f"no C++ compiler: {os.environ.get('CXX', 'g++')!r} is not on PATH "
+        f"(install g++ or set CXX)")
+  return found
+
+
+def compiled_library(name, command, source, framework_version):
+  """Path of the library `command` (a compiler command line without `-o`)
+  builds from `source`, compiling it if not cached.
+
+  Raises `KernelUnavailable` when compiling fails.
+  """
+  directory = os.path.join(paths.cache_dir(), "kernels")
+  os.makedirs(directory, exist_ok=True)
+  key = _key(source, command, framework_version)
+  library = os.path.join(directory, f"{name}-{key}.so")
+  # One process compiles while the others (e.g. pytest-xdist workers) wait
+  # for its result instead of compiling the same thing again.
+  with open(f"{library}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(library):
+      _compile(command, library, name)
+  return library
+
+
+def _key(source, command, framework_version):
+  digest = hashlib.sha256()
+  with open(source, "rb") as f:
+    digest.update(f.read())
+  # The source's contents count, not where it sits, so two checkouts on
+  # one installation share the library.
+  flags = " ".join(part for part in command[1:] if part != source)
+  for part in (framework_version, flags, _compiler_version(command[0]),
+               cpu_flags()):
+    digest.update(part.encode())
+  return digest.hexdigest()[:16]
+
+
+def _compiler_version(compiler_path):
+  result = subprocess.run([compiler_path, "--version"], capture_output=True,
+                          text=True, check=False)
+  return result.stdout
+
+
+def cpu_flags():
+  """The instruction-set flags `-march=native` compiles for."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return line
+  except OSError:
+    pass
+  return ""
+
+
+def workaround_flags():
+  """Flags that keep Eigen (TensorFlow 2.21's copy) compiling on this CPU.
+
+  On a CPU with AVX512-FP16 (Intel Sapphire Rapids and later),
+  `-march=native` makes Eigen include its FP16 packet code, which g++ 12
+  rejects ("expected initializer before '<'" in PacketMathFP16.h). The
+  kernels compute in float32 and need none of it.
+  """
+  return ("-mno-avx512fp16",) if "avx512_fp16" in cpu_flags() else ()
+
+
+def _compile(command, library, name):
+  """Runs the compiler into a temporary file, then renames it into place."""
+  temporary = f"{library}.tmp{os.getpid()}"
+  # Information, not a warning: nothing is wrong. It explains a pause of
+  # ~15 s; the binaries print the "thattn" logger's information lines.
+  ANNOUNCE.info("Compiling thattn's %s kernel (once per machine, about 15 s) "
+                "into %s", name, library)
+  try:
+    result = subprocess.run([*command, "-o", temporary], capture_output=True,
+                            text=True, check=False,
+                            timeout=_COMPILE_TIMEOUT_SECONDS)
+  except subprocess.TimeoutExpired as error:
+    raise KernelUnavailable(f"compiling the {name} kernel took over "
+                            f"{_COMPILE_TIMEOUT_SECONDS} s") from error
+  if result.returncode != 0:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise KernelUnavailable(
+        f"compiling the {name} kernel failed (exit {result.returncode}): "
+        f"{' '.join(command)}\n{result.stderr[-2000:]}")
+  os.replace(temporary, library)
