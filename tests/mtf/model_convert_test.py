@@ -269,7 +269,9 @@ def test_refuses_a_vocabulary_of_another_size(tmp_path, sentencepiece_model):
   mtf_models.write_model_dir(mtf_model_dir=str(tmp_path / "mtf"),
                              gin_text=gin_text, variables=variables, step=1)
   (tmp_path / "spm.model").write_bytes(sentencepiece_model)
-  _refused(tmp_path, r"spm.model has 1000 tokens.*900 rows",
+  # The checkpoint's 900 rows cannot hold the vocabulary's 1000 ids.
+  _refused(tmp_path, r"spm.model: vocab_size=900 is smaller than the "
+           r"model's 1000 pieces",
            mtf_model_dir=str(tmp_path / "mtf"),
            vocabulary=str(tmp_path / "spm.model"))
 
@@ -292,7 +294,8 @@ def test_the_vocabulary_becomes_the_tokenizer(tmp_path, sentencepiece_model):
                         vocabulary=str(tmp_path / "spm.model"),
                         log=lambda _: None)
   tokenizer = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
-  assert tokenizer.vocab_size == 1000
+  # The checkpoint's 1024 rows (mtf padded 1000 ids), 1000 of them produced.
+  assert (tokenizer.vocab_size, tokenizer.token_count) == (1024, 1000)
   config = run_dir.read_run_config(str(tmp_path / "out"))
   assert config["converted_from"]["step"] == 1000
   assert architecture.MTF_MAX_DISTANCE == config["overrides"][
