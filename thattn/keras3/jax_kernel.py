@@ -46,12 +46,9 @@ def _register():
   if _state["registered"] is None:
     try:
       import ctypes  # pylint: disable=g-import-not-at-top
-      source = os.path.join(compiler.SOURCE_DIR, f"{_NAME}.cc")
-      command = [compiler.compiler(), *compiler.OPTIMIZATION_FLAGS,
-                 *compiler.workaround_flags(), "-std=c++17", source,
-                 f"-I{jax.ffi.include_dir()}", f"-I{_eigen_include()}"]
       library = ctypes.cdll.LoadLibrary(compiler.compiled_library(
-          _NAME, command, source, f"jax {jax.__version__}"))
+          _NAME, ["-std=c++17", f"-I{jax.ffi.include_dir()}",
+                  f"-I{_eigen_include()}"], f"jax {jax.__version__}"))
       for target, symbol in ((_FORWARD, "ThattnTalkingHeadsSoftmaxXla"),
                              (_GRADIENT, "ThattnTalkingHeadsSoftmaxGradXla")):
         jax.ffi.register_ffi_target(

@@ -12,8 +12,6 @@ Set `THATTN_FUSED_KERNELS=0` to never build or load a kernel (the layers then
 use TensorFlow ops), and `CXX` to choose the compiler (default `g++`).
 """
 
-import os
-
 from absl import logging
 import tensorflow as tf
 
@@ -62,8 +60,6 @@ def library_path(name):
 
   Raises `KernelUnavailable` as `load` does (without remembering it).
   """
-  source = os.path.join(compiler.SOURCE_DIR, f"{name}.cc")
-  command = ([compiler.compiler(), *compiler.OPTIMIZATION_FLAGS,
-              *compiler.workaround_flags(), source]
-             + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
-  return compiler.compiled_library(name, command, source, tf.__version__)
+  return compiler.compiled_library(
+      name, tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags(),
+      tf.__version__)

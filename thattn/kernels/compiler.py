@@ -21,8 +21,8 @@ import subprocess
 
 from thattn import paths
 
-SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
-OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
+_SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
+_OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
 _COMPILE_TIMEOUT_SECONDS = 600
 # Information lines for the user (the one-time compile); the binaries show
 # them (`thattn.bin.cli`), a library user may turn them on with Python's
@@ -39,7 +39,7 @@ def enabled():
   return os.environ.get("THATTN_FUSED_KERNELS", "1") != "0"
 
 
-def compiler():
+def _compiler():
   """The C++ compiler's path; KernelUnavailable when there is none."""
   if not enabled():
     raise KernelUnavailable("THATTN_FUSED_KERNELS=0 turns the kernels off")
@@ -51,12 +51,17 @@ def compiler():
   return found
 
 
-def compiled_library(name, command, source, framework_version):
-  """Path of the library `command` (a compiler command line without `-o`)
-  builds from `source`, compiling it if not cached.
+def compiled_library(name, flags, framework_version):
+  """Path of the library built from `<name>.cc` in this folder with the
+  framework's `flags` (include paths, compile and link flags) after the
+  common ones, compiling it if not cached.
 
-  Raises `KernelUnavailable` when compiling fails.
+  Raises `KernelUnavailable` when kernels are off, no compiler is found or
+  compiling fails.
   """
+  source = os.path.join(_SOURCE_DIR, f"{name}.cc")
+  command = [_compiler(), *_OPTIMIZATION_FLAGS, *_workaround_flags(), source,
+             *flags]
   directory = os.path.join(paths.cache_dir(), "kernels")
   os.makedirs(directory, exist_ok=True)
   key = _key(source, command, framework_version)
@@ -78,7 +83,7 @@ def _key(source, command, framework_version):
   # one installation share the library.
   flags = " ".join(part for part in command[1:] if part != source)
   for part in (framework_version, flags, _compiler_version(command[0]),
-               cpu_flags()):
+               _cpu_flags()):
     digest.update(part.encode())
   return digest.hexdigest()[:16]
 
@@ -89,7 +94,7 @@ def _compiler_version(compiler_path):
   return result.stdout
 
 
-def cpu_flags():
+def _cpu_flags():
   """The instruction-set flags `-march=native` compiles for."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -101,7 +106,7 @@ def cpu_flags():
   return ""
 
 
-def workaround_flags():
+def _workaround_flags():
   """Flags that keep Eigen (TensorFlow 2.21's copy) compiling on this CPU.
 
   On a CPU with AVX512-FP16 (Intel Sapphire Rapids and later),
@@ -109,7 +114,7 @@ def workaround_flags():
   rejects ("expected initializer before '<'" in PacketMathFP16.h). The
   kernels compute in float32 and need none of it.
   """
-  return ("-mno-avx512fp16",) if "avx512_fp16" in cpu_flags() else ()
+  return ("-mno-avx512fp16",) if "avx512_fp16" in _cpu_flags() else ()
 
 
 def _compile(command, library, name):
