@@ -141,6 +141,15 @@ def test_thattns_own_vocabulary_on_padded_rows_fine_tunes(
   tokenizer = tokenizers.load(str(tmp_path / "thattn" / "tokenizer"))
   assert isinstance(tokenizer, tokenizers.SentencepieceTokenizer)
   assert (tokenizer.vocab_size, tokenizer.token_count) == (1024, 1000)
+  # The same vocabulary given as a thattn tokenizer folder (saved unpadded).
+  tokenizers.SentencepieceTokenizer(
+      sentencepiece_model, num_sentinels=100).save(str(tmp_path / "folder"))
+  convert.mtf_to_thattn(mtf_model_dir=str(tmp_path / "mtf"),
+                        model_dir=str(tmp_path / "from_folder"),
+                        vocabulary=str(tmp_path / "folder"),
+                        sequence_length=32, log=lambda line: None)
+  from_folder = tokenizers.load(str(tmp_path / "from_folder" / "tokenizer"))
+  assert (from_folder.vocab_size, from_folder.token_count) == (1024, 1000)
   result = subprocess.run(
       [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
        f"--init_checkpoint={tmp_path / 'thattn'}",

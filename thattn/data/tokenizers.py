@@ -302,8 +302,12 @@ def from_sentencepiece_model(model, *, vocab_size=None):
                                 vocab_size=vocab_size)
 
 
-def load(directory):
-  """The tokenizer that `save(directory)` wrote."""
+def load(directory, *, vocab_size=None):
+  """The tokenizer that `save(directory)` wrote.
+
+  `vocab_size` (SentencePiece kinds only) replaces the saved embedding row
+  count, e.g. with a checkpoint's padded rows.
+  """
   config_path = os.path.join(directory, CONFIG_FILE)
   if not tf.io.gfile.exists(config_path):
     raise ValueError(f"{config_path}: no tokenizer config; expected a folder "
@@ -313,8 +317,13 @@ def load(directory):
   if config.get("kind") == WordpieceTokenizer.kind:
     with tf.io.gfile.GFile(os.path.join(directory, config["vocab_file"])) as f:
       vocab = f.read().splitlines()
+    if vocab_size not in (None, len(vocab)):
+      raise ValueError(f"{directory}: a WordPiece tokenizer has exactly its "
+                       f"{len(vocab)} tokens as rows, not vocab_size="
+                       f"{vocab_size}.")
     return WordpieceTokenizer(vocab, lower_case=config["lower_case"],
                               num_sentinels=config["num_sentinels"])
+  vocab_size = vocab_size or config.get("vocab_size")
   if config.get("kind") in (SentencepieceTokenizer.kind,
                             T5SentencepieceTokenizer.kind):
     with tf.io.gfile.GFile(os.path.join(directory, config["model_file"]),
@@ -322,10 +331,10 @@ def load(directory):
       model = f.read()
     if config["kind"] == T5SentencepieceTokenizer.kind:
       return T5SentencepieceTokenizer(model, extra_ids=config["extra_ids"],
-                                      vocab_size=config["vocab_size"])
+                                      vocab_size=vocab_size)
     # Folders saved before vocab_size was recorded have no padded rows.
     return SentencepieceTokenizer(model, num_sentinels=config["num_sentinels"],
-                                  vocab_size=config.get("vocab_size"))
+                                  vocab_size=vocab_size)
   raise ValueError(f"{config_path}: unknown tokenizer kind "
                    f"{config.get('kind')!r}.")
 

@@ -168,6 +168,8 @@ def _vocabulary(vocabulary, rows, divisor):
         f"vocabulary {vocabulary} has {size} tokens (padded to a multiple of "
         f"{divisor}: {padded}), but the checkpoint's shared/embedding has "
         f"{rows} rows; expected the vocabulary the model was trained with.")
+  if tokenizer.vocab_size != rows:  # a folder saved without the padding
+    tokenizer = tokenizers.load(vocabulary, vocab_size=rows)
   return tokenizer
 
 
