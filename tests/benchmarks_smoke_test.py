@@ -51,3 +51,22 @@ def test_fused_kernel_benchmark_quick_run_prints_its_table():
           if line.startswith("| 2 |") or line.startswith("| 3 |")]
   assert len(rows) == 2
   assert all(row.rstrip().endswith("x |") for row in rows)
+
+
+def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
+  """benchmarks/accelerator.py is meant for a GPU; here the Pallas kernel
+  runs in interpret mode (THATTN_PALLAS=interpret) at tiny sizes, so the
+  script's plumbing cannot rot between GPU sessions."""
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "accelerator.py"),
+       "--quick", "--check_cases", "0", "--kinds", "TH kernel,TH keras.ops",
+       "--out", str(tmp_path)],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, THATTN_PALLAS="interpret", JAX_PLATFORMS="cpu",
+               TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "results.json").read_text())
+  timed = {(r["kind"], r["length"]) for r in report["results"] if "ms" in r}
+  assert timed == {(kind, n) for kind in ("TH kernel", "TH keras.ops")
+                   for n in (64, 128)}, report["results"]
+  assert "| 4 | 128 | 2 | TH kernel |" in (tmp_path / "results.md").read_text()

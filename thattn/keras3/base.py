@@ -77,7 +77,9 @@ class AttentionLayer(keras.layers.Layer):
     raise NotImplementedError
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset):
+             causal_offset, need_scores=True):
+    """(Y, scores); `need_scores` False lets a kernel that never forms the
+    scores return None for them."""
     raise NotImplementedError
 
   @property
@@ -192,7 +194,8 @@ class AttentionLayer(keras.layers.Layer):
                                key_mask)
     causal_offset = query_offset if use_causal_mask else None
     output, scores = self.attend(query_state, memory_state, mask,
-                                 position_bias, training, causal_offset)
+                                 position_bias, training, causal_offset,
+                                 need_scores=return_attention_scores)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
       results += (memory_state,)

@@ -61,7 +61,8 @@ class GeneralBilinearAttention(base.AttentionLayer):
     return {"key": key, "value": value}
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset):
+             causal_offset, need_scores=True):
+    del need_scores  # the weights are formed anyway
     logits = ops.einsum(attention_spec.BILINEAR_LOGITS, query_state["query"],
                         memory_state["key"])
     _, _, query_length, memory_length = ops.shape(logits)

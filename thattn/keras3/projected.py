@@ -111,7 +111,14 @@ class ProjectedAttention(base.AttentionLayer):
     return attention_math.mix_heads(weights, self._post_softmax_projection)
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset):
+             causal_offset, need_scores=True):
+    if self._pre_softmax_projection is not None or (
+        self._post_softmax_projection is not None):
+      context = fused.pallas_context(self, query_state, memory_state, mask,
+                                     position_bias, causal_offset, training,
+                                     need_scores)
+      if context is not None:
+        return self._output_dense(context), None
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
     _, _, query_length, memory_length = ops.shape(dots)

@@ -1,0 +1,380 @@
+"""Talking heads at FlashAttention's memory: a Pallas kernel for JAX.
+
+Computes talking-heads attention's core from the per-head queries, keys
+and values, tile by tile over the keys, without ever holding the logits L,
+the weights W or the mixed weights U beyond one [block_q, block_k] tile per
+head (letters as in `thattn.dims`; per example b):
+
+    J[h_k, n, m] = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
+    L[h, n, m]   = einsum(J, P_l[h_k, h]) + bias[h, n, m]; masked: -1e9
+    W[h, n, m]   = softmax(L, reduced_dim=m)                 # float32
+    U[h_v, n, m] = einsum(W, P_w[h, h_v])
+    O[n, h_v, d_v] = einsum(U, V[m, h_v, d_v])
+
+Every tile holds all heads of its query rows, since P_l and P_w mix across
+heads; the mix is a small [h_k, h] (or [h, h_v]) combination of whole
+tiles. P_l or P_w may be absent (weights-only / logits-only: the identity).
+
+Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
+
+  forward   pass 1 over key tiles: J, L; per softmax head the running row
+              maximum and sum of exp (online softmax) -> lse[h, n]
+            pass 2 over key tiles: J, L, W = exp(L - lse), U, O += U V
+  backward  row kernel (per query tile), pass 1: J, L, W, dU = dO V^T,
+              dW = dU P_w^T, D[h, n] = sum_m W dW
+            pass 2: the same, dL = W (dW - D) (zero where masked),
+              dJ = dL P_l^T, dQ += dJ K, dP_l += J^T dL, dP_w += W^T dU
+            column kernel (per key tile), one pass over query tiles:
+              J, L, W, U, dU, dW, dL, dJ; dK += dJ^T Q, dV += U^T dO
+
+Why two forward passes: multi-head FlashAttention rescales its running
+output per head when the row maximum moves; here every output head mixes
+all softmax heads, each with its own maximum, so the output could only be
+rescaled by keeping [h, h_v, d_v] per query row. One cheap pass for the
+row statistics instead, as the backward pass needs them anyway. Why D
+needs a pass: FlashAttention gets D = rowsum(dO * O) for free, but with
+P_w the row sum is sum_m W_h dW_h, which O does not determine.
+
+Cost per (query, key) pair, with a = h_k d_k, e = h_v d_v, c_l = h_k h,
+c_w = h h_v (multiplies; exp counts per softmax head):
+
+  |                        | multiply-adds on matrix units | head mixes (c) | exp | passes over K/V |
+  |------------------------|-------------------------------|----------------|-----|-----------------|
+  | MHA FlashAttention fwd | a + e                         | -              | h   | 1               |
+  | talking heads fwd      | 2a + e                        | 2c_l + c_w     | 2h  | 2               |
+  | MHA FlashAttention bwd | 3a + 2e (dQ by atomics)       | -              | h   | 1               |
+  |                        | 4a + 3e (dQ kernel apart)     |                |     |                 |
+  | talking heads bwd      | 5a + 5e                       | 6c_l + 5c_w    | 3h  | 3               |
+
+Memory traffic: Q, K, V, dO, O and the [h, n] statistics, read once per
+pass (K and V once per query tile, as FlashAttention); nothing of size
+[h, n, m] unless a dense `bias` is given (then the bias and its gradient
+are, since the caller made it). Extra memory: lse and D, [b, h, n] float32,
+and the [b, n/Bq, h_k, h] and [b, n/Bq, h, h_v] partial sums of dP_l and
+dP_w. The head mixes are elementwise multiply-adds over whole tiles (on a
+GPU's vector units: Pallas's Triton backend has only 2-D matrix products,
+and a [h, h_k] mix is too small for the matrix units), so at h = 12 and
+d_k = 64 they are about a fifth of the multiplies but most of the time.
+
+Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
+`value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
+accumulate in float32; the softmax and the mixes are float32); `pre`
+P_l[h_k, h] and `post` P_w[h, h_v] (float32) or None; `mask`: None, a
+[b or 1, m] key mask or a [b or 1, n, m] mask (True: may attend);
+`causal` with a static `causal_offset` (query i sees keys <= i + offset);
+`bias[b or 1, h, n, m]` added to L. Masked logits are -1e9, as in the
+keras.ops path, so a fully masked row is uniform over the m keys.
+
+Runs where `jax.experimental.pallas` lowers: a GPU (through Triton), a TPU
+(written to lower through Mosaic; untested), or anywhere with
+`interpret=True` (CPU tests; `THATTN_PALLAS=interpret`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from thattn.keras3 import pallas_tiles
+
+# The tile sizes a caller may choose, and the defaults by head count.
+Tiles = pallas_tiles.Tiles
+default_tiles = pallas_tiles.default_tiles
+
+
+# ---- launching -------------------------------------------------------------
+
+
+def _specs(problem, arrays, along):
+  """(names, arrays, BlockSpecs) of a kernel's inputs on the grid
+  (batch, tile), where `along` says whether the grid's tiles run over the
+  queries ("rows") or the keys ("columns")."""
+  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
+  n, m = problem.length_padded, problem.memory_padded
+  rows_block = block_q if along == "rows" else n
+  cols_block = block_k if along == "columns" else m
+
+  def row_tile(i):
+    return i if along == "rows" else 0
+
+  def col_tile(i):
+    return i if along == "columns" else 0
+
+  names, inputs, specs = [], [], []
+  for name in pallas_tiles.INPUT_ORDER:
+    array = arrays.get(name)
+    if array is None:
+      continue
+    if name in ("query", "grad_out"):
+      spec = pl.BlockSpec((None, rows_block) + array.shape[2:],
+                          lambda b, i: (b, row_tile(i), 0, 0))
+    elif name in ("key", "value"):
+      spec = pl.BlockSpec((None, cols_block) + array.shape[2:],
+                          lambda b, i: (b, col_tile(i), 0, 0))
+    elif name in ("pre", "post"):
+      spec = pl.BlockSpec(array.shape, lambda b, i: (0, 0))
+    elif name == "mask" and problem.mask_kind == "keys":
+      spec = pl.BlockSpec((None, cols_block), lambda b, i: (
+          b if problem.mask_batched else 0, col_tile(i)))
+    elif name == "mask":
+      spec = pl.BlockSpec((None, rows_block, cols_block), lambda b, i: (
+          b if problem.mask_batched else 0, row_tile(i), col_tile(i)))
+    elif name == "bias":
+      spec = pl.BlockSpec(
+          (None, problem.heads, rows_block, cols_block),
+          lambda b, i: (b if problem.bias_batched else 0, 0, row_tile(i),
+                        col_tile(i)))
+    else:  # row_max, inverse_sum, rowsum: [b, h, n]
+      spec = pl.BlockSpec((None, problem.heads, rows_block),
+                          lambda b, i: (b, 0, row_tile(i)))
+    names.append(name)
+    inputs.append(array)
+    specs.append(spec)
+  return tuple(names), inputs, specs
+
+
+def _call(problem, kernel, along, arrays, out_shapes, out_specs):
+  names, inputs, in_specs = _specs(problem, arrays, along)
+  tiles = problem.query_tiles if along == "rows" else problem.key_tiles
+  params = {}
+  # GPUs lower through Triton, named by its options (without them Pallas
+  # may pick its Mosaic GPU backend, which this kernel is not written for).
+  if not problem.interpret and jax.default_backend() != "tpu":
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+    params["compiler_params"] = plgpu.CompilerParams(
+        num_warps=problem.tiles.num_warps,
+        num_stages=problem.tiles.num_stages)
+  return pl.pallas_call(
+      functools.partial(kernel, problem, names),
+      grid=(problem.batch, tiles), in_specs=in_specs, out_specs=out_specs,
+      out_shape=out_shapes, interpret=problem.interpret,
+      name=f"thattn_talking_heads_{kernel.__name__.strip('_')}",
+      **params)(*inputs)
+
+
+def _forward(problem, query, key, value, pre, post, mask, bias):
+  b, n = problem.batch, problem.length_padded
+  d_v = value.shape[-1]
+  row_stats = jax.ShapeDtypeStruct((b, problem.heads, n), jnp.float32)
+  row_stats_spec = pl.BlockSpec((None, problem.heads, problem.tiles.block_q),
+                                lambda b, i: (b, 0, i))
+  out_shapes = (jax.ShapeDtypeStruct((b, n, problem.value_heads, d_v),
+                                     value.dtype), row_stats, row_stats)
+  out_specs = (pl.BlockSpec((None, problem.tiles.block_q,
+                             problem.value_heads, d_v),
+                            lambda b, i: (b, i, 0, 0)),
+               row_stats_spec, row_stats_spec)
+  arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
+                mask=mask, bias=bias)
+  return _call(problem, pallas_tiles.forward_kernel, "rows", arrays, out_shapes,
+               out_specs)
+
+
+def _backward(problem, residuals, grad_out):
+  query, key, value, pre, post, mask, bias, row_max, inverse_sum = residuals
+  b, n, m = problem.batch, problem.length_padded, problem.memory_padded
+  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
+  arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
+                mask=mask, bias=bias, row_max=row_max,
+                inverse_sum=inverse_sum, grad_out=grad_out)
+  # Rows: dQ, D, the per-tile partial sums of dP_l and dP_w, dbias.
+  out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype),
+                jax.ShapeDtypeStruct((b, problem.heads, n), jnp.float32)]
+  out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
+                            lambda b, i: (b, i, 0, 0)),
+               pl.BlockSpec((None, problem.heads, block_q),
+                            lambda b, i: (b, 0, i))]
+  for projection in (pre, post):
+    if projection is not None:
+      # Powers of two: a GPU kernel's arrays must have such sides.
+      shape = tuple(_power_of_two(size) for size in projection.shape)
+      out_shapes.append(jax.ShapeDtypeStruct(
+          (b, problem.query_tiles) + shape, jnp.float32))
+      out_specs.append(pl.BlockSpec((None, None) + shape,
+                                    lambda b, i: (b, i, 0, 0)))
+  if bias is not None:
+    out_shapes.append(jax.ShapeDtypeStruct((b, problem.heads, n, m),
+                                           jnp.float32))
+    out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
+                                  lambda b, i: (b, 0, i, 0)))
+  row_outputs = list(_call(problem, pallas_tiles.rows_kernel, "rows", arrays,
+                           tuple(out_shapes), tuple(out_specs)))
+  grad_query, rowsum = row_outputs[:2]
+  rest = row_outputs[2:]
+  grad_pre = grad_post = None
+  if pre is not None:
+    grad_pre = rest.pop(0).sum(axis=(0, 1))[:pre.shape[0], :pre.shape[1]]
+  if post is not None:
+    grad_post = rest.pop(0).sum(axis=(0, 1))[:post.shape[0], :post.shape[1]]
+  grad_bias = None
+  if bias is not None:
+    grad_bias = rest.pop(0)
+    if not problem.bias_batched:
+      grad_bias = grad_bias.sum(axis=0, keepdims=True)
+    grad_bias = grad_bias.astype(bias.dtype)
+  # Columns: dK, dV.
+  arrays["rowsum"] = rowsum
+  out_shapes = (jax.ShapeDtypeStruct(key.shape, key.dtype),
+                jax.ShapeDtypeStruct(value.shape, value.dtype))
+  out_specs = (pl.BlockSpec((None, block_k) + key.shape[2:],
+                            lambda b, i: (b, i, 0, 0)),
+               pl.BlockSpec((None, block_k) + value.shape[2:],
+                            lambda b, i: (b, i, 0, 0)))
+  grad_key, grad_value = _call(problem, pallas_tiles.columns_kernel, "columns", arrays,
+                               out_shapes, out_specs)
+  return grad_query, grad_key, grad_value, grad_pre, grad_post, grad_bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(problem, query, key, value, pre, post, mask, bias):
+  return _forward(problem, query, key, value, pre, post, mask, bias)[0]
+
+
+def _attention_forward(problem, query, key, value, pre, post, mask, bias):
+  out, row_max, inverse_sum = _forward(problem, query, key, value, pre, post,
+                                       mask, bias)
+  return out, (query, key, value, pre, post, mask, bias, row_max,
+               inverse_sum)
+
+
+def _attention_backward(problem, residuals, grad_out):
+  grads = _backward(problem, residuals, grad_out)
+  grad_query, grad_key, grad_value, grad_pre, grad_post, grad_bias = grads
+  return (grad_query, grad_key, grad_value, grad_pre, grad_post, None,
+          grad_bias)
+
+
+_attention.defvjp(_attention_forward, _attention_backward)
+
+
+# ---- the public entry point ------------------------------------------------
+
+
+def _round_up(size, multiple):
+  return -(-size // multiple) * multiple
+
+
+def _power_of_two(size, smallest=1):
+  padded = smallest
+  while padded < size:
+    padded *= 2
+  return padded
+
+
+def _feature_size(size):
+  """Head sizes padded to a power of two, at least 16 (a GPU matrix
+  product's smallest side); zeros change no dot product."""
+  return _power_of_two(size, 16)
+
+
+def _pad(array, sizes):
+  pads = [(0, size - dim) for dim, size in zip(array.shape, sizes)]
+  if all(after == 0 for _, after in pads):
+    return array
+  return jnp.pad(array, pads)
+
+
+def check_inputs(query, key, value, pre, post, mask, bias, causal_offset):
+  """ValueError naming what does not fit; the heads (h_k, h, h_v)."""
+  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+    raise ValueError(
+        f"talking-heads kernel: query, key and value must be [batch, length, "
+        f"heads, head size], got shapes {query.shape}, {key.shape}, "
+        f"{value.shape}.")
+  b, _, h_k, d_k = query.shape
+  if key.shape[0] != b or key.shape[2:] != (h_k, d_k):
+    raise ValueError(f"talking-heads kernel: key shape {key.shape} does not "
+                     f"match query shape {query.shape} (batch, h_k, d_k).")
+  if value.shape[:2] != key.shape[:2]:
+    raise ValueError(f"talking-heads kernel: value shape {value.shape} does "
+                     f"not match key shape {key.shape} (batch, memory).")
+  if query.dtype != key.dtype or key.dtype != value.dtype or not any(
+      query.dtype == dtype for dtype in pallas_tiles.DTYPES):
+    raise ValueError(
+        f"talking-heads kernel: query, key and value must share one of "
+        f"float32, bfloat16, float16, got {query.dtype}, {key.dtype}, "
+        f"{value.dtype}.")
+  heads = h_k if pre is None else pre.shape[-1]
+  if pre is not None and pre.shape != (h_k, heads):
+    raise ValueError(f"talking-heads kernel: P_l has shape {pre.shape}, "
+                     f"expected [h_k={h_k}, h].")
+  h_v = value.shape[2]
+  if post is not None and post.shape != (heads, h_v):
+    raise ValueError(f"talking-heads kernel: P_w has shape {post.shape}, "
+                     f"expected [h={heads}, h_v={h_v}].")
+  if post is None and heads != h_v:
+    raise ValueError(f"talking-heads kernel: without P_w, h={heads} must "
+                     f"equal h_v={h_v}.")
+  n, m = query.shape[1], key.shape[1]
+  if mask is not None and not (
+      (mask.ndim == 2 and mask.shape[0] in (1, b) and mask.shape[1] == m) or
+      (mask.ndim == 3 and mask.shape[0] in (1, b) and mask.shape[1:] ==
+       (n, m))):
+    raise ValueError(f"talking-heads kernel: mask has shape {mask.shape}, "
+                     f"expected [{b} or 1, m={m}] or [{b} or 1, n={n}, "
+                     f"m={m}].")
+  if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or
+                           bias.shape[1:] != (heads, n, m)):
+    raise ValueError(f"talking-heads kernel: bias has shape {bias.shape}, "
+                     f"expected [{b} or 1, h={heads}, n={n}, m={m}].")
+  if not isinstance(causal_offset, int) or isinstance(causal_offset, bool):
+    raise ValueError(f"talking-heads kernel: causal_offset must be a Python "
+                     f"int (static), got {causal_offset!r}.")
+  return h_k, heads, h_v
+
+
+def talking_heads_attention(query, key, value, pre=None, post=None, *,
+                            mask=None, bias=None, causal=False,
+                            causal_offset=0, tiles=None, interpret=False):
+  """O[b, n, h_v, d_v] of talking heads, by the Pallas kernel.
+
+  Args:
+    query: Q[b, n, h_k, d_k]; key: K[b, m, h_k, d_k]; value: V[b, m, h_v,
+      d_v]; one dtype of float32, bfloat16, float16.
+    pre: P_l[h_k, h] or None; post: P_w[h, h_v] or None (computed in
+      float32).
+    mask: None, [b or 1, m] or [b or 1, n, m], boolean or 0/1 (True: may
+      attend).
+    bias: [b or 1, h, n, m] added to the logits (T5's relative position
+      bias), or None. Differentiable.
+    causal, causal_offset: query i attends keys j <= i + causal_offset.
+    tiles: `Tiles`, or None for `default_tiles` of the largest head count.
+    interpret: run in Pallas's interpret mode (any platform, slowly).
+  """
+  h_k, heads, h_v = check_inputs(query, key, value, pre, post, mask, bias,
+                                 causal_offset)
+  tiles = tiles or default_tiles(max(h_k, heads, h_v))
+  b, n, _, d_k = query.shape
+  m, d_v = key.shape[1], value.shape[3]
+  n_padded = _round_up(n, tiles.block_q)
+  m_padded = _round_up(m, tiles.block_k)
+  mask_kind = "none" if mask is None else ("keys" if mask.ndim == 2 else
+                                           "full")
+  problem = pallas_tiles.Problem(
+      batch=b, key_heads=h_k, heads=heads, value_heads=h_v, length=n,
+      memory=m, length_padded=n_padded, memory_padded=m_padded,
+      has_pre=pre is not None, has_post=post is not None,
+      mask_kind=mask_kind,
+      mask_batched=mask is not None and mask.shape[0] == b and b > 1,
+      bias_batched=None if bias is None else (bias.shape[0] == b and b > 1),
+      causal=bool(causal), causal_offset=causal_offset, tiles=tiles,
+      interpret=bool(interpret),
+      float32_inputs=query.dtype == jnp.float32)
+  d_k_padded, d_v_padded = _feature_size(d_k), _feature_size(d_v)
+  query = _pad(query, (b, n_padded, h_k, d_k_padded))
+  key = _pad(key, (b, m_padded, h_k, d_k_padded))
+  value = _pad(value, (b, m_padded, h_v, d_v_padded))
+  if pre is not None:
+    pre = jnp.asarray(pre, jnp.float32)
+  if post is not None:
+    post = jnp.asarray(post, jnp.float32)
+  if mask is not None:
+    mask = jnp.asarray(mask).astype(jnp.int8)
+    sizes = ((mask.shape[0], m_padded) if mask_kind == "keys" else
+             (mask.shape[0], n_padded, m_padded))
+    mask = _pad(mask, sizes)
+  if bias is not None:
+    bias = _pad(bias, (bias.shape[0], heads, n_padded, m_padded))
+  out = _attention(problem, query, key, value, pre, post, mask, bias)
+  return out[:, :n, :, :d_v]
