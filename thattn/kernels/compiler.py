@@ -10,6 +10,14 @@ passes, the compiler, and this CPU's instruction-set flags (the build uses
 
 Set `THATTN_FUSED_KERNELS=0` to never build or load a kernel, and `CXX` to
 choose the compiler (default `g++`).
+
+A damaged library (truncated by a full disk, emptied, replaced) would crash
+the process that loads it (a `Bus error` when a page past its end is
+touched), and every later run with it. So each library has a
+`<library>.sha256` beside it, written after the library is complete; a
+library whose digest is missing or differs is compiled again (the damaged
+file is thattn's own cache entry, and is replaced, with a warning naming
+it), never loaded.
 """
 
 import fcntl
@@ -70,9 +78,43 @@ def compiled_library(name, flags, framework_version):
   # for its result instead of compiling the same thing again.
   with open(f"{library}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    damage = _damage(library) if os.path.exists(library) else None
+    if damage:
+      ANNOUNCE.warning("thattn's compiled %s kernel %s %s; compiling it "
+                       "again", name, library, damage)
+      os.remove(library)
     if not os.path.exists(library):
       _compile(command, library, name)
   return library
+
+
+def _digest_path(library):
+  return f"{library}.sha256"
+
+
+def _file_digest(path):
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _damage(library):
+  """Why `library` cannot be trusted to load, or None if it is the file its
+  digest was written for."""
+  digest = _digest_path(library)
+  try:
+    with open(digest, encoding="ascii") as f:
+      expected = f.read().strip()
+  except FileNotFoundError:
+    return (f"has no digest {digest} (written by an older thattn, or cut "
+            "short)")
+  except (OSError, UnicodeDecodeError) as error:
+    return f"has an unreadable digest {digest} ({error})"
+  if _file_digest(library) != expected:
+    return f"does not match its digest {digest} (damaged)"
+  return None
 
 
 def _key(source, command, framework_version):
@@ -137,4 +179,18 @@ def _compile(command, library, name):
     raise KernelUnavailable(
         f"compiling the {name} kernel failed (exit {result.returncode}): "
         f"{' '.join(command)}\n{result.stderr[-2000:]}")
-  os.replace(temporary, library)
+  # The digest first, then the library: a library in place always has the
+  # digest it was written with, and one cut short by a full disk fails
+  # here (OSError) or, later, its digest.
+  try:
+    with open(f"{temporary}.sha256", "w", encoding="ascii") as f:
+      f.write(_file_digest(temporary) + "\n")
+    os.replace(f"{temporary}.sha256", _digest_path(library))
+    os.replace(temporary, library)
+  except OSError as error:
+    for path in (temporary, f"{temporary}.sha256"):
+      if os.path.exists(path):
+        os.remove(path)
+    raise KernelUnavailable(
+        f"writing the compiled {name} kernel into {library} failed: "
+        f"{error}") from error
