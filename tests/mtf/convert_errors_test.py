@@ -139,3 +139,51 @@ def test_a_killed_conversions_staging_folder_goes_with_the_next(
   assert os.listdir(tmp_path) == ["out"]
   assert ".thattn-staging.json" not in os.listdir(out)
   assert models.load(str(out)).count_params() > 0
+
+
+def _copy_with_gin(mtf_dir, folder, first_lines):
+  """A copy of `mtf_dir` whose operative_config.gin starts with lines."""
+  folder.mkdir()
+  for path in mtf_dir.iterdir():
+    (folder / path.name).write_bytes(path.read_bytes())
+  gin = folder / "operative_config.gin"
+  gin.write_text(first_lines + gin.read_text())
+  return folder
+
+
+def test_a_downloaded_gin_cannot_import_other_modules(mtf_dir, tmp_path):
+  """A model_dir is data: `import` lines naming anything but
+  mesh_tensorflow modules are not run (issue 33), through the binary."""
+  probe = tmp_path / "modules" / "thattn_probe_imported.py"
+  probe.parent.mkdir()
+  ran = tmp_path / "the_probe_ran"
+  probe.write_text(f"open({str(ran)!r}, 'w').write('imported')\n")
+  source = _copy_with_gin(mtf_dir, tmp_path / "mtf", (
+      "import thattn_probe_imported\n"
+      "from __gin__ import dynamic_registration\n"
+      "import mesh_tensorflow.transformer.transformer_layers\n"))
+  result = subprocess.run(
+      [sys.executable, "-m", "thattn.bin.convert", f"--mtf_model_dir={source}",
+       f"--model_dir={tmp_path / 'out'}"], capture_output=True, text=True,
+      timeout=600, check=False, cwd=tmp_path,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(
+                   [str(probe.parent), os.environ.get("PYTHONPATH", "")])))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not ran.exists()
+  # The binary prints the thattn logger's lines on stdout.
+  assert ("did not import these modules named in the gin config (only "
+          "mesh_tensorflow modules are imported from a model_dir): "
+          "thattn_probe_imported, __gin__") in result.stdout
+  assert (tmp_path / "out" / "run_config.json").exists()
+
+
+def test_a_gin_include_is_refused_naming_its_line(mtf_dir, tmp_path,
+                                                  unchanged):
+  elsewhere = tmp_path / "elsewhere.gin"
+  elsewhere.write_text("SelfAttention.num_heads = 3\n")
+  source = _copy_with_gin(mtf_dir, tmp_path / "mtf",
+                          f"include '{elsewhere}'\n")
+  _refused(rf"line 1, \"include '{elsewhere}'\", includes another file",
+           tmp_path, unchanged, mtf_model_dir=str(source),
+           model_dir=str(tmp_path / "out"))
