@@ -1,4 +1,4 @@
-"""Talking heads on a GPU: thattn's Pallas kernel against keras.ops and flash MHA.
+"""Talking heads on a GPU: the Pallas kernel, keras.ops and flash MHA.
 
 Forward+backward (the gradient with respect to the input and every weight,
 under jax.jit) of one self-attention layer, bfloat16 compute
@@ -190,8 +190,10 @@ def child_check(spec):
       q = normal(b, n, hk, d, scale=d ** -0.5).astype(dtype)
       k, v = normal(b, m, hk, d).astype(dtype), normal(b, m, hv, d).astype(
           dtype)
-      pre = normal(hk, h, scale=hk ** -0.5) if options.get("pre", True) else None
-      post = normal(h, hv, scale=h ** -0.5) if options.get("post", True) else None
+      pre = (normal(hk, h, scale=hk ** -0.5) if options.get("pre", True)
+             else None)
+      post = (normal(h, hv, scale=h ** -0.5) if options.get("post", True)
+              else None)
       bias = normal(1, h, n, m) if options.get("bias") else None
       mask = None
       if options.get("mask") == "keys":

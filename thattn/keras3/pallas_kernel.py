@@ -18,8 +18,8 @@ tiles. P_l or P_w may be absent (weights-only / logits-only: the identity).
 Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
 
   forward   pass 1 over key tiles: J, L; per softmax head the running row
-              maximum and sum of exp (online softmax) -> lse[h, n]
-            pass 2 over key tiles: J, L, W = exp(L - lse), U, O += U V
+              maximum and sum of exp (online softmax) -> max[h, n], sum[h, n]
+            pass 2 over key tiles: J, L, W = exp(L - max) / sum, U, O += U V
   backward  row kernel (per query tile), pass 1: J, L, W, dU = dO V^T,
               dW = dU P_w^T, D[h, n] = sum_m W dW
             pass 2: the same, dL = W (dW - D) (zero where masked),
@@ -36,25 +36,35 @@ needs a pass: FlashAttention gets D = rowsum(dO * O) for free, but with
 P_w the row sum is sum_m W_h dW_h, which O does not determine.
 
 Cost per (query, key) pair, with a = h_k d_k, e = h_v d_v, c_l = h_k h,
-c_w = h h_v (multiplies; exp counts per softmax head):
+c_w = h h_v: multiply-adds on the matrix units (mm), head-mix
+multiply-adds (mix), exp, and passes over the keys and values (K/V):
 
-  |                        | multiply-adds on matrix units | head mixes (c) | exp | passes over K/V |
-  |------------------------|-------------------------------|----------------|-----|-----------------|
-  | MHA FlashAttention fwd | a + e                         | -              | h   | 1               |
-  | talking heads fwd      | 2a + e                        | 2c_l + c_w     | 2h  | 2               |
-  | MHA FlashAttention bwd | 3a + 2e (dQ by atomics)       | -              | h   | 1               |
-  |                        | 4a + 3e (dQ kernel apart)     |                |     |                 |
-  | talking heads bwd      | 5a + 5e                       | 6c_l + 5c_w    | 3h  | 3               |
+  |               | mm                          | mix         | exp | K/V |
+  |---------------|-----------------------------|-------------|-----|-----|
+  | MHA flash fwd | a + e                       | -           | h   | 1   |
+  | TH fwd        | 2a + e                      | 2c_l + c_w  | 2h  | 2   |
+  | MHA flash bwd | 3a + 2e (dQ by atomics),    | -           | h   | 1   |
+  |               | 4a + 3e (a dQ kernel apart) |             | 2h  | 2   |
+  | TH bwd        | 5a + 4e                     | 6c_l + 5c_w | 3h  | 3   |
+
+(The backward's third pass runs over Q and dO, per key tile.)
 
 Memory traffic: Q, K, V, dO, O and the [h, n] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
 [h, n, m] unless a dense `bias` is given (then the bias and its gradient
-are, since the caller made it). Extra memory: lse and D, [b, h, n] float32,
-and the [b, n/Bq, h_k, h] and [b, n/Bq, h, h_v] partial sums of dP_l and
-dP_w. The head mixes are elementwise multiply-adds over whole tiles (on a
-GPU's vector units: Pallas's Triton backend has only 2-D matrix products,
-and a [h, h_k] mix is too small for the matrix units), so at h = 12 and
-d_k = 64 they are about a fifth of the multiplies but most of the time.
+are, since the caller made it). Extra memory: the row maxima, reciprocal
+row sums and D, [b, h, n] float32 each, and the [b, n/Bq, h_k, h] and
+[b, n/Bq, h, h_v] partial sums of dP_l and dP_w (the statistics are kept
+apart, not as one log-sum-exp: in float32, -1e9 + log(m) is -1e9, which
+would lose the m of a fully masked row).
+
+The head mixes are elementwise multiply-adds over whole tiles, on a GPU's
+vector units: Pallas's Triton backend has only 2-D matrix products, and a
+[h_k, h] mix is too small for the matrix units. At h = 12 and d_k = 64
+they are about a fifth of the multiplies, at a rate an order of magnitude
+below the matrix units'. They are also written out once per use (the
+heads are Python loops), which makes the Triton program large: compiling
+the three kernels took about 100 s at h = 12 on an H100's host.
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
@@ -167,8 +177,8 @@ def _forward(problem, query, key, value, pre, post, mask, bias):
                row_stats_spec, row_stats_spec)
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias)
-  return _call(problem, pallas_tiles.forward_kernel, "rows", arrays, out_shapes,
-               out_specs)
+  return _call(problem, pallas_tiles.forward_kernel, "rows", arrays,
+               out_shapes, out_specs)
 
 
 def _backward(problem, residuals, grad_out):
@@ -221,8 +231,8 @@ def _backward(problem, residuals, grad_out):
                             lambda b, i: (b, i, 0, 0)),
                pl.BlockSpec((None, block_k) + value.shape[2:],
                             lambda b, i: (b, i, 0, 0)))
-  grad_key, grad_value = _call(problem, pallas_tiles.columns_kernel, "columns", arrays,
-                               out_shapes, out_specs)
+  grad_key, grad_value = _call(problem, pallas_tiles.columns_kernel,
+                               "columns", arrays, out_shapes, out_specs)
   return grad_query, grad_key, grad_value, grad_pre, grad_post, grad_bias
 
 

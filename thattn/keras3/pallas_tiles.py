@@ -146,7 +146,7 @@ class _Refs:
 
 
 INPUT_ORDER = ("query", "key", "value", "pre", "post", "mask", "bias",
-                "row_max", "inverse_sum", "grad_out", "rowsum")
+               "row_max", "inverse_sum", "grad_out", "rowsum")
 
 
 def _split_refs(names, refs):
@@ -156,17 +156,18 @@ def _split_refs(names, refs):
 
 
 def _tile_logits(problem, refs, query_tiles, key_tiles, q_start, k_start,
-                 bias_rows, bias_cols):
+                 rows, cols):
   """(J tiles, L tiles, allowed) of one [Bq, Bk] tile.
 
-  `allowed` is the caller's mask (causal included) as booleans, or None;
-  keys beyond m are set to the padding logit here.
+  `rows` and `cols` index the tile in the mask and bias blocks; `allowed`
+  is the caller's mask (causal included) as booleans, or None; keys beyond
+  m are set to the padding logit here.
   """
   block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
   dots = [_dot(problem, q, k, 1, 1) for q, k in zip(query_tiles, key_tiles)]
   logits = _mix(dots, refs.pre, problem.heads)
   if refs.bias is not None:
-    logits = [logit + refs.bias[h, bias_rows, bias_cols].astype(jnp.float32)
+    logits = [logit + refs.bias[h, rows, cols].astype(jnp.float32)
               for h, logit in enumerate(logits)]
   q_pos = q_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
   k_pos = k_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
@@ -175,9 +176,9 @@ def _tile_logits(problem, refs, query_tiles, key_tiles, q_start, k_start,
     allowed = k_pos <= q_pos + problem.causal_offset
   if problem.mask_kind != "none":
     if problem.mask_kind == "keys":
-      user = refs.mask[bias_cols][None, :] != 0
+      user = refs.mask[cols][None, :] != 0
     else:
-      user = refs.mask[bias_rows, bias_cols] != 0
+      user = refs.mask[rows, cols] != 0
     allowed = user if allowed is None else jnp.logical_and(allowed, user)
   if allowed is not None:
     logits = [jnp.where(allowed, logit, _MASKED_LOGIT) for logit in logits]
