@@ -22,7 +22,6 @@ thattn's rules).
 
 import contextlib
 import importlib
-import logging
 import os
 import re
 import tokenize
@@ -34,6 +33,7 @@ import tensorflow as tf
 from thattn.mtf import compat
 from thattn.mtf import layers  # pylint: disable=unused-import
 from thattn.mtf import layout as layout_lib
+from thattn.mtf import trusted_gin
 
 compat.install_transformer()
 mtf = compat.import_mesh_tensorflow()
@@ -55,10 +55,6 @@ MTF_DEFAULTS = os.path.join(os.path.dirname(transformer.__file__), "gin",
 
 _EVAL = tf.compat.v1.estimator.ModeKeys.EVAL
 _LANGUAGE_MODELS = ("lm", "delimited_lm")  # autoregressive Unitransformers
-_IMPORT = re.compile(r"^\s*import\s+([A-Za-z_][\w.]*)(\s+as\s+\w+)?\s*(#.*)?$")
-_FROM_IMPORT = re.compile(r"^\s*from\s+([A-Za-z_][\w.]*)\s+import\b")
-_INCLUDE = re.compile(r"^\s*include\s*['\"]")
-_LOG = logging.getLogger("thattn")
 _PARSE_ERRORS = (SyntaxError, tokenize.TokenError, ValueError, TypeError,
                  KeyError, AttributeError, ImportError, OSError)
 _CHECKPOINT = re.compile(re.escape(CHECKPOINT_PREFIX) + r"-(\d+)")
@@ -85,48 +81,6 @@ def read_operative_config(mtf_model_dir):
   return text
 
 
-def _trusted_text(gin_text):
-  """`gin_text` with only the imports an mtf model_dir needs.
-
-  A downloaded model_dir is data: its gin text may name any module in an
-  `import` (or `from ... import`) line, and importing one runs its code.
-  Only `mesh_tensorflow` modules are imported; every other import line
-  (T5's `t5.*`, gin's `__gin__` dynamic registration, anything else) is
-  commented out and named in a warning, as is a mesh_tensorflow module
-  that fails to import. `include` lines are refused: gin would read the
-  file they name, anywhere, and an operative config is self-contained.
-  A comment, not a deletion, keeps gin's line numbers.
-  """
-  lines = gin_text.splitlines()
-  dropped = []
-  for index, line in enumerate(lines):
-    if _INCLUDE.match(line):
-      raise ValueError(
-          f"the gin config's line {index + 1}, {line.strip()!r}, includes "
-          "another file; thattn does not follow gin includes from a "
-          "model_dir (an operative_config.gin is self-contained): paste the "
-          "included bindings in its place.")
-    match = _IMPORT.match(line) or _FROM_IMPORT.match(line)
-    if not match:
-      continue
-    module = match.group(1)
-    if module == "mesh_tensorflow" or module.startswith("mesh_tensorflow."):
-      try:
-        importlib.import_module(module)
-        continue
-      except Exception:  # pylint: disable=broad-except
-        reason = "not importable"  # as gin would fail to import it
-    else:
-      reason = "not a mesh_tensorflow module"
-    lines[index] = f"# thattn dropped ({reason}): {line.strip()}"
-    dropped.append(module)
-  if dropped:
-    _LOG.warning("thattn did not import these modules named in the gin "
-                 "config (only mesh_tensorflow modules are imported from a "
-                 "model_dir): %s", ", ".join(dropped))
-  return "\n".join(lines)
-
-
 def _parse(gin_text):
   """Clears gin and parses mtf's defaults.gin, then `gin_text`."""
   gin.clear_config()
@@ -134,7 +88,7 @@ def _parse(gin_text):
   try:
     # A real T5 operative config binds t5, dataset and TPU configurables
     # that do not exist here; the architecture bindings are all mtf's.
-    gin.parse_config(_trusted_text(gin_text),
+    gin.parse_config(trusted_gin.trusted_text(gin_text),
                      skip_unknown=True)
   except _PARSE_ERRORS as error:
     gin.clear_config()
@@ -154,7 +108,7 @@ def gin_scope(gin_text):
   gin again on exit (also on error). Only `mesh_tensorflow` modules named
   in `import` lines are imported; the other import lines (e.g. `import
   t5.models.mesh_transformer`) are dropped, named in a warning, and
-  `include` lines refused (see `_trusted_text`); bindings of unknown
+  `include` lines refused (`thattn.mtf.trusted_gin`); bindings of unknown
   configurables are skipped. Scopes nest: leaving an inner
   scope restores the outer one's config.
 
