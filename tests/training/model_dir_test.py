@@ -231,3 +231,66 @@ def test_a_killed_lock_holder_leaves_no_stale_lock(tmp_path, data_flags):
   result = _train(run, common[:-2], "--train_steps=8", "--deterministic")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Resumed from" in result.stdout
+
+
+def _file_size_limit(limit):
+  """A preexec_fn: files of this process may not grow past `limit` bytes
+  (the kernel refuses the write: EFBIG, as a full disk refuses: ENOSPC)."""
+  import resource  # pylint: disable=g-import-not-at-top
+
+  def apply():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  return apply
+
+
+def test_a_checkpoint_the_machine_refuses_stops_the_run_keeping_the_last(
+    tmp_path, data_flags):
+  """Issue 33: a checkpoint write that fails (here a file-size limit; a full
+  disk fails the same write) stops the run with one line naming the folder
+  and the cause, removes the unfinished checkpoint and keeps the last
+  complete one, from which the rerun resumes."""
+  run = tmp_path / "run"
+  first = _train(run, data_flags, "--train_steps=2")
+  assert first.returncode == 0, first.stderr[-3000:]
+  checkpoints = run / "checkpoints"
+  data = [p.stat().st_size for p in checkpoints.glob("ckpt-2.data-*")]
+  # What a rerun writes besides checkpoints (the tokenizer is written
+  # once, by the first run).
+  others = [p.stat().st_size for p in run.rglob("*") if p.is_file() and
+            not {"checkpoints", "tokenizer"} & set(p.parts)]
+  assert max(others) < min(data), (others, data)
+  limit = (max(others) + min(data)) // 2  # the checkpoint alone exceeds it
+  refused = subprocess.run(
+      _command("train", f"--model_dir={run}", *data_flags,
+               "--train_steps=4"), env=_ENV, capture_output=True, text=True,
+      timeout=300, check=False, preexec_fn=_file_size_limit(limit))
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  error = refused.stderr.strip().splitlines()[-1]
+  assert error.startswith(
+      f"thattn-train: error: could not write the checkpoint of step 3 into "
+      f"{checkpoints}: a file would exceed the size limit"), error
+  assert "the unfinished ckpt-3_temp was removed" in error
+  assert (f"The last complete checkpoint, {checkpoints / 'ckpt-2'}, is kept"
+          in error)
+  assert "Traceback" not in refused.stderr
+  assert sorted(p.name for p in checkpoints.iterdir()
+                if "ckpt-3" in p.name) == []
+  assert (checkpoints / "ckpt-2.index").exists()
+  assert not (run / ".thattn.lock").exists() or _lock_is_free(run)
+  resumed = _train(run, data_flags, "--train_steps=4")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resumed from {checkpoints / 'ckpt-2'} at step 2." in resumed.stdout
+  assert "step      3/4" in resumed.stdout, resumed.stdout
+  assert (checkpoints / "ckpt-4.index").exists()
+
+
+def _lock_is_free(run):
+  """Whether another process could take the run's lock now."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  with open(run / ".thattn.lock", "a") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      return False
+    fcntl.flock(f, fcntl.LOCK_UN)
+  return True

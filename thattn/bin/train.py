@@ -37,6 +37,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 from thattn import launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -246,6 +247,8 @@ def main(argv):
         options=_options(task_class), export=FLAGS.export,
         export_dir=FLAGS.export_dir, log=cli.print_now)
   except ValueError as e:  # bad flags or data (DataError): no traceback
+    sys.exit(f"thattn-train: error: {e}")
+  except write_failures.WriteFailed as e:  # a full or read-only disk
     sys.exit(f"thattn-train: error: {e}")
   except tf.errors.UnavailableError as e:  # a task of the cluster died
     sys.exit(f"thattn-train: error: the cluster lost a task "

@@ -306,6 +306,9 @@ class MtfBackend(backend_lib.Backend):
   def latest_checkpoint(self):
     return tf.train.latest_checkpoint(self.model_dir)
 
+  def checkpoint_directory(self):
+    return self.model_dir
+
   def describe(self):
     graph, options = self.session.graph, self.options
     variables = len(graph.variable_names)

@@ -183,6 +183,10 @@ class Backend(abc.ABC):
     """The newest checkpoint's path, or None."""
 
   @abc.abstractmethod
+  def checkpoint_directory(self):
+    """The folder `save` writes this process's checkpoints into."""
+
+  @abc.abstractmethod
   def describe(self):
     """One log line: the model, what is trained, optimizer, devices."""
 

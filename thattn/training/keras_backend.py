@@ -127,6 +127,9 @@ class KerasBackend(backend_lib.Backend):
   def latest_checkpoint(self):
     return self.manager.latest_checkpoint
 
+  def checkpoint_directory(self):
+    return self.manager.directory
+
   def describe(self):
     """The model's and the trained parameters, optimizer and devices.
 

@@ -44,6 +44,7 @@ import tf_keras
 
 from thattn import run_dir
 from thattn import tasks
+from thattn import write_failures
 from thattn.training import backend as backend_lib
 from thattn.training import cluster
 from thattn.training import optimizer as optimizer_lib
@@ -277,7 +278,7 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
     last = step == options.train_steps
     # Saved before reported: a progress line says its step is kept.
     if step % options.checkpoint_every == 0 or last:
-      backend.save()
+      _save(backend)
     if step % options.log_every == 0 or last:
       progress.report(step)
     if options.eval_every and step % options.eval_every == 0 and not last:
@@ -293,3 +294,21 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
     return remaining, 0.0
   seconds = max(time.time() - steady_start - paused, 1e-9)
   return remaining, (remaining - 1) * task.tokens_per_step / seconds
+
+
+def _save(backend):
+  """backend.save(), or a WriteFailed naming the folder and the cause when
+  the machine refuses the write (a full or read-only disk): the run stops
+  rather than train on unsaved, and the save's unfinished files go."""
+  try:
+    return backend.save()
+  except Exception as error:  # pylint: disable=broad-except
+    failure = write_failures.checkpoint_not_written(
+        error, directory=backend.checkpoint_directory(), step=backend.step,
+        latest=backend.latest_checkpoint(),
+        rerun="make room (or make the folder writable) and rerun the same "
+              "command to resume from it")
+    if failure is None:
+      raise
+    raise failure from None
+

@@ -1,0 +1,99 @@
+"""Writes the machine refused: a full disk, a read-only one, a size limit.
+
+TensorFlow reports them as `ResourceExhaustedError` ("No space left on
+device"), `OutOfRangeError` ("File too large") or another op error, with
+the path and the cause buried in a long message; Python as `OSError` with
+an errno. `cause(error)` recognizes them, so a writer can stop with one
+line that names the path and says what the user can do, instead of a
+traceback (and a reader can tell them from a bug, which keeps its
+traceback).
+
+Plain Python: no TensorFlow import, so every rank of thattn can use it.
+"""
+
+import errno
+import os
+import shutil
+
+# errno, the words operating systems put in the message, what to say.
+_CAUSES = (
+    (errno.ENOSPC, "No space left on device",
+     "the disk is full (no space left on device)"),
+    (errno.EDQUOT, "Disk quota exceeded",
+     "the disk quota is exceeded"),
+    (errno.EROFS, "Read-only file system",
+     "the file system is read-only"),
+    (errno.EFBIG, "File too large",
+     "a file would exceed the size limit of this process or file system"),
+)
+
+
+class WriteFailed(OSError):
+  """A write the machine refused; the message names the path and the cause.
+
+  An OSError (what it is), with `errno` set to the cause's.
+  """
+
+
+def cause(error):
+  """'the disk is full (...)' and the like for a refused write, else None."""
+  code = getattr(error, "errno", None)
+  text = str(error)
+  for number, words, phrase in _CAUSES:
+    if code == number or words in text:
+      return phrase
+  return None
+
+
+def errno_of(phrase):
+  """The errno of a phrase `cause` returned."""
+  for number, _, known in _CAUSES:
+    if known == phrase:
+      return number
+  return errno.EIO
+
+
+def checkpoint_not_written(error, *, directory, step, latest, rerun):
+  """The WriteFailed to raise when saving checkpoint `step` into
+  `directory` failed with `error`, or None when `error` is not a refused
+  write. Removes what the failed save left (`*-<step>_temp` in
+  `directory`: TensorFlow's staging folder of that very save).
+
+  `latest` is the newest complete checkpoint (kept), or None; `rerun` says
+  how to resume once the cause is fixed.
+  """
+  reason = cause(error)
+  if reason is None:
+    return None
+  removed = remove_partial_checkpoint(directory, step)
+  kept = (f"The last complete checkpoint, {latest}, is kept: {rerun}" if
+          latest else f"No checkpoint was written yet; {rerun}")
+  failure = WriteFailed(
+      f"could not write the checkpoint of step {step} into {directory}: "
+      f"{reason}. Training stopped rather than go on unsaved"
+      + (f"; the unfinished {', '.join(removed)} was removed" if removed
+         else "") + f". {kept}")
+  failure.errno = errno_of(reason)  # set apart: str() stays the message
+  return failure
+
+
+def remove_partial_checkpoint(directory, step):
+  """Removes `<prefix>-<step>_temp*` entries of `directory`; their names."""
+  removed = []
+  try:
+    names = sorted(os.listdir(directory))
+  except OSError:
+    return removed
+  for name in names:
+    if f"-{step}_temp" not in name:
+      continue
+    path = os.path.join(directory, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      try:
+        os.remove(path)
+      except OSError:
+        continue
+    removed.append(name)
+  return removed
