@@ -1,7 +1,11 @@
 """The embedded default corpus: size, determinism, splits, cache."""
 
 import hashlib
+import logging
 import os
+import shutil
+
+import pytest
 
 from thattn.data import corpus
 
@@ -64,3 +68,27 @@ def test_markup_and_code_are_removed():
       "Return the sum of numpy.add over axis, as described in the reference "
       "guide for arrays.",
       "The axis along which the sum is taken, if it is given by the caller."]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "foreign_manifest"])
+def test_a_damaged_cached_corpus_is_built_again(corpus_cache, tmp_path,
+                                                damage, caplog):
+  """Issue 33: a cut-short, emptied or foreign file in the corpus cache is
+  detected against the manifest and rebuilt, never read as the corpus."""
+  good = corpus.corpus_dir(corpus_cache)
+  cache = tmp_path / "cache"
+  shutil.copytree(good, cache / os.path.basename(good))
+  folder = cache / os.path.basename(good)
+  want = corpus.documents("train", corpus_cache)
+  if damage == "truncated":
+    with open(folder / "train.txt", "r+b") as f:
+      f.truncate(1000)
+  elif damage == "empty":
+    (folder / "heldout.txt").write_bytes(b"")
+  else:
+    (folder / "manifest.json").write_bytes(b"\x00\x01 not json")
+  with caplog.at_level(logging.WARNING, logger="thattn"):
+    got = corpus.documents("train", str(cache))
+  assert got == want
+  assert f"thattn's cached corpus in {folder} is damaged" in caplog.text
+  assert corpus.manifest(str(cache)) == corpus.manifest(corpus_cache)

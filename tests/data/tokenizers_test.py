@@ -1,10 +1,15 @@
 """Tokenizers: offline vocabularies, round trips, tf.function, SavedModel."""
 
+import logging
+import os
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow_text.python.ops import bert_tokenizer
 
+from thattn.data import corpus
 from thattn.data import tokenizers
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
@@ -112,3 +117,31 @@ def test_default_tokenizer_is_learned_once_then_loaded(corpus_cache):
   assert second.model == first.model and second.vocab_size == 8000
   with pytest.raises(ValueError, match="kind must be"):
     tokenizers.default_tokenizer("bpe", cache=corpus_cache)
+
+
+@pytest.mark.parametrize("damage", ["truncated_model", "no_digest"])
+def test_a_damaged_cached_tokenizer_is_learned_again(corpus_cache, tmp_path,
+                                                     damage, caplog):
+  """Issue 33: a cut-short vocabulary in the tokenizer cache is detected
+  against the folder's digest and learned again, never loaded."""
+  want = tokenizers.default_tokenizer("sentencepiece", 8000,
+                                      cache=corpus_cache)
+  good = corpus.corpus_dir(corpus_cache)
+  cache = tmp_path / "cache"
+  shutil.copytree(good, cache / os.path.basename(good))
+  folder = (cache / os.path.basename(good) /
+            "tokenizer-sentencepiece-8000")
+  if damage == "truncated_model":
+    (model,) = [p for p in folder.iterdir() if p.suffix == ".model"]
+    with open(model, "r+b") as f:
+      f.truncate(1000)
+  else:
+    (folder / "cache_digest.json").unlink()
+  with caplog.at_level(logging.WARNING, logger="thattn"):
+    got = tokenizers.default_tokenizer("sentencepiece", 8000,
+                                       cache=str(cache))
+  assert f"thattn's cached tokenizer {folder} is damaged" in caplog.text
+  assert got.model == want.model
+  assert tokenizers.load(str(folder)).model == want.model
+  assert sorted(p.name for p in folder.parent.iterdir()
+                if ".tmp" in p.name) == []

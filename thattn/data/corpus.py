@@ -44,6 +44,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import re
 import sys
@@ -51,6 +52,10 @@ import sysconfig
 import unicodedata
 
 from thattn import paths
+
+_LOG = logging.getLogger("thattn")
+# Corpus folders this process has checked against their manifests.
+_VERIFIED = set()
 
 BUILDER_VERSION = 1  # Bump when a change to this file changes the output.
 HELDOUT_MODULUS = 20
@@ -257,12 +262,45 @@ def _write_atomically(path, data):
 
 
 def corpus_dir(cache=None):
-  """The cached corpus folder, built on first use (manifest written last)."""
+  """The cached corpus folder, built on first use (manifest written last).
+
+  A cached corpus whose files do not match its manifest (cut short by a
+  full disk, edited, a manifest that is not one) is built again, with a
+  warning naming what was wrong; two processes building at once write the
+  same bytes, each file renamed into place whole.
+  """
   directory = os.path.join(cache or paths.cache_dir(),
                            f"corpus-{fingerprint()}")
-  if not os.path.exists(os.path.join(directory, "manifest.json")):
+  if directory in _VERIFIED:
+    return directory
+  if os.path.exists(os.path.join(directory, "manifest.json")):
+    damage = _damage(directory)
+    if damage:
+      _LOG.warning("thattn's cached corpus in %s is damaged (%s); building "
+                   "it again", directory, damage)
+      build(directory)
+  else:
     build(directory)
+  _VERIFIED.add(directory)
   return directory
+
+
+def _damage(directory):
+  """What does not match the corpus's manifest, or None."""
+  try:
+    with open(os.path.join(directory, "manifest.json"), "rb") as f:
+      files = json.loads(f.read().decode("utf-8"))["files"]
+    for split in SPLITS:
+      expected = files[f"{split}.txt"]
+      with open(os.path.join(directory, f"{split}.txt"), "rb") as f:
+        data = f.read()
+      if (len(data) != expected["bytes"] or
+          hashlib.sha256(data).hexdigest() != expected["sha256"]):
+        return (f"{split}.txt has {len(data)} bytes and not the "
+                f"{expected['bytes']} its manifest records, or other bytes")
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    return f"{type(error).__name__}: {error}"
+  return None
 
 
 def path(split="train", cache=None):

@@ -26,8 +26,10 @@ reads them back.
 """
 
 import dataclasses
+import hashlib
 import io
 import json
+import logging
 import os
 
 import tensorflow as tf
@@ -410,8 +412,15 @@ def default_tokenizer(kind="wordpiece", vocab_size=8000, cache=None):
                      f"{kind!r}.")
   directory = os.path.join(corpus.corpus_dir(cache),
                            f"tokenizer-{kind}-{vocab_size}")
-  if tf.io.gfile.exists(os.path.join(directory, CONFIG_FILE)):
-    return load(directory)
+  if tf.io.gfile.exists(directory):
+    damage = _cache_damage(directory)
+    if damage is None:
+      return load(directory)
+    # thattn's own cache entry, named by kind and size: learned again.
+    logging.getLogger("thattn").warning(
+        "thattn's cached tokenizer %s is damaged (%s); learning it again",
+        directory, damage)
+    tf.io.gfile.rmtree(directory)
   paragraphs = [line for document in corpus.documents("train", cache)
                 for line in document.split("\n")]
   if kind == "wordpiece":
@@ -420,5 +429,48 @@ def default_tokenizer(kind="wordpiece", vocab_size=8000, cache=None):
     tokenizer = train_sentencepiece(paragraphs, vocab_size)
   staging = f"{directory}.tmp{os.getpid()}"
   tokenizer.save(staging)
-  tf.io.gfile.rename(staging, directory, overwrite=True)
+  _write_cache_digest(staging)
+  try:
+    tf.io.gfile.rename(staging, directory, overwrite=True)
+  except (tf.errors.OpError, OSError):
+    # Another process put its (identical) tokenizer there first.
+    tf.io.gfile.rmtree(staging)
+    if _cache_damage(directory) is not None:
+      raise
   return tokenizer
+
+
+# A cached tokenizer's {file name: SHA-256}, written last into its folder.
+_CACHE_DIGEST = "cache_digest.json"
+
+
+def _write_cache_digest(directory):
+  digests = {name: _sha256(os.path.join(directory, name))
+             for name in sorted(tf.io.gfile.listdir(directory))}
+  with tf.io.gfile.GFile(os.path.join(directory, _CACHE_DIGEST), "w") as f:
+    f.write(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+
+
+def _cache_damage(directory):
+  """What does not match a cached tokenizer's digest, or None."""
+  digest_path = os.path.join(directory, _CACHE_DIGEST)
+  if not tf.io.gfile.exists(digest_path):
+    return (f"it has no {_CACHE_DIGEST} (written by an older thattn, or cut "
+            "short)")
+  try:
+    with tf.io.gfile.GFile(digest_path, "rb") as f:
+      digests = json.loads(f.read().decode("utf-8"))
+    names = set(tf.io.gfile.listdir(directory)) - {_CACHE_DIGEST}
+    if not isinstance(digests, dict) or set(digests) != names:
+      return f"its files are not those {_CACHE_DIGEST} lists"
+    for name, digest in digests.items():
+      if _sha256(os.path.join(directory, name)) != digest:
+        return f"{name} does not match {_CACHE_DIGEST}"
+  except (tf.errors.OpError, OSError, ValueError) as error:
+    return f"{type(error).__name__}: {error}"
+  return None
+
+
+def _sha256(path):
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
