@@ -294,3 +294,26 @@ def _lock_is_free(run):
       return False
     fcntl.flock(f, fcntl.LOCK_UN)
   return True
+
+
+def test_a_read_only_model_dir_is_named_not_a_traceback(tmp_path, data_flags):
+  """Issue 33: a model_dir on a read-only file system (a real read-only
+  bind mount) stops thattn-train with one line naming it."""
+  source, model_dir = tmp_path / "source", tmp_path / "read_only"
+  source.mkdir()
+  model_dir.mkdir()
+  mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(source),
+                            str(model_dir)], capture_output=True, check=False)
+  if mounted.returncode != 0:
+    pytest.skip(f"a read-only bind mount needs root: {mounted.stderr!r}")
+  try:
+    result = _train(model_dir, data_flags, "--train_steps=1")
+  finally:
+    subprocess.run(["umount", str(model_dir)], check=True)
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"thattn-train: error: cannot write into the model_dir {model_dir} "
+      f"({model_dir / '.thattn.lock'}): the file system is read-only. "
+      "Choose a --model_dir this user can write, or free space.")
+  assert "Traceback" not in result.stderr
+  assert not list(source.iterdir())

@@ -26,6 +26,8 @@ import socket
 import sys
 import time
 
+from thattn import write_failures
+
 LOCK_FILE = ".thattn.lock"
 
 
@@ -49,9 +51,18 @@ def hold(directory, *, log=print):
         "against a second run.")
     yield
     return
-  os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, LOCK_FILE)
-  descriptor = _lock(path, directory)
+  try:
+    os.makedirs(directory, exist_ok=True)
+    descriptor = _lock(path, directory)
+  except (PermissionError, OSError) as error:
+    reason = write_failures.cause(error) or (
+        "permission denied" if isinstance(error, PermissionError) else None)
+    if reason is None:
+      raise
+    raise write_failures.WriteFailed(
+        f"cannot write into the model_dir {directory} ({path}): {reason}. "
+        "Choose a --model_dir this user can write, or free space.") from None
   try:
     _write_holder(descriptor)
     yield
