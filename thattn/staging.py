@@ -21,6 +21,8 @@ import re
 import shutil
 import socket
 
+from thattn import write_failures
+
 MARKER = ".thattn-staging.json"
 _INCOMPLETE = "incomplete"
 
@@ -80,10 +82,21 @@ def staged(target, *, program, log=print, suffix=""):
   staging = staging_path(target, suffix)
   if os.path.isdir(staging):
     shutil.rmtree(staging)  # our own leftover: same name, same process id
-  os.makedirs(staging)
   try:
+    os.makedirs(staging)
     mark(staging, program=program, target=target)
     yield staging
+  except Exception as error:  # pylint: disable=broad-except
+    reason = write_failures.cause(error)
+    if reason is None:
+      raise
+    # A full or read-only disk: one line, not the writer's traceback.
+    failure = write_failures.WriteFailed(
+        f"{program} could not write {target}: {reason}. {target} is as it "
+        f"was and the unfinished copy ({staging}) is removed; make room and "
+        "run it again.")
+    failure.errno = write_failures.errno_of(reason)
+    raise failure from None
   finally:
     shutil.rmtree(staging, ignore_errors=True)  # gone if it was renamed
 

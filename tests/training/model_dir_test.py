@@ -317,3 +317,23 @@ def test_a_read_only_model_dir_is_named_not_a_traceback(tmp_path, data_flags):
       "Choose a --model_dir this user can write, or free space.")
   assert "Traceback" not in result.stderr
   assert not list(source.iterdir())
+
+
+def test_an_export_the_machine_refuses_leaves_its_target_as_it_was(
+    trained, tmp_path):
+  """Issue 33: an export that cannot be written (a file-size limit here; a
+  full disk refuses the same write) ends in one line naming the target,
+  which stays absent, with no staging folder left beside it."""
+  export_dir = tmp_path / "export"
+  refused = subprocess.run(
+      _command("export", f"--model_dir={trained}",
+               f"--export_dir={export_dir}"), env=_ENV, capture_output=True,
+      text=True, timeout=300, check=False,
+      preexec_fn=_file_size_limit(20_000))
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  error = refused.stderr.strip().splitlines()[-1]
+  assert error.startswith(
+      f"thattn-export: error: thattn-export could not write {export_dir}: a "
+      "file would exceed the size limit"), error
+  assert "Traceback" not in refused.stderr
+  assert sorted(os.listdir(tmp_path)) == []

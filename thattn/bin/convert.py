@@ -26,6 +26,8 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 convert = cli.import_mtf("convert", "thattn-convert")
 
 FLAGS = flags.FLAGS
@@ -66,7 +68,7 @@ def main(argv):
       convert.thattn_to_mtf(model_dir=FLAGS.model_dir,
                             mtf_model_dir=FLAGS.mtf_model_dir,
                             checkpoint=FLAGS.checkpoint, log=cli.print_now)
-  except ValueError as e:
+  except (ValueError, write_failures.WriteFailed) as e:  # no traceback
     sys.exit(f"thattn-convert: error: {e}")
 
 

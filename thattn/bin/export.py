@@ -31,6 +31,7 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 
 from thattn import export as export_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A model_dir written by thattn-train.")
@@ -57,7 +58,7 @@ def main(argv):
     cli.export_run(model_dir=FLAGS.model_dir, export_dir=export_dir,
                    program="thattn-export", checkpoint=FLAGS.checkpoint,
                    log=cli.print_now)
-  except ValueError as e:
+  except (ValueError, write_failures.WriteFailed) as e:  # no traceback
     sys.exit(f"thattn-export: error: {e}")
   cli.print_now(f"Inspect it: saved_model_cli show --all --dir {export_dir}")
 
