@@ -32,7 +32,8 @@ LONGEST_FILES = (
     "tests/training/model_dir_test.py", "tests/training/multi_worker_test.py",
     "tests/mtf/processes_test.py", "tests/keras3/backends_test.py",
     "tests/training/dtensor_train_test.py", "tests/sharding/dtensor_test.py",
-    "tests/benchmarks_smoke_test.py")
+    "tests/benchmarks_smoke_test.py", "tests/keras3/pallas_test.py",
+    "tests/kernels/build_test.py")
 
 
 def pytest_collection_modifyitems(items):
