@@ -102,29 +102,22 @@ def _dot(problem, a, b, contract_a=1, contract_b=0):
                          preferred_element_type=jnp.float32)
 
 
-def _mix(tiles, projection_ref, heads_out):
+def _mix(tiles, projection_ref, heads_out, transposed=False):
   """out[g] = sum_f P[f, g] * tiles[f]: the heads mix of whole tiles, or
-  the tiles themselves without a projection."""
+  the tiles themselves without a projection. `transposed`: out[f] =
+  sum_g P[f, g] * tiles[g], the mix's gradient."""
   if projection_ref is None:
     return list(tiles)
-  mixed = []
-  for g in range(heads_out):
-    acc = tiles[0] * projection_ref[0, g]
-    for f in range(1, len(tiles)):
-      acc = acc + tiles[f] * projection_ref[f, g]
-    mixed.append(acc)
-  return mixed
 
+  def weight(into, source):
+    return (projection_ref[into, source] if transposed else
+            projection_ref[source, into])
 
-def _mix_transposed(tiles, projection_ref, heads_out):
-  """out[f] = sum_g P[f, g] * tiles[g]: the gradient of `_mix`."""
-  if projection_ref is None:
-    return list(tiles)
   mixed = []
-  for f in range(heads_out):
-    acc = tiles[0] * projection_ref[f, 0]
-    for g in range(1, len(tiles)):
-      acc = acc + tiles[g] * projection_ref[f, g]
+  for into in range(heads_out):
+    acc = tiles[0] * weight(into, 0)
+    for source in range(1, len(tiles)):
+      acc = acc + tiles[source] * weight(into, source)
     mixed.append(acc)
   return mixed
 
@@ -228,26 +221,35 @@ def _causal_query_tile_start(problem, k_tile):
                              problem.tiles.block_q), 0)
 
 
+def _key_tile_of_row_tile(problem, refs, q_start, t):
+  """(cols, K tiles, J, L, allowed) of key tile `t` for the query tile at
+  `q_start` (the rows kernels' view: the query block is the ref's rows).
+
+  The query tiles are loaded again for every key tile (from cache): held
+  across the loop they would take h_k Bq d_k registers.
+  """
+  block_k = problem.tiles.block_k
+  k_start = pl.multiple_of(t * block_k, block_k)
+  cols = pl.ds(k_start, block_k)
+  queries = [refs.query[:, i, :] for i in range(problem.key_heads)]
+  keys = [refs.key[cols, i, :] for i in range(problem.key_heads)]
+  dots, logits, allowed = _tile_logits(problem, refs, queries, keys, q_start,
+                                       k_start, slice(None), cols)
+  return cols, keys, dots, logits, allowed
+
+
 # ---- forward ---------------------------------------------------------------
 
 
 def forward_kernel(problem, names, *refs):
   refs, (out_ref, max_ref, inverse_sum_ref) = _split_refs(names, refs)
-  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
+  block_q = problem.tiles.block_q
   q_tile = pl.program_id(1)
   q_start = q_tile * block_q
-  rows = slice(None)
   end = _causal_key_tile_end(problem, q_tile)
 
   def tile_logits(t):
-    # The query tiles are loaded again for every key tile (from cache):
-    # held across the loop they would take h_k Bq d_k registers.
-    k_start = pl.multiple_of(t * block_k, block_k)
-    cols = pl.ds(k_start, block_k)
-    queries = [refs.query[:, i, :] for i in range(problem.key_heads)]
-    keys = [refs.key[cols, i, :] for i in range(problem.key_heads)]
-    _, logits, _ = _tile_logits(problem, refs, queries, keys, q_start,
-                                k_start, rows, cols)
+    cols, _, _, logits, _ = _key_tile_of_row_tile(problem, refs, q_start, t)
     return cols, logits
 
   def statistics(t, carry):
@@ -327,26 +329,21 @@ def rows_kernel(problem, names, *refs):
   refs, outs = _split_refs(names, refs)
   (grad_query_ref, rowsum_ref, grad_pre_ref, grad_post_ref,
    grad_bias_ref) = _row_outputs(problem, outs)
-  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
+  block_q = problem.tiles.block_q
   q_tile = pl.program_id(1)
   q_start = q_tile * block_q
   stats = ([refs.row_max[h, :] for h in range(problem.heads)],
            [refs.inverse_sum[h, :] for h in range(problem.heads)])
-  rows = slice(None)
   end = _causal_key_tile_end(problem, q_tile)
 
   def recompute(t):
-    k_start = pl.multiple_of(t * block_k, block_k)
-    cols = pl.ds(k_start, block_k)
-    queries = [refs.query[:, i, :] for i in range(problem.key_heads)]
-    keys = [refs.key[cols, i, :] for i in range(problem.key_heads)]
-    dots, logits, allowed = _tile_logits(problem, refs, queries, keys,
-                                         q_start, k_start, rows, cols)
+    cols, keys, dots, logits, allowed = _key_tile_of_row_tile(
+        problem, refs, q_start, t)
     weights = _weights(logits, stats)
     grad_mixed = [_dot(problem, refs.grad_out[:, j, :],
                        refs.value[cols, j, :], 1, 1)
                   for j in range(problem.value_heads)]
-    grad_weights = _mix_transposed(grad_mixed, refs.post, problem.heads)
+    grad_weights = _mix(grad_mixed, refs.post, problem.heads, transposed=True)
     return cols, keys, dots, weights, grad_mixed, grad_weights, allowed
 
   def row_sums(t, sums):
@@ -370,10 +367,10 @@ def rows_kernel(problem, names, *refs):
     grad_logits = _grad_logits(weights, grad_weights, rowsum, allowed)
     if grad_bias_ref is not None:
       for h, g in enumerate(grad_logits):
-        grad_bias_ref[h, rows, cols] = g
+        grad_bias_ref[h, :, cols] = g
     _add_pair_sums(grad_pre_ref, dots, grad_logits)  # dP_l += J^T dL
     _add_pair_sums(grad_post_ref, weights, grad_mixed)  # dP_w += W^T dU
-    grad_dots = _mix_transposed(grad_logits, refs.pre, problem.key_heads)
+    grad_dots = _mix(grad_logits, refs.pre, problem.key_heads, transposed=True)
     return [dq + _dot(problem, g.astype(k.dtype), k)
             for dq, g, k in zip(grad_queries, grad_dots, keys)]
 
@@ -413,9 +410,9 @@ def columns_kernel(problem, names, *refs):
     mixed = _mix(weights, refs.post, problem.value_heads)
     grad_mixed = [_dot(problem, g, v, 1, 1)
                   for g, v in zip(grad_outs, values)]
-    grad_weights = _mix_transposed(grad_mixed, refs.post, problem.heads)
+    grad_weights = _mix(grad_mixed, refs.post, problem.heads, transposed=True)
     grad_logits = _grad_logits(weights, grad_weights, rowsum, allowed)
-    grad_dots = _mix_transposed(grad_logits, refs.pre, problem.key_heads)
+    grad_dots = _mix(grad_logits, refs.pre, problem.key_heads, transposed=True)
     grad_keys = [dk + _dot(problem, g.astype(q.dtype), q, 0, 0)
                  for dk, g, q in zip(grad_keys, grad_dots, queries)]
     grad_values = [dv + _dot(problem, u.astype(g.dtype), g, 0, 0)
