@@ -164,7 +164,7 @@ def checked_heads(num_heads, num_key_heads, num_value_heads, project_logits,
   for name, value in (("num_heads", num_heads),
                       ("num_key_heads", num_key_heads),
                       ("num_value_heads", num_value_heads)):
-    validation.positive_int(name, value)
+    validation.layer_int(name, value)
   if not project_logits and num_key_heads != num_heads:
     raise ValueError(
         f"project_logits=False needs num_key_heads == num_heads, got "
@@ -179,7 +179,7 @@ def checked_heads(num_heads, num_key_heads, num_value_heads, project_logits,
 def checked_groups(num_head_groups, num_key_heads, num_heads,
                    num_value_heads):
   """G if it divides h_k, h and h_v; ValueError naming the ones it doesn't."""
-  validation.positive_int("num_head_groups", num_head_groups)
+  validation.layer_int("num_head_groups", num_head_groups)
   sizes = {"num_key_heads": num_key_heads, "num_heads": num_heads,
            "num_value_heads": num_value_heads}
   indivisible = {name: size for name, size in sizes.items()
@@ -304,8 +304,9 @@ def output_width(owner, output_shape):
   if isinstance(output_shape, (tuple, list)) and len(output_shape) == 1:
     return output_shape[0]
   raise ValueError(
-      f"{owner}: output_shape must be an int d_Y or a 1-tuple (d_Y,), got "
-      f"{output_shape!r}; thattn's layers output [batch, length, d_Y].")
+      f"{owner}: Invalid `output_shape`: {output_shape!r}. thattn's layers "
+      "output [batch, length, d_Y], so output_shape must be an int d_Y or a "
+      "1-tuple (d_Y,).")
 
 
 # tf_keras's `attention_axes` values that mean thattn's only layout, rank-3

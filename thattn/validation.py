@@ -25,6 +25,20 @@ def positive_int(name, value, *, owner=None, optional=False):
   return value
 
 
+def layer_int(name, value, *, owner=None, optional=False):
+  """`positive_int` for a layer's constructor argument, worded as Keras 3's
+  layers word it ("Received an invalid value for argument `num_heads`..."),
+  so code matching Keras's messages matches thattn's too."""
+  if optional and value is None:
+    return value
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    expected = "a positive integer" + (" or `None`" if optional else "")
+    raise ValueError(
+        f"{_prefix(owner)}Received an invalid value for argument `{name}`, "
+        f"expected {expected}. Received: {name}={value!r}")
+  return value
+
+
 def non_negative_int(name, value, *, owner=None):
   """`value` if it is an int >= 0 (not a bool)."""
   if isinstance(value, bool) or not isinstance(value, int) or value < 0:

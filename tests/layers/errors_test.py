@@ -8,15 +8,15 @@ from thattn import layers
 
 @pytest.mark.parametrize("make_layer,message", [
     (lambda: layers.TalkingHeadsAttention(0, 4),
-     r"num_heads must be a positive integer, got 0"),
+     r"argument `num_heads`, expected a positive integer. Received: num_heads=0"),
     (lambda: layers.MultiHeadAttention(-2, 4),
-     r"num_heads must be a positive integer, got -2"),
+     r"argument `num_heads`, expected a positive integer. Received: num_heads=-2"),
     (lambda: layers.TalkingHeadsAttention(4, 0),
-     r"key_dim must be a positive integer, got 0"),
+     r"argument `key_dim`, expected a positive integer. Received: key_dim=0"),
     (lambda: layers.TalkingHeadsAttention(4, 8, num_key_heads=2.5),
-     r"num_key_heads must be a positive integer, got 2.5"),
+     r"argument `num_key_heads`, expected a positive integer. Received: num_key_heads=2.5"),
     (lambda: layers.GeneralBilinearAttention(0),
-     r"num_heads must be a positive integer, got 0"),
+     r"argument `num_heads`, expected a positive integer. Received: num_heads=0"),
     (lambda: layers.TalkingHeadsAttention(4, 8, num_key_heads=6,
                                           project_logits=False),
      r"project_logits=False needs num_key_heads == num_heads, got "

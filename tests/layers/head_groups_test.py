@@ -228,13 +228,11 @@ def test_count_params_equals_complexity(kwargs):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(num_head_groups=0), "num_head_groups must be a positive integer, "
-     "got 0"),
-    (dict(num_head_groups=-2), "num_head_groups must be a positive integer"),
-    (dict(num_head_groups=True), "num_head_groups must be a positive integer, "
-     "got True"),
-    (dict(num_head_groups=2.0), "num_head_groups must be a positive integer, "
-     "got 2.0"),
+    (dict(num_head_groups=0), "argument `num_head_groups`, expected a positive "
+     "integer. Received: num_head_groups=0"),
+    (dict(num_head_groups=-2), "argument `num_head_groups`, expected a positive integer"),
+    (dict(num_head_groups=True), "Received: num_head_groups=True"),
+    (dict(num_head_groups=2.0), "Received: num_head_groups=2.0"),
     (dict(num_head_groups=3), r"num_head_groups=3 must divide num_key_heads, "
      r"num_heads and num_value_heads, got num_key_heads=4, num_heads=8, "
      r"num_value_heads=12 \(num_key_heads, num_heads not divisible by 3\)"),

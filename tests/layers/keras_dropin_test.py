@@ -200,8 +200,8 @@ def test_older_argument_names_are_aliases():
   with pytest.raises(ValueError, match=r"dropout=0.1 and its alias "
                      r"dropout_rate=0.2 disagree; pass only dropout"):
     layers.MultiHeadAttention(2, 4, dropout=0.1, dropout_rate=0.2)
-  with pytest.raises(ValueError, match=r"output_shape must be an int d_Y or "
-                     r"a 1-tuple \(d_Y,\), got \(3, 4\)"):
+  with pytest.raises(ValueError, match=r"Invalid `output_shape`: \(3, 4\)\. "
+                     r".*must be an int d_Y or a 1-tuple \(d_Y,\)"):
     layers.MultiHeadAttention(2, 4, output_shape=(3, 4))
   with pytest.raises(ValueError, match=r"attention_axes=\(1, 2\) is not "
                      r"supported"):

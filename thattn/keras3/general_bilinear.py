@@ -31,7 +31,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
                kernel_initializer=None, **kwargs):
     super().__init__(output_shape=output_shape, dropout=dropout,
                      kernel_initializer=kernel_initializer, **kwargs)
-    self.num_heads = validation.positive_int("num_heads", num_heads)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
 
   def _initializer(self, fan_in):
     return self.kernel_initializer or keras.initializers.RandomNormal(

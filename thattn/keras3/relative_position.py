@@ -23,7 +23,7 @@ class RelativePositionBias(keras.layers.Layer):
   def __init__(self, num_heads, bidirectional=True, num_buckets=32,
                max_distance=128, embeddings_initializer=None, **kwargs):
     super().__init__(**kwargs)
-    self.num_heads = validation.positive_int("num_heads", num_heads)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
     attention_spec.check_relative_buckets(bidirectional, num_buckets,
                                           max_distance)
     self.bidirectional = bidirectional

@@ -62,13 +62,13 @@ class ProjectedAttention(base.AttentionLayer):
                query_chunk_size=None, **kwargs):
     super().__init__(**kwargs)
     value_dim = key_dim if value_dim is None else value_dim
-    self.num_heads = validation.positive_int("num_heads", num_heads)
-    self.num_key_heads = validation.positive_int("num_key_heads",
+    self.num_heads = validation.layer_int("num_heads", num_heads)
+    self.num_key_heads = validation.layer_int("num_key_heads",
                                                  num_key_heads)
-    self.num_value_heads = validation.positive_int("num_value_heads",
+    self.num_value_heads = validation.layer_int("num_value_heads",
                                                    num_value_heads)
-    self.key_dim = validation.positive_int("key_dim", key_dim)
-    self.value_dim = validation.positive_int("value_dim", value_dim)
+    self.key_dim = validation.layer_int("key_dim", key_dim)
+    self.value_dim = validation.layer_int("value_dim", value_dim)
     self.use_bias = use_bias
     self.bias_initializer = tf_keras.initializers.get(bias_initializer)
     self.query_chunk_size = validation.positive_int(

@@ -73,7 +73,7 @@ class RelativePositionBias(tf_keras.layers.Layer):
   def __init__(self, num_heads, bidirectional=True, num_buckets=32,
                max_distance=128, embeddings_initializer=None, **kwargs):
     super().__init__(**kwargs)
-    self.num_heads = validation.positive_int("num_heads", num_heads)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
     relative_position_bucket(0, bidirectional, num_buckets, max_distance)
     self.bidirectional = bidirectional
     self.num_buckets = num_buckets
