@@ -26,6 +26,9 @@ KEY_PROJECTION = "bme,eik->bmik"
 VALUE_PROJECTION = "bme,ejv->bmjv"
 # Y[b, n, d_Y] = einsum(O[b, n, h_v, d_v], P_o[h_v, d_v, d_Y])
 OUTPUT_PROJECTION = "bnjv,jvo->bno"
+# The gate G[n, h_v, d_v] = sigmoid(einsum(X[n, d_X], P_g[d_X, h_v, d_v])),
+# which multiplies O before the output projection (Keras 3's use_gate).
+GATE_PROJECTION = "bnd,djv->bnjv"
 # J[b, h_k, n, m] = einsum(Q[b, n, h_k, d_k], K[b, m, h_k, d_k])
 DOT_PRODUCT = "bnik,bmik->binm"
 # O[b, n, h_v, d_v] = einsum(U[b, h_v, n, m], V[b, m, h_v, d_v])
@@ -115,6 +118,9 @@ PROJECTION_AXES = {
               "bias": (dims.VALUE_HEADS, dims.D_V)},
     "output": {"kernel": (dims.VALUE_HEADS, dims.D_V, dims.D_MODEL),
                "bias": (dims.D_MODEL,)},
+    # The Keras 3 layers' gate (keras.layers.MultiHeadAttention's use_gate).
+    "gate": {"kernel": (dims.D_MODEL, dims.VALUE_HEADS, dims.D_V),
+             "bias": (dims.VALUE_HEADS, dims.D_V)},
 }
 BILINEAR_AXES = {"bilinear_p": (dims.D_MODEL, dims.D_K, dims.HEADS),
                  "bilinear_q": (dims.D_V, dims.D_MODEL, dims.HEADS)}
@@ -324,6 +330,17 @@ def check_attention_axes(owner, attention_axes):
         "into the batch or length axis.")
 
 
+def check_memory_shapes(owner, value_shape, key_shape):
+  """Keras's check of `compute_output_shape` and `build`: key and value
+  agree in every dimension but the width."""
+  value_shape, key_shape = tuple(value_shape), tuple(key_shape)
+  if value_shape[1:-1] != key_shape[1:-1]:
+    raise ValueError(
+        f"{owner}: All dimensions of `value` and `key`, except the last one, "
+        f"must be equal. Received: value_shape={value_shape} and "
+        f"key_shape={key_shape} (both are the memory M[b, m, ...]).")
+
+
 def check_lengths(owner, shapes):
   """Refuses inputs whose batch or memory lengths disagree (static shapes).
 
@@ -344,6 +361,7 @@ def check_lengths(owner, shapes):
                               for name in ("key", "value"))
   if None not in (key_length, value_length) and key_length != value_length:
     raise ValueError(
-        f"{owner}: key and value must have the same length (both are the "
-        f"memory M[b, m, ...]), got key {tuple(shapes['key'])} and value "
-        f"{tuple(shapes['value'])}.")
+        f"{owner}: All dimensions of `value` and `key`, except the last one, "
+        f"must be equal. Received: value_shape={tuple(shapes['value'])} and "
+        f"key_shape={tuple(shapes['key'])} (both are the memory "
+        "M[b, m, ...], so their lengths must agree).")

@@ -1,8 +1,11 @@
 """thattn.keras3's layers on the TensorFlow, JAX and PyTorch backends.
 
-Each backend runs `backend_checks.py` in a process of its own (see
-`processes.py`); this file also checks a `.keras` file written on one
-backend loading on the others. A backend whose package is missing skips
+Each backend runs `backend_checks.py` (the layers against the paper),
+`conventions_checks.py` (keras.layers.MultiHeadAttention's conventions:
+gate, window, masks, LoRA, quantization, flash attention, from_keras) and
+`keras_suite_checks.py` (Keras 3.15's own MultiHeadAttention tests on
+thattn's layer) in a process of its own (see `processes.py`); this file
+also checks a `.keras` file written on one backend loading on the others. A backend whose package is missing skips
 (the `[jax]` and `[torch]` extras; CI installs both).
 """
 
@@ -22,8 +25,10 @@ def exchange(tmp_path_factory):
 @pytest.mark.parametrize("backend", processes.BACKENDS)
 def test_layers_on_each_backend(backend, exchange):
   processes.require(backend)
-  output = processes.run_pytest(backend, "backend_checks.py",
-                                THATTN_KERAS3_EXCHANGE=str(exchange))
+  output = processes.run_pytest(
+      backend, ["backend_checks.py", "conventions_checks.py",
+                "keras_suite_checks.py"],
+      THATTN_KERAS3_EXCHANGE=str(exchange))
   assert re.search(r"\d+ passed", output), output
 
 

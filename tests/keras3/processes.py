@@ -35,9 +35,13 @@ def run(backend, args, timeout=600, **env):
 
 
 def run_pytest(backend, checks, **env):
+  """pytest on one or more *_checks.py files (a name or a list), in one
+  process: the backend's import is paid once."""
+  checks = [checks] if isinstance(checks, str) else list(checks)
   # --noconftest: tests/conftest.py imports TensorFlow and tensorflow-text
   # for the other tests, which the JAX and PyTorch processes must not need.
   return run(backend, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "--noconftest", str(HERE / checks)], **env)
+                        "--noconftest", *(str(HERE / name) for name in checks)],
+             **env)
 
 

@@ -103,6 +103,7 @@ def test_batch_or_memory_length_mismatch_names_the_shapes():
   with pytest.raises(ValueError, match=r"same batch size, got shapes query "
                      r"\(2, 3, 8\), key \(3, 4, 8\), value \(3, 4, 8\)"):
     layer(tf.zeros([2, 3, 8]), tf.zeros([3, 4, 8]))
-  with pytest.raises(ValueError, match=r"key and value must have the same "
-                     r"length.*key \(2, 5, 8\) and value \(2, 4, 8\)"):
+  with pytest.raises(ValueError, match=r"All dimensions of `value` and `key`, "
+                     r"except the last one, must be equal. Received: "
+                     r"value_shape=\(2, 4, 8\) and key_shape=\(2, 5, 8\)"):
     layer(tf.zeros([2, 3, 8]), tf.zeros([2, 4, 8]), key=tf.zeros([2, 5, 8]))

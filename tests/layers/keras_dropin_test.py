@@ -317,3 +317,20 @@ def test_the_docs_example_runs():
   assert blocks
   for block in blocks:
     exec(compile(block, str(docs), "exec"), {})  # pylint: disable=exec-used
+
+
+def test_compute_output_shape_raises_keras_errors():
+  """tf_keras's checks of compute_output_shape (but for its query width ==
+  value width, which thattn's cross-attention does not need)."""
+  layer = layers.TalkingHeadsAttention(2, 4)
+  assert layer.compute_output_shape((2, 5, 8), (2, 7, 3)).as_list() == [
+      2, 5, 8]
+  with pytest.raises(ValueError, match=r"All dimensions of `value` and `key`, "
+                     r"except the last one, must be equal. Received: "
+                     r"value_shape=\(2, 7, 3\) and key_shape=\(2, 6, 3\)"):
+    layer.compute_output_shape((2, 5, 8), (2, 7, 3), (2, 6, 3))
+  layer(tf.ones((2, 5, 8)), tf.ones((2, 7, 3)))
+  with pytest.raises(ValueError, match=r"The last dimension of `value_shape` "
+                     r"must be equal to the width the layer was built for, "
+                     r"3"):
+    layer.compute_output_shape((2, 5, 8), (2, 7, 4))

@@ -82,6 +82,23 @@ def _finish(Y, A, return_weights):
   return Y
 
 
+def _gated(O, X, P_g):
+  """Keras 3's `use_gate` (not in the paper): O[n, heads, d] times
+  sigmoid(einsum(X[n, d_X], P_g[d_X, heads, d])), before the output
+  projection."""
+  if P_g is None:
+    return O
+  G = 1.0 / (1.0 + np.exp(-np.einsum("bnX,Xhv->bnhv", X,
+                                     np.asarray(P_g, np.float64))))
+  return O * G
+
+
+def band_mask(batch, n, m, window, offset=0):
+  """Boolean [b, n, m]: Keras 3's sliding window |i + offset - j| < w."""
+  distance = np.arange(n)[:, None] + offset - np.arange(m)[None, :]
+  return np.broadcast_to(np.abs(distance) < window, (batch, n, m)).copy()
+
+
 def causal_mask(batch, n, m):
   """Boolean [b, n, m]: query position i may attend memory position j <= i."""
   tri = np.arange(m)[None, :] <= np.arange(n)[:, None]
@@ -94,7 +111,7 @@ def causal_mask(batch, n, m):
 
 
 def multi_head_attention(X, M, P_q, P_k, P_v, P_o, mask=None,
-                         return_weights=False):
+                         return_weights=False, P_g=None):
   """MultiHeadAttention (Section 3.3), one heads dimension h.
 
   Args:
@@ -118,6 +135,7 @@ def multi_head_attention(X, M, P_q, P_k, P_v, P_o, mask=None,
   W = softmax(L, axis=2)
   # O[n, d_v, h] = einsum(W[n, m, h], V[m, d_v, h])
   O = np.einsum("bnmh,bmhv->bnhv", W, V)
+  O = _gated(O, X, P_g)
   # Y[n, d_Y] = einsum(O[n, d_v, h], P_o[d_Y, d_v, h])
   Y = np.einsum("bnhv,hvY->bnY", O, P_o)
   return _finish(Y, W, return_weights)
@@ -129,7 +147,7 @@ def multi_head_attention(X, M, P_q, P_k, P_v, P_o, mask=None,
 
 
 def talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None, P_w=None,
-                            mask=None, return_weights=False):
+                            mask=None, return_weights=False, P_g=None):
   """TalkingHeadsAttention (Section 4) with separate h_k, h, h_v, d_k, d_v.
 
   Args:
@@ -167,6 +185,7 @@ def talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None, P_w=None,
     U = np.einsum("bnmh,hV->bnmV", W, P_w)
   # O[n, d_v, h_v] = einsum(U[n, m, h_v], V[m, d_v, h_v])
   O = np.einsum("bnmV,bmVv->bnVv", U, V)
+  O = _gated(O, X, P_g)
   # Y[n, d_Y] = einsum(O[n, d_v, h_v], P_o[d_Y, d_v, h_v])
   Y = np.einsum("bnVv,VvY->bnY", O, P_o)
   return _finish(Y, U, return_weights)
@@ -179,7 +198,7 @@ def talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None, P_w=None,
 
 def talking_heads_attention_with_dynamic_projections(
     X, M, P_q, P_k, P_v, P_o, P_l=None, P_w=None, P_Xl=None, P_Ml=None,
-    P_Xw=None, P_Mw=None, mask=None, return_weights=False):
+    P_Xw=None, P_Mw=None, mask=None, return_weights=False, P_g=None):
   """TalkingHeadsAttentionWithDynamicProjections (Appendix A).
 
   Any subset of the four dynamic projections may be given; each one given
@@ -234,6 +253,7 @@ def talking_heads_attention_with_dynamic_projections(
 
   # O[n, d_v, h_v] = einsum(U[n, m, h_v], V[m, d_v, h_v])
   O = np.einsum("bnmV,bmVv->bnVv", U, V)
+  O = _gated(O, X, P_g)
   # Y[n, d_Y] = einsum(O[n, d_v, h_v], P_o[d_Y, d_v, h_v])
   Y = np.einsum("bnVv,VvY->bnY", O, P_o)
   return _finish(Y, U, return_weights)
@@ -263,7 +283,7 @@ def block_diagonal(blocks):
 def grouped_talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None,
                                     P_w=None, P_Xl=None, P_Ml=None,
                                     P_Xw=None, P_Mw=None, mask=None,
-                                    return_weights=False):
+                                    return_weights=False, P_g=None):
   """Talking heads whose head projections are block-diagonal.
 
   Takes only the blocks: P_l[G, h_k/G, h/G], P_w[G, h/G, h_v/G] and the
@@ -277,7 +297,7 @@ def grouped_talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None,
                                 ("P_Mw", P_Mw))}
   return talking_heads_attention_with_dynamic_projections(
       X, M, P_q, P_k, P_v, P_o, mask=mask, return_weights=return_weights,
-      **dense)
+      P_g=P_g, **dense)
 
 
 # --------------------------------------------------------------------------
@@ -285,7 +305,8 @@ def grouped_talking_heads_attention(X, M, P_q, P_k, P_v, P_o, P_l=None,
 # --------------------------------------------------------------------------
 
 
-def general_bilinear_attention(X, M, P, Q, mask=None, return_weights=False):
+def general_bilinear_attention(X, M, P, Q, mask=None, return_weights=False,
+                               P_g=None):
   """GeneralBilinearMultiheadAttention (Section 6).
 
   Args:
@@ -299,8 +320,12 @@ def general_bilinear_attention(X, M, P, Q, mask=None, return_weights=False):
   L = _mask_logits(L, mask)
   # W[n, m, h] = softmax(L[n, m, h], reduced_dim=m)
   W = softmax(L, axis=2)
-  # Y[n, d_Y] = einsum(W[n, m, h], M[m, d_M], Q[d_M, d_Y, h])
-  Y = np.einsum("bnmh,bmM,MYh->bnY", W, M, Q, optimize=True)
+  if P_g is None:
+    # Y[n, d_Y] = einsum(W[n, m, h], M[m, d_M], Q[d_M, d_Y, h])
+    Y = np.einsum("bnmh,bmM,MYh->bnY", W, M, Q, optimize=True)
+  else:  # the gate multiplies each head's weighted memory [n, h, d_M]
+    O = _gated(np.einsum("bnmh,bmM->bnhM", W, M), X, P_g)
+    Y = np.einsum("bnhM,MYh->bnY", O, Q)
   return _finish(Y, W, return_weights)
 
 
@@ -365,6 +390,7 @@ TOKEN_TO_ARG = {
     "m2w": "P_Mw",
     "bilinear_p": "P",
     "bilinear_q": "Q",
+    "gate": "P_g",
 }
 
 

@@ -14,6 +14,8 @@ from thattn.keras3.base import ScaledInitializer
 from thattn.keras3.distribution import DEFAULT_LAYOUT_RULES
 from thattn.keras3.distribution import layout_map
 from thattn.keras3.general_bilinear import GeneralBilinearAttention
+from thattn.keras3.keras_interop import from_keras
+from thattn.keras3.keras_interop import to_keras
 from thattn.keras3.projected import MultiHeadAttention
 from thattn.keras3.projected import TalkingHeadsAttention
 from thattn.keras3.relative_position import RelativePositionBias

@@ -1,19 +1,30 @@
-"""The Keras 3 attention layer base: masks, caches, building, configs.
+"""The Keras 3 attention layer base: masks, caches, gates, building, configs.
 
 The Keras 3 counterpart of `thattn.layers.base.AttentionLayer`, written
 with `keras.ops` so it runs on the TensorFlow, JAX and PyTorch backends.
 A variant says three things:
 - how the queries X[b, n, d_X] become per-query tensors (`project_query`),
 - how the memory M[b, m, d_M] becomes per-memory tensors (`project_memory`),
-- how those produce the output Y[b, n, d_Y] (`attend`).
+- how those produce the per-head context O[b, n, heads, d] (`attend`),
+  which `project_output` turns into Y[b, n, d_Y] (`_output_dense`).
 
 Constructor, call and weights are `thattn.layers`' (tf_keras's positional
 call order and names; weights with the same names, shapes and order), so
-`set_weights(tf_keras_layer.get_weights())` carries a layer across.
-Keras 3 conventions where they differ: the build is
-`build(query_shape, value_shape, key_shape=None)` (recorded by Keras in the
-build config), and Keras implicit masks arrive as `query_mask`,
-`value_mask` and `key_mask`, as in `keras.layers.MultiHeadAttention`.
+`set_weights(tf_keras_layer.get_weights())` carries a layer across. On top,
+keras.layers.MultiHeadAttention's (Keras 3.15) conventions:
+- `query_dense`, `key_dense`, `value_dense`, `output_dense` (and `gate_dense`)
+  are the projections, EinsumDense layers, so `enable_lora(rank)` and
+  `quantize(mode)` work on them as on Keras's layer;
+- `use_gate`: O is multiplied by sigmoid(X P_g) [b, n, heads, d] before the
+  output projection; `sliding_window`: one more mask (`thattn.keras3.masks`);
+- masks of rank 2, 3 and 4; Keras implicit masks (`query_mask`,
+  `value_mask`, `key_mask`) folded into the attention mask and cleared
+  before the projections;
+- `_compute_attention(query, key, value, attention_mask=None, training=None,
+  return_attention_scores=False)` is the core every variant goes through and
+  the one override point (`thattn.keras3.conventions`);
+- the build is `build(query_shape, value_shape, key_shape=None)` and
+  `compute_output_shape` checks the shapes as Keras does.
 """
 
 import keras
@@ -22,7 +33,8 @@ from keras import ops
 from thattn import attention_spec
 from thattn import validation
 from thattn.keras3 import attention_math
-
+from thattn.keras3 import conventions
+from thattn.keras3 import masks
 
 class AttentionLayer(keras.layers.Layer):
   """Base class; subclasses implement `create_weights`, `project_query`,
@@ -34,18 +46,19 @@ class AttentionLayer(keras.layers.Layer):
           use_causal_mask=False, *, position_bias=None, cache=None,
           decode_step=None)
 
-  as `thattn.layers.AttentionLayer`: `attention_mask` is boolean or 0/1,
-  broadcastable to [b, n, m]; `position_bias` is added to the logits
-  L[b, h, n, m]; `cache` / `decode_step` decode incrementally
-  (`initial_cache`, `memory_cache`). Returns Y, or (Y, scores), and the
-  cache last whenever one was passed in.
+  as `thattn.layers.AttentionLayer`: `attention_mask` is boolean or 0/1, of
+  rank 2 [n, m], 3 [b, n, m] or 4 [b, h, n, m] (Keras's broadcasting);
+  `position_bias` is added to the logits L[b, h, n, m]; `cache` /
+  `decode_step` decode incrementally (`initial_cache`, `memory_cache`).
+  Returns Y, or (Y, scores), and the cache last whenever one was passed in.
   """
 
   def __init__(self, output_shape=None, dropout=0.0,
                kernel_initializer="glorot_uniform", kernel_regularizer=None,
                bias_regularizer=None, activity_regularizer=None,
                kernel_constraint=None, bias_constraint=None, *,
-               output_dim=None, dropout_rate=None, **kwargs):
+               output_dim=None, dropout_rate=None, use_gate=False,
+               sliding_window=None, seed=None, **kwargs):
     super().__init__(activity_regularizer=activity_regularizer, **kwargs)
     output_name, output_shape = attention_spec.resolve_alias(
         self.name, ("output_shape", output_shape), ("output_dim", output_dim),
@@ -56,14 +69,18 @@ class AttentionLayer(keras.layers.Layer):
         output_name, attention_spec.output_width(self.name, output_shape),
         optional=True)
     self.dropout = validation.rate(dropout_name, dropout)
+    self.use_gate = masks.check_flag(self.name, "use_gate", use_gate)
+    self.sliding_window = masks.check_window(self.name, sliding_window)
+    self.seed = seed
     self.kernel_initializer = keras.initializers.get(kernel_initializer)
     self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
     self.bias_regularizer = keras.regularizers.get(bias_regularizer)
     self.kernel_constraint = keras.constraints.get(kernel_constraint)
     self.bias_constraint = keras.constraints.get(bias_constraint)
-    self._dropout_layer = keras.layers.Dropout(dropout,
+    self._dropout_layer = keras.layers.Dropout(dropout, seed=seed,
                                                dtype=self.dtype_policy)
     self._axes_by_path = {}
+    self._gate_dense = None
     self.supports_masking = True
 
   # ---- hooks --------------------------------------------------------------
@@ -78,14 +95,69 @@ class AttentionLayer(keras.layers.Layer):
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
-    """(Y, scores); `need_scores` False lets a kernel that never forms the
-    scores return None for them."""
+    """(O[b, n, heads, d], scores) before the output projection;
+    `need_scores` False lets a kernel that never forms the scores return
+    None for them."""
     raise NotImplementedError
+
+  def gate_shape(self):
+    """(heads, d) of O, which the gate multiplies."""
+    raise NotImplementedError
+
+  def project_output(self, context):
+    """Y[b, n, d_Y] from O (the output projection)."""
+    return self._output_dense(context)
 
   @property
   def attention_scores_heads(self):
     """The heads of the returned scores (talking heads: h_v)."""
     return self.num_heads
+
+  # ---- the projections, as keras.layers.MultiHeadAttention names them ------
+  @property
+  def query_dense(self):
+    return getattr(self, "_query_dense", None)
+
+  @property
+  def key_dense(self):
+    return getattr(self, "_key_dense", None)
+
+  @property
+  def value_dense(self):
+    return getattr(self, "_value_dense", None)
+
+  @property
+  def output_dense(self):
+    return getattr(self, "_output_dense", None)
+
+  @property
+  def gate_dense(self):
+    return self._gate_dense
+
+  @property
+  def _sliding_window(self):
+    """keras.layers.MultiHeadAttention's name for `sliding_window`."""
+    return self.sliding_window
+
+  def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform",
+                  b_initializer="zeros",
+                  projections=("query", "key", "value", "output")):
+    """LoRA on the named projections, as `query_dense.enable_lora(rank)`
+    on each (Keras's EinsumDense LoRA: the kernel frozen, trainable factors
+    [.., rank] and [rank, ..], the second zero so the outputs start
+    unchanged); `rank` and `lora_alpha` checked first. P_l and P_w stay
+    trainable."""
+    conventions.enable_lora(self, rank, lora_alpha, a_initializer,
+                            b_initializer, projections)
+
+  def quantize(self, mode=None, type_check=True, config=None):
+    """Quantizes the projections (every EinsumDense sublayer) in `mode`, as
+    `Model.quantize` does; P_l and P_w stay as they are, in the layer's
+    dtype and trainable. The config then carries the quantized policies
+    (`conventions.quantized_policies`) so a saved model reloads."""
+    for layer in conventions.projections(self):
+      layer.quantize(mode, type_check=type_check, config=config)
+    self._is_quantized = True
 
   # ---- weights and their logical axes -------------------------------------
   def add_axes_weight(self, name, shape, axes, initializer):
@@ -98,11 +170,30 @@ class AttentionLayer(keras.layers.Layer):
     return variable
 
   def add_axes_sublayer(self, layer, input_shape, axes_by_weight):
-    """Builds a sublayer and records the logical axes of its weights."""
+    """Builds a sublayer and records the logical axes of its weights (a
+    quantized projection's scales and LoRA factors have none: replicated)."""
     layer.build(input_shape)
     for variable in layer.weights:
-      self._axes_by_path[variable.path] = tuple(axes_by_weight[variable.name])
+      if variable.name in axes_by_weight:
+        self._axes_by_path[variable.path] = tuple(
+            axes_by_weight[variable.name])
     return layer
+
+  def einsum_dense(self, name, equation, output_shape, input_shape, *,
+                   initializer, bias_axes=None, activation=None):
+    """A built projection with the layer's regularizers and constraints."""
+    layer = keras.layers.EinsumDense(
+        equation, output_shape=output_shape, bias_axes=bias_axes,
+        activation=activation,
+        kernel_initializer=fresh(initializer),
+        bias_initializer=fresh(getattr(self, "bias_initializer", "zeros")),
+        kernel_regularizer=self.kernel_regularizer,
+        bias_regularizer=self.bias_regularizer,
+        kernel_constraint=self.kernel_constraint,
+        bias_constraint=self.bias_constraint,
+        dtype=self.dtype_policy, name=name)
+    return self.add_axes_sublayer(layer, input_shape,
+                                  attention_spec.PROJECTION_AXES[name])
 
   @property
   def logical_axes(self):
@@ -112,6 +203,7 @@ class AttentionLayer(keras.layers.Layer):
   # ---- building -----------------------------------------------------------
   def build(self, query_shape, value_shape, key_shape=None):
     key_shape = value_shape if key_shape is None else key_shape
+    attention_spec.check_memory_shapes(self.name, value_shape, key_shape)
     for name, shape in (("query", query_shape), ("value", value_shape),
                         ("key", key_shape)):
       if len(shape) != 3 or shape[-1] is None:
@@ -120,13 +212,18 @@ class AttentionLayer(keras.layers.Layer):
             f"with a known width, got {tuple(shape)}.")
     self._widths = {"query": query_shape[-1], "key": key_shape[-1],
                     "value": value_shape[-1]}
-    distribution = keras.distribution.distribution()
-    if distribution is None:
-      self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
-      return
     try:
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
+      if self.use_gate:
+        self._gate_dense = self.einsum_dense(
+            "gate", attention_spec.GATE_PROJECTION,
+            (None,) + tuple(self.gate_shape()), (None, None, query_shape[-1]),
+            initializer=self.kernel_initializer, activation="sigmoid",
+            bias_axes="jv" if getattr(self, "use_bias", False) else None)
     except ValueError as error:
+      distribution = keras.distribution.distribution()
+      if distribution is None:
+        raise
       # The backend's message names an array size and a mesh axis, not the
       # layer, its heads or the rules that asked for the split.
       mesh = distribution.device_mesh
@@ -164,18 +261,15 @@ class AttentionLayer(keras.layers.Layer):
            return_attention_scores=False, training=None,
            use_causal_mask=False, *, query_mask=None, value_mask=None,
            key_mask=None, position_bias=None, cache=None, decode_step=None):
-    if value is None and cache is None:
-      raise ValueError(f"{self.name}: `value` (the memory) is required unless "
-                       "a cross-attention `cache` is given.")
-    if decode_step is not None and cache is None:
-      raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
-                       "cache; create one with `initial_cache`.")
+    self._check_call(value, cache, decode_step)
     if key is value:
-      key_mask = None  # counted once, as in tf_keras
+      key_mask = None  # counted once, as in Keras
+    masks.clear_implicit_masks(query, value, key)
     query = self._cast(query)
     value = self._cast(value)
     key = value if key is None else self._cast(key)
     self._check_inputs(query, key, value)
+    gate = None if self._gate_dense is None else self._gate_dense(query)
     query_state = self.project_query(query)
     query_offset = 0
     if cache is None:
@@ -190,16 +284,80 @@ class AttentionLayer(keras.layers.Layer):
       query_offset = decode_step
       use_causal_mask = True  # later cache slots are still empty
       value_mask = key_mask = None
-    mask = self._combined_mask(attention_mask, query_mask, value_mask,
-                               key_mask)
+    window = masks.positions_band(
+        query.shape[1], next(iter(memory_state.values())).shape[1],
+        query_offset, window=self.sliding_window)
+    mask = masks.combine(
+        None if attention_mask is None else masks.attention_mask(
+            self.name, attention_mask, self.num_heads),
+        masks.implicit_attention_mask(query_mask, value_mask, key_mask),
+        window)
     causal_offset = query_offset if use_causal_mask else None
-    output, scores = self.attend(query_state, memory_state, mask,
-                                 position_bias, training, causal_offset,
-                                 need_scores=return_attention_scores)
+    if conventions.overrides_compute_attention(self, AttentionLayer):
+      context, scores = conventions.override_call(
+          self, query_state, memory_state, mask, position_bias, training,
+          causal_offset, return_attention_scores)
+    else:
+      context, scores = self._compute_attention(
+          query_state["query"], memory_state["key"], memory_state["value"],
+          mask, training, return_attention_scores,
+          causal_offset=causal_offset, position_bias=position_bias,
+          dynamic_projections=conventions.dynamic_tensors(query_state,
+                                                          memory_state))
+    if gate is not None:
+      context = context * ops.cast(gate, context.dtype)
+    output = self.project_output(context)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
       results += (memory_state,)
     return results[0] if len(results) == 1 else results
+
+  def _compute_attention(self, query, key, value, attention_mask=None,
+                         training=None, return_attention_scores=False,
+                         use_causal_mask=False, *, causal_offset=None,
+                         position_bias=None, dynamic_projections=None):
+    """The attention core on projected tensors: Keras's override point.
+
+    Args (Keras's, then thattn's keyword-only extras):
+      query, key, value: the projected Q[b, n, h_k, d_k], K[b, m, h_k, d_k],
+        V[b, m, h_v, d_v] (general bilinear attention: X P [b, n, h, d_M]
+        and the memory M[b, m, d_M] as both key and value).
+      attention_mask: boolean, rank 2 [n, m], 3 [b, n, m] or 4 [b, h, n, m].
+      training: dropout on the weights when True.
+      return_attention_scores: also return the weights U[b, heads, n, m].
+      use_causal_mask: AND the causal mask (query i sees keys j <= i).
+      causal_offset: the causal mask's offset (a decoding step), implying
+        use_causal_mask.
+      position_bias: added to the logits L[b, h, n, m].
+      dynamic_projections: {name: R} of talking heads' dynamic projections.
+
+    Returns:
+      (O[b, n, heads, d], the weights or None).
+    """
+    query_state, memory_state = conventions.states(query, key, value,
+                                                   dynamic_projections)
+    mask = None if attention_mask is None else masks.attention_mask(
+        self.name, attention_mask, self.num_heads)
+    if use_causal_mask and causal_offset is None:
+      causal_offset = 0
+    return self.attend(query_state, memory_state, mask, position_bias,
+                       training, causal_offset,
+                       need_scores=return_attention_scores)
+
+  def _check_call(self, value, cache, decode_step):
+    if value is None and cache is None:
+      raise ValueError(f"{self.name}: `value` (the memory) is required unless "
+                       "a cross-attention `cache` is given.")
+    if decode_step is not None and cache is None:
+      raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
+                       "cache; create one with `initial_cache`.")
+    if (cache is not None and decode_step is None and
+        self.sliding_window is not None):
+      raise ValueError(
+          f"{self.name}: sliding_window={self.sliding_window} with a "
+          "cross-attention cache: the window needs each query's position, "
+          "which a cross-attention decoding step does not pass; use "
+          "sliding_window=None for cross-attention.")
 
   def _cast(self, tensor):
     if tensor is None:
@@ -224,50 +382,47 @@ class AttentionLayer(keras.layers.Layer):
     attention_spec.check_lengths(self.name, {
         name: list(tensor.shape) for name, tensor in inputs.items()})
 
-  def _combined_mask(self, attention_mask, query_mask, value_mask, key_mask):
-    """The non-causal masks as one boolean [b, 1, n, m]-broadcastable mask."""
-    masks = []
-    if attention_mask is not None:
-      attention_mask = ops.convert_to_tensor(attention_mask)
-      if len(attention_mask.shape) != 3:
-        raise ValueError(
-            f"{self.name}: attention_mask has shape "
-            f"{tuple(attention_mask.shape)}, expected [batch, query_length, "
-            "memory_length] (dimensions of size 1 broadcast).")
-      masks.append(ops.cast(attention_mask, "bool"))
-    if query_mask is not None:
-      masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), 2))
-    for memory_mask in (value_mask, key_mask):
-      if memory_mask is not None:
-        masks.append(ops.expand_dims(ops.cast(memory_mask, "bool"), 1))
-    mask = attention_math.combine_masks(*masks)
-    return None if mask is None else ops.expand_dims(mask, 1)  # heads axis
-
   def full_mask(self, mask, causal_offset, query_length, memory_length):
-    """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None."""
+    """`mask` AND the causal mask: boolean [b or 1, h or 1, n or 1, m], or
+    None."""
     if causal_offset is None:
       return mask
-    causal = attention_math.causal_mask(query_length, memory_length,
-                                        causal_offset)
-    return attention_math.combine_masks(
-        mask, ops.reshape(causal, (1, 1, query_length, memory_length)))
+    return masks.combine(mask, masks.positions_band(
+        query_length, memory_length, causal_offset, causal=True))
 
   def dropout_weights(self, weights, training):
     return self._dropout_layer(weights, training=training)
 
   def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-    """Y's shape [b, n, d_Y] (keras.layers.MultiHeadAttention's signature)."""
-    del value_shape, key_shape  # Y follows the queries
-    return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+    """Y's shape [b, n, d_Y] (keras.layers.MultiHeadAttention's signature
+    and checks: key and value agree but for their widths; and the widths
+    the layer was built for)."""
+    query_shape = tuple(query_shape)
+    if value_shape is not None:
+      key_shape = value_shape if key_shape is None else key_shape
+      attention_spec.check_memory_shapes(self.name, value_shape, key_shape)
+    if self.built:
+      for name, shape in (("query", query_shape), ("value", value_shape),
+                          ("key", key_shape)):
+        if shape is not None and shape[-1] not in (None,
+                                                   self._widths[name]):
+          raise ValueError(
+              f"{self.name}: The last dimension of `{name}_shape` must be "
+              f"equal to the width the layer was built for, "
+              f"{self._widths[name]}. Received: {name}_shape="
+              f"{tuple(shape)}")
+    return query_shape[:-1] + (self.output_dim or query_shape[-1],)
 
   def compute_output_spec(self, query, value=None, key=None,
                           attention_mask=None, return_attention_scores=False,
                           training=None, use_causal_mask=False, **kwargs):
     """Symbolic outputs for the functional API, as `call` returns them."""
-    del key, attention_mask, training, use_causal_mask
+    del attention_mask, training, use_causal_mask
     cache = kwargs.get("cache")
     output = keras.KerasTensor(
-        self.compute_output_shape(query.shape, None), self.compute_dtype)
+        self.compute_output_shape(
+            query.shape, None if value is None else value.shape,
+            None if key is None else key.shape), self.compute_dtype)
     results = (output,)
     if return_attention_scores:
       memory = value if cache is None else next(iter(cache.values()))
@@ -285,6 +440,9 @@ class AttentionLayer(keras.layers.Layer):
     config.update({
         "output_shape": self.output_dim,
         "dropout": self.dropout,
+        "use_gate": self.use_gate,
+        "sliding_window": self.sliding_window,
+        "seed": self.seed,
         "kernel_initializer": serialize(self.kernel_initializer),
         "kernel_regularizer": serialize(self.kernel_regularizer),
         "bias_regularizer": serialize(self.bias_regularizer),
@@ -292,6 +450,9 @@ class AttentionLayer(keras.layers.Layer):
         "kernel_constraint": serialize(self.kernel_constraint),
         "bias_constraint": serialize(self.bias_constraint),
     })
+    policies = conventions.quantized_policies(self)
+    if policies is not None:
+      config["dtype"] = keras.dtype_policies.serialize(policies)
     return config
 
   @classmethod

@@ -31,19 +31,22 @@ def weight_axes(num_head_groups=1):
   """{path pattern: logical axes} of every weight the Keras 3 layers make."""
   shapes = attention_spec.MixingShapes(1, 1, 1, num_head_groups)
   (_, mixing_l), (_, mixing_w) = shapes.static("l"), shapes.static("w")
-  axes = {f".*{name}/{part}": part_axes
+  # Keras matches whole paths (re.fullmatch): a quantized projection's
+  # `kernel_scale` and a LoRA projection's factors match no pattern and stay
+  # replicated.
+  axes = {f".*/{name}/{part}": part_axes
           for name, by_part in attention_spec.PROJECTION_AXES.items()
           for part, part_axes in by_part.items()}
   axes.update({
-      ".*pre_softmax_projection": mixing_l,
-      ".*post_softmax_projection": mixing_w,
+      ".*/pre_softmax_projection": mixing_l,
+      ".*/post_softmax_projection": mixing_w,
       ".*/x2l/kernel": (dims.D_MODEL,) + mixing_l,
       ".*/m2l/kernel": (dims.D_MODEL,) + mixing_l,
       ".*/x2w/kernel": (dims.D_MODEL,) + mixing_w,
       ".*/m2w/kernel": (dims.D_MODEL,) + mixing_w,
-      ".*relative_attention_bias": attention_spec.RELATIVE_BIAS_AXES,
+      ".*/relative_attention_bias": attention_spec.RELATIVE_BIAS_AXES,
   })
-  axes.update({f".*{name}": name_axes for name, name_axes in
+  axes.update({f".*/{name}": name_axes for name, name_axes in
                attention_spec.BILINEAR_AXES.items()})
   return axes
 

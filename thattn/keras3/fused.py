@@ -55,10 +55,14 @@ def value_weights(layer, dots, mask, bias, dynamic):
   if layer.fused_kernel is False:
     return None
   reason = obstacle(layer, dots, bias, dynamic)
+  if reason is None and mask is not None and mask.shape[1] != 1:
+    reason = ("the kernels take one mask for all heads, and this "
+              f"attention_mask is per head (shape {tuple(mask.shape)})")
   if reason is not None:
     if layer.fused_kernel:
-      raise ValueError(f"{layer.name}: fused_kernel=True, but {reason}. "
-                       "Pass fused_kernel=None to use keras.ops instead.")
+      switch = getattr(layer, "kernel_switch", "fused_kernel")
+      raise ValueError(f"{layer.name}: {switch}=True, but {reason}. "
+                       f"Pass {switch}=None to use keras.ops instead.")
     return None
   if keras.backend.backend() == "jax":
     from thattn.keras3 import jax_kernel  # pylint: disable=g-import-not-at-top
@@ -119,8 +123,9 @@ def pallas_obstacle(layer, query_state, memory_state, mask, bias,
   if dtype not in ("float32", "bfloat16", "float16"):
     return f"the Pallas kernel computes float32, bfloat16 or float16, not "\
            f"{dtype}"
-  if mask is not None and len(mask.shape) != 4:
-    return f"the Pallas kernel takes masks of rank 4 here, got {mask.shape}"
+  if mask is not None and (len(mask.shape) != 4 or mask.shape[1] != 1):
+    return ("the Pallas kernel takes one mask for all heads, got a mask of "
+            f"shape {tuple(mask.shape)}")
   if bias is not None and len(bias.shape) != 4:
     return (f"the Pallas kernel takes a position bias [b or 1, h, n, m], got "
             f"shape {tuple(bias.shape)}")
@@ -145,8 +150,9 @@ def pallas_context(layer, query_state, memory_state, mask, bias,
     # Interpret mode refuses as an accelerator would, so CI sees the
     # refusals a GPU user gets.
     if layer.fused_kernel:
-      raise ValueError(f"{layer.name}: fused_kernel=True, but {reason}. "
-                       "Pass fused_kernel=None to use keras.ops instead.")
+      switch = getattr(layer, "kernel_switch", "fused_kernel")
+      raise ValueError(f"{layer.name}: {switch}=True, but {reason}. "
+                       f"Pass {switch}=None to use keras.ops instead.")
     return None
   from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
   if mask is not None:

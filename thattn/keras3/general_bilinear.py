@@ -25,13 +25,31 @@ class GeneralBilinearAttention(base.AttentionLayer):
 
   kernel_initializer defaults to normals with stddev 1/sqrt(fan_in), fan_in
   d_X * d_M for P and d_M * h for Q (unit-variance logits and outputs).
+  P and Q stay the layer's own weights, named as in thattn.layers (the
+  names the two front ends, the models and Mesh TensorFlow conversion
+  share), not projections of one input each: so `query_dense`,
+  `key_dense`, `value_dense` and `output_dense` are None and LoRA and
+  quantization have nothing to act on here (the gate, with `use_gate`, is
+  a projection: it gates the weighted memory [b, n, h, d_M]). There is no
+  fused kernel for this core: `flash_attention` may be None or False, and
+  True is refused.
   """
 
   def __init__(self, num_heads, output_shape=None, dropout=0.0,
-               kernel_initializer=None, **kwargs):
+               kernel_initializer=None, *, flash_attention=None, **kwargs):
     super().__init__(output_shape=output_shape, dropout=dropout,
                      kernel_initializer=kernel_initializer, **kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
+    if flash_attention:
+      raise ValueError(
+          f"{self.name}: flash_attention=True, but general bilinear "
+          "attention's core (logits X P M^T, one bilinear form per head) is "
+          "not a dot-product attention of projected queries and keys, and "
+          "thattn has no fused kernel for it; pass flash_attention=None.")
+    if flash_attention not in (None, False):
+      raise ValueError(f"{self.name}: `flash_attention` must be None, True "
+                       f"or False. Received: flash_attention="
+                       f"{flash_attention!r}")
 
   def _initializer(self, fan_in):
     return self.kernel_initializer or keras.initializers.RandomNormal(
@@ -44,6 +62,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
           f"key and value must have the same width, got key width "
           f"{key_width} and value width {value_width}.")
     h = self.num_heads
+    self._value_width = value_width
     self._p = self.add_axes_weight(
         "bilinear_p", [query_width, key_width, h],
         attention_spec.BILINEAR_AXES["bilinear_p"],
@@ -53,9 +72,15 @@ class GeneralBilinearAttention(base.AttentionLayer):
         attention_spec.BILINEAR_AXES["bilinear_q"],
         self._initializer(value_width * h))
 
+  def gate_shape(self):
+    return self.num_heads, self._value_width
+
   def project_query(self, query):
     return {"query": ops.einsum(attention_spec.QUERY_BILINEAR, query,
                                 self._p)}
+
+  def project_output(self, context):
+    return ops.einsum(attention_spec.BILINEAR_OUTPUT, context, self._q)
 
   def project_memory(self, key, value):
     return {"key": key, "value": value}
@@ -73,8 +98,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
     weighted_memory = ops.einsum(attention_spec.WEIGHTED_MEMORY,
                                  self.dropout_weights(weights, training),
                                  memory_state["value"])
-    return (ops.einsum(attention_spec.BILINEAR_OUTPUT, weighted_memory,
-                       self._q), weights)
+    return weighted_memory, weights
 
   def get_config(self):
     config = super().get_config()

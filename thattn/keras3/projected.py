@@ -27,6 +27,7 @@ from thattn import dims
 from thattn import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
+from thattn.keras3 import flash
 from thattn.keras3 import fused
 
 
@@ -38,6 +39,7 @@ class ProjectedAttention(base.AttentionLayer):
   dynamic_projections = ()
   num_head_groups = 1
   fused_kernel = False
+  flash_attention = None
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
@@ -56,38 +58,32 @@ class ProjectedAttention(base.AttentionLayer):
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
 
-  def _einsum_dense(self, name, equation, output_shape, bias_axes,
-                    initializer, input_shape):
-    layer = keras.layers.EinsumDense(
-        equation, output_shape=output_shape,
-        bias_axes=bias_axes if self.use_bias else None,
-        kernel_initializer=base.fresh(initializer),
-        bias_initializer=base.fresh(self.bias_initializer),
-        kernel_regularizer=self.kernel_regularizer,
-        bias_regularizer=self.bias_regularizer,
-        kernel_constraint=self.kernel_constraint,
-        bias_constraint=self.bias_constraint,
-        dtype=self.dtype_policy, name=name)
-    return self.add_axes_sublayer(layer, input_shape,
-                                  attention_spec.PROJECTION_AXES[name])
-
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
     d_k, d_v = self.key_dim, self.value_dim
     query_init = base.ScaledInitializer(self.kernel_initializer, d_k ** -0.5)
-    self._query_dense = self._einsum_dense(
-        "query", attention_spec.QUERY_PROJECTION, (None, h_k, d_k), "ik",
-        query_init, (None, None, query_width))
-    self._key_dense = self._einsum_dense(
-        "key", attention_spec.KEY_PROJECTION, (None, h_k, d_k), "ik",
-        self.kernel_initializer, (None, None, key_width))
-    self._value_dense = self._einsum_dense(
-        "value", attention_spec.VALUE_PROJECTION, (None, h_v, d_v), "jv",
-        self.kernel_initializer, (None, None, value_width))
-    self._output_dense = self._einsum_dense(
+    self._query_dense = self.einsum_dense(
+        "query", attention_spec.QUERY_PROJECTION, (None, h_k, d_k),
+        (None, None, query_width), initializer=query_init,
+        bias_axes=self._bias_axes("ik"))
+    self._key_dense = self.einsum_dense(
+        "key", attention_spec.KEY_PROJECTION, (None, h_k, d_k),
+        (None, None, key_width), initializer=self.kernel_initializer,
+        bias_axes=self._bias_axes("ik"))
+    self._value_dense = self.einsum_dense(
+        "value", attention_spec.VALUE_PROJECTION, (None, h_v, d_v),
+        (None, None, value_width), initializer=self.kernel_initializer,
+        bias_axes=self._bias_axes("jv"))
+    self._output_dense = self.einsum_dense(
         "output", attention_spec.OUTPUT_PROJECTION,
-        (None, self.output_dim or query_width), "o", self.kernel_initializer,
-        (None, None, h_v, d_v))
+        (None, self.output_dim or query_width), (None, None, h_v, d_v),
+        initializer=self.kernel_initializer, bias_axes=self._bias_axes("o"))
+
+  def _bias_axes(self, axes):
+    return axes if self.use_bias else None
+
+  def gate_shape(self):
+    return self.num_value_heads, self.value_dim
 
   def project_query(self, query):
     return {"query": self._query_dense(query)}
@@ -112,20 +108,21 @@ class ProjectedAttention(base.AttentionLayer):
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
-    if self._pre_softmax_projection is not None or (
-        self._post_softmax_projection is not None):
-      context = fused.pallas_context(self, query_state, memory_state, mask,
-                                     position_bias, causal_offset, training,
-                                     need_scores)
-      if context is not None:
-        return self._output_dense(context), None
+    mixes_heads = self._pre_softmax_projection is not None or (
+        self._post_softmax_projection is not None)
+    # A fused core first: thattn's Pallas kernel for talking heads, Keras's
+    # dot_product_attention for multi-head attention (None: not this call).
+    core = fused.pallas_context if mixes_heads else flash.multi_head_context
+    context = core(self, query_state, memory_state, mask, position_bias,
+                   causal_offset, training, need_scores)
+    if context is not None:
+      return context, None
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
     _, _, query_length, memory_length = ops.shape(dots)
     mask = self.full_mask(mask, causal_offset, query_length, memory_length)
     value_weights = None
-    if self._pre_softmax_projection is not None or (
-        self._post_softmax_projection is not None):
+    if mixes_heads:
       value_weights = fused.value_weights(
           self, dots, mask, position_bias,
           self.dynamic_terms(query_state, memory_state))
@@ -138,7 +135,7 @@ class ProjectedAttention(base.AttentionLayer):
     context = ops.einsum(attention_spec.WEIGHTED_VALUES,
                          self.dropout_weights(value_weights, training),
                          memory_state["value"])
-    return self._output_dense(context), value_weights
+    return context, value_weights
 
   def dynamic_terms(self, query_state, memory_state):
     """{name: R} of the dynamic projections of this call (none here)."""
@@ -163,7 +160,12 @@ class MultiHeadAttention(ProjectedAttention):
 
   Same arguments in the same order (tf_keras's): num_heads, key_dim,
   value_dim, dropout, use_bias, output_shape, attention_axes (None or (1,)
-  only), the initializers, regularizers and constraints.
+  only), the initializers, regularizers and constraints; and Keras 3's
+  keyword arguments `use_gate`, `sliding_window`, `seed` and
+  `flash_attention` (None / True / False: the core through
+  keras.ops.dot_product_attention, as Keras 3's layer; `thattn.keras3.
+  flash`). The paper's defaults differ from Keras's: no biases, and the
+  1/sqrt(d_k) folded into P_q's initializer (docs/keras3.md).
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0,
@@ -171,10 +173,14 @@ class MultiHeadAttention(ProjectedAttention):
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                kernel_regularizer=None, bias_regularizer=None,
                activity_regularizer=None, kernel_constraint=None,
-               bias_constraint=None, query_chunk_size=None, **kwargs):
-    attention_spec.check_attention_axes(
-        kwargs.get("name") or "MultiHeadAttention", attention_axes)
+               bias_constraint=None, query_chunk_size=None, *,
+               flash_attention=None, **kwargs):
+    owner = kwargs.get("name") or "MultiHeadAttention"
+    attention_spec.check_attention_axes(owner, attention_axes)
     _refuse_query_chunks(kwargs.get("name"), query_chunk_size)
+    flash.check_dropout(owner, _checked_switch(owner, "flash_attention",
+                                               flash_attention),
+                        dropout or kwargs.get("dropout_rate"))
     super().__init__(num_heads, num_heads, num_heads, key_dim,
                      value_dim=value_dim, dropout=dropout, use_bias=use_bias,
                      output_shape=output_shape,
@@ -185,10 +191,17 @@ class MultiHeadAttention(ProjectedAttention):
                      activity_regularizer=activity_regularizer,
                      kernel_constraint=kernel_constraint,
                      bias_constraint=bias_constraint, **kwargs)
+    self.flash_attention = flash_attention
+
+  @property
+  def _flash_attention(self):
+    """keras.layers.MultiHeadAttention's resolved setting (its name)."""
+    return flash.setting(self)
 
   def get_config(self):
     config = super().get_config()
     config["num_heads"] = self.num_heads
+    config["flash_attention"] = self.flash_attention
     return config
 
 
@@ -198,9 +211,12 @@ class TalkingHeadsAttention(ProjectedAttention):
   Keras 3, with separate h_k, h, h_v, logits-only and weights-only
   projections, the four dynamic projections and head groups.
 
-  `fused_kernel` as in thattn.layers: on the TensorFlow backend the fused
-  CPU kernel computes J -> U wherever it applies (None), never (False) or
-  always (True, a ValueError says why not); see `thattn.keras3.fused`.
+  `fused_kernel` as in thattn.layers: thattn's fused kernels (the CPU
+  kernels, the Pallas kernel on accelerators) compute the core wherever
+  they apply (None), never (False) or always (True, a ValueError says why
+  not); see `thattn.keras3.fused`. `flash_attention` is the same switch
+  under Keras 3's name (talking heads is not a dot-product attention, so no
+  backend flash kernel computes it).
   `query_chunk_size` (tf_keras-side) is accepted only as None, so a
   `thattn.layers` config loads.
   """
@@ -211,8 +227,16 @@ class TalkingHeadsAttention(ProjectedAttention):
                output_shape=None, use_bias=False, dropout=0.0,
                kernel_initializer="glorot_uniform", bias_initializer="zeros",
                talking_heads_initializer=None, num_head_groups=1,
-               query_chunk_size=None, fused_kernel=None, **kwargs):
+               query_chunk_size=None, fused_kernel=None, *,
+               flash_attention=None, **kwargs):
     _refuse_query_chunks(kwargs.get("name"), query_chunk_size)
+    owner = kwargs.get("name") or "TalkingHeadsAttention"
+    kernel_switch, fused_kernel = attention_spec.resolve_alias(
+        owner,
+        ("fused_kernel", _checked_switch(owner, "fused_kernel",
+                                         fused_kernel)),
+        ("flash_attention", _checked_switch(owner, "flash_attention",
+                                            flash_attention)), None)
     num_key_heads, num_heads, num_value_heads = attention_spec.checked_heads(
         num_heads, num_key_heads, num_value_heads, project_logits,
         project_weights)
@@ -231,14 +255,17 @@ class TalkingHeadsAttention(ProjectedAttention):
     self.talking_heads_initializer = (
         None if talking_heads_initializer is None else
         keras.initializers.get(talking_heads_initializer))
-    if fused_kernel is not None and not isinstance(fused_kernel, bool):
-      raise ValueError(f"fused_kernel must be None, True or False, got "
-                       f"{fused_kernel!r}.")
     self.fused_kernel = fused_kernel
+    self.kernel_switch = kernel_switch  # the name the user gave, for errors
 
   @property
   def attention_scores_heads(self):
     return self.num_value_heads
+
+  @property
+  def flash_attention(self):
+    """Keras 3's name for `fused_kernel` (thattn.keras3.flash)."""
+    return self.fused_kernel
 
   def _projection_initializer(self, fan_in):
     if self.talking_heads_initializer is not None:
@@ -323,6 +350,14 @@ class TalkingHeadsAttention(ProjectedAttention):
                 self.talking_heads_initializer)),
     })
     return config
+
+
+def _checked_switch(owner, name, value):
+  """`value` if it is None, True or False."""
+  if value is not None and not isinstance(value, bool):
+    raise ValueError(f"{owner}: `{name}` must be None, True or False. "
+                     f"Received: {name}={value!r}")
+  return value
 
 
 def _refuse_query_chunks(name, query_chunk_size):

@@ -379,6 +379,19 @@ class AttentionLayer(tf_keras.layers.Layer):
       if shape.rank != 3:
         raise ValueError(f"{self.name}: {name} must be [batch, length, "
                          f"width], got {shape}.")
+    # tf_keras's checks, but for its query width == value width: thattn's
+    # layers take d_X != d_M (cross-attention), as tf_keras's call does.
+    attention_spec.check_memory_shapes(self.name, value_shape.as_list(),
+                                       key_shape.as_list())
+    built = self.build_shapes or {}
+    for name, shape in (("query", query_shape), ("value", value_shape),
+                        ("key", key_shape)):
+      expected = built.get(f"{name}_shape", [None])[-1]
+      if None not in (expected, shape[-1]) and shape[-1] != expected:
+        raise ValueError(
+            f"{self.name}: The last dimension of `{name}_shape` must be "
+            f"equal to the width the layer was built for, {expected}. "
+            f"Received: {name}_shape={shape}")
     output_shape = query_shape[:-1].concatenate(
         [self.output_dim or query_shape[-1]])
     if not return_attention_scores:

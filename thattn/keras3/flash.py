@@ -1,0 +1,88 @@
+"""Multi-head attention through `keras.ops.dot_product_attention`.
+
+keras.layers.MultiHeadAttention (Keras 3.15) computes its core with
+`keras.ops.dot_product_attention`, which each backend maps to its fused
+kernels (cuDNN flash attention through JAX, PyTorch's scaled_dot_product_
+attention, ...), and its `flash_attention` argument says which:
+- None: Keras's global setting (`keras.config.enable_flash_attention()` /
+  `disable_flash_attention()`), and when that is unset too, the backend
+  picks (flash attention where it can run, else its plain fused path);
+- True: flash attention or an error from the backend saying why not (for
+  example "cuDNN is not detected" on a CPU);
+- False: never flash. Here False means thattn's keras.ops core, the one
+  that can also return the scores and apply dropout.
+
+thattn's multi-head attention does the same, with its own conventions: the
+1/sqrt(d_k) is already in P_q, so the scale is 1; the causal mask is the
+backend's `is_causal` when it is the only mask and starts at position 0;
+and heads with key_dim != value_dim stay on the keras.ops core (JAX's
+dot_product_attention needs them equal; Keras 3.15's own layer fails there).
+Talking heads' core is not a dot-product attention (P_l and P_w mix the
+heads around the softmax), so there `flash_attention` chooses thattn's own
+fused kernels (`thattn.keras3.fused`).
+
+One difference from the keras.ops core: a query row whose keys are all
+masked gets uniform weights on the keras.ops core and on the TensorFlow and
+JAX backends' dot_product_attention, but not always on PyTorch's in
+float16 (measured: finite, not uniform). Such rows carry no information.
+"""
+
+import keras
+from keras import ops
+
+SCORES_REFUSED = (
+    "Returning attention scores is not supported when flash attention is "
+    "enabled. Please disable flash attention to access attention scores.")
+
+
+def setting(layer):
+  """The layer's flash_attention, or Keras's global setting if it is None."""
+  if layer.flash_attention is not None:
+    return layer.flash_attention
+  return keras.config.is_flash_attention_enabled()
+
+
+def check_dropout(owner, flash_attention, dropout):
+  """Keras's refusal of flash attention with attention dropout."""
+  if flash_attention and dropout:
+    raise ValueError(
+        f"{owner}: Dropout is not supported when flash attention is enabled. "
+        f"Please set dropout to 0.0 to use flash attention (got dropout="
+        f"{dropout}, flash_attention=True).")
+
+
+def multi_head_context(layer, query_state, memory_state, mask, bias,
+                       causal_offset, training, need_scores):
+  """O[b, n, h, d_v] from keras.ops.dot_product_attention, or None where
+  the keras.ops core computes this call (flash_attention False, scores
+  asked for, or dropout in training)."""
+  flash = setting(layer)
+  if flash is False:
+    return None
+  if need_scores:
+    if flash:
+      raise ValueError(f"{layer.name}: {SCORES_REFUSED}")
+    return None
+  if layer.dropout and training:
+    return None
+  query, key, value = (query_state["query"], memory_state["key"],
+                       memory_state["value"])
+  if query.shape[-1] != value.shape[-1]:
+    # JAX's dot_product_attention needs d_k == d_v (keras.layers.
+    # MultiHeadAttention fails there on such a layer; thattn's does not).
+    if flash:
+      raise ValueError(
+          f"{layer.name}: flash_attention=True needs key_dim == value_dim, "
+          f"got key_dim={query.shape[-1]} and value_dim={value.shape[-1]}; "
+          "pass flash_attention=None or False.")
+    return None
+  is_causal = (causal_offset is not None and mask is None and
+               isinstance(causal_offset, int) and causal_offset == 0)
+  if causal_offset is not None and not is_causal:
+    mask = layer.full_mask(mask, causal_offset, ops.shape(query)[1],
+                           ops.shape(key)[1])
+  if bias is not None:
+    bias = ops.cast(bias, query.dtype)
+  return ops.dot_product_attention(query, key, value, bias=bias, mask=mask,
+                                   scale=1.0, is_causal=is_causal,
+                                   flash_attention=flash)

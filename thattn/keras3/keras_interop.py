@@ -1,0 +1,118 @@
+"""Weights between Keras 3's keras.layers.MultiHeadAttention and thattn's.
+
+`from_keras(layer)` gives a `thattn.keras3.MultiHeadAttention` computing
+what a built Keras 3 MultiHeadAttention computes; `to_keras(layer)` the
+reverse. The one difference in the math is where 1/sqrt(d_k) sits: Keras
+scales the queries at run time, thattn folds it into P_q (the paper's
+convention), so P_q and its bias are multiplied by 1/sqrt(d_k) on the way
+in and divided on the way out. Biases, the gate, the sliding window,
+dropout and output width are carried; a LoRA layer's factors are merged
+into its kernels (Keras's `kernel` property does it).
+
+Keras layers thattn's cannot compute are refused by name: attention over
+other axes or inputs of rank other than 3, a multi-dimensional
+`output_shape`, quantized projections (their float kernels are gone).
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from thattn import attention_spec
+from thattn.keras3 import projected
+
+# thattn's projection -> keras.layers.MultiHeadAttention's sublayer.
+_KERAS_SUBLAYERS = {"query": "_query_dense", "key": "_key_dense",
+                    "value": "_value_dense", "output": "_output_dense",
+                    "gate": "_gate_dense"}
+
+
+def _check_keras_layer(layer):
+  owner = getattr(layer, "name", type(layer).__name__)
+  if not isinstance(layer, keras.layers.MultiHeadAttention):
+    raise ValueError(f"from_keras takes a keras.layers.MultiHeadAttention "
+                     f"(Keras 3), got {type(layer).__name__}.")
+  if not layer.built:
+    raise ValueError(f"{owner}: build or call the Keras layer first, so its "
+                     "weights exist.")
+  config = layer.get_config()
+  attention_spec.check_attention_axes(owner, config["attention_axes"])
+  equation = layer._query_dense.equation  # pylint: disable=protected-access
+  if len(equation.split(",")[0]) != 3:
+    raise ValueError(f"{owner}: built for query inputs of rank "
+                     f"{len(equation.split(',')[0])}; thattn's layers take "
+                     "[batch, length, width].")
+  for name in _KERAS_SUBLAYERS.values():
+    sublayer = getattr(layer, name, None)
+    if sublayer is not None and sublayer.quantization_mode is not None:
+      raise ValueError(
+          f"{owner}: its projections are quantized "
+          f"({sublayer.quantization_mode}); convert the float layer, then "
+          "quantize thattn's.")
+  return config
+
+
+def from_keras(layer):
+  """A built thattn.keras3.MultiHeadAttention with `layer`'s weights."""
+  config = _check_keras_layer(layer)
+  output_shape = config["output_shape"]
+  if output_shape is not None:
+    output_shape = attention_spec.output_width(layer.name, output_shape)
+  kernels = {name: getattr(layer, attribute, None) for name, attribute in
+             _KERAS_SUBLAYERS.items()}
+  result = projected.MultiHeadAttention(
+      config["num_heads"], config["key_dim"], value_dim=config["value_dim"],
+      dropout=config["dropout"], use_bias=config["use_bias"],
+      output_shape=output_shape, use_gate=config["use_gate"],
+      sliding_window=config["sliding_window"], seed=config["seed"],
+      dtype=layer.dtype_policy, name=f"{layer.name}_thattn")
+  widths = [kernels[name].kernel.shape[0] for name in ("query", "value",
+                                                         "key")]
+  result.build(*[(None, None, width) for width in widths])
+  _copy(kernels, result, scale=1.0 / math.sqrt(config["key_dim"]))
+  return result
+
+
+def to_keras(layer):
+  """A built keras.layers.MultiHeadAttention with `layer`'s weights (a
+  thattn.keras3.MultiHeadAttention)."""
+  if not isinstance(layer, projected.MultiHeadAttention):
+    raise ValueError(
+        "to_keras takes a thattn.keras3.MultiHeadAttention (Keras's layer "
+        f"has no P_l, P_w or general bilinear form), got "
+        f"{type(layer).__name__}.")
+  if not layer.built:
+    raise ValueError(f"{layer.name}: build or call the layer first, so its "
+                     "weights exist.")
+  result = keras.layers.MultiHeadAttention(
+      layer.num_heads, layer.key_dim, value_dim=layer.value_dim,
+      dropout=layer.dropout, use_bias=layer.use_bias,
+      output_shape=layer.output_dim, use_gate=layer.use_gate,
+      sliding_window=layer.sliding_window, seed=layer.seed,
+      dtype=layer.dtype_policy, name=f"{layer.name}_keras")
+  widths = layer._widths  # pylint: disable=protected-access
+  result.build((None, None, widths["query"]), (None, None, widths["value"]),
+               (None, None, widths["key"]))
+  source = {name: getattr(layer, f"{name}_dense") for name in
+            _KERAS_SUBLAYERS}
+  target = {name: getattr(result, attribute, None) for name, attribute in
+            _KERAS_SUBLAYERS.items()}
+  _copy(source, target, scale=math.sqrt(layer.key_dim), into_keras=True)
+  return result
+
+
+def _copy(source, target, scale, into_keras=False):
+  """Copies kernels and biases projection by projection; the query's
+  kernel and bias are multiplied by `scale` (the moved 1/sqrt(d_k))."""
+  if not into_keras:
+    target = {name: getattr(target, f"{name}_dense") for name in source}
+  for name, layer in source.items():
+    if layer is None:
+      continue
+    factor = scale if name == "query" else 1.0
+    target[name].kernel.assign(
+        np.asarray(keras.ops.convert_to_numpy(layer.kernel)) * factor)
+    if layer.bias is not None:
+      target[name].bias.assign(
+          np.asarray(keras.ops.convert_to_numpy(layer.bias)) * factor)
