@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from thattn import keras3
+from thattn.keras3 import flash
 from tests.keras3.backend_checks import _numpy
 from tests.keras3.backend_checks import _reference_weights
 from tests.layers import numpy_reference as ref
@@ -380,20 +381,27 @@ def test_unknown_quantization_modes_are_named():
 
 
 def test_multi_head_dot_product_attention_equals_the_keras_ops_core():
+  """The accelerators' path (keras.ops.dot_product_attention with thattn's
+  masks, flash left to the backend) equals the keras.ops core, here on the
+  CPU where the layer itself keeps the keras.ops core."""
   rng = np.random.default_rng(13)
   x = rng.normal(size=(2, 6, 8)).astype("float32")
-  mask = rng.random((2, 6, 6)) < 0.7
-  mask[:, :, 0] = True
-  fused = keras3.MultiHeadAttention(2, 4, flash_attention=None)
-  plain = keras3.MultiHeadAttention(2, 4, flash_attention=False)
-  fused(x, x)
-  plain(x, x)
-  plain.set_weights(fused.get_weights())
+  mask = rng.random((2, 1, 6, 6)) < 0.7
+  mask[..., 0] = True
+  layer = keras3.MultiHeadAttention(2, 4, flash_attention=False)
+  layer(x, x)
+  query = layer.query_dense(x)
+  key, value = layer.key_dense(x), layer.value_dense(x)
   for kwargs in (dict(), dict(use_causal_mask=True), dict(attention_mask=mask),
                  dict(attention_mask=mask, use_causal_mask=True)):
-    np.testing.assert_allclose(_numpy(fused(x, x, **kwargs)),
-                               _numpy(plain(x, x, **kwargs)), rtol=1e-5,
+    want, _ = layer._compute_attention(query, key, value, **kwargs)  # pylint: disable=protected-access
+    causal = 0 if kwargs.get("use_causal_mask") else None
+    got = flash.dot_product_core(layer, query, key, value,
+                                 kwargs.get("attention_mask"), None, causal,
+                                 None)
+    np.testing.assert_allclose(_numpy(got), _numpy(want), rtol=1e-5,
                                atol=1e-6)
+  assert not flash.on_accelerator()  # this machine: the layer's own core
 
 
 def test_flash_attention_true_is_the_backend_s_or_its_error():

@@ -10,7 +10,7 @@ from thattn import validation
 from thattn.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
-from thattn.keras3.base import ScaledInitializer
+from thattn.keras3.initializers import ScaledInitializer
 from thattn.keras3.distribution import DEFAULT_LAYOUT_RULES
 from thattn.keras3.distribution import layout_map
 from thattn.keras3.general_bilinear import GeneralBilinearAttention

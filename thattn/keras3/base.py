@@ -34,7 +34,10 @@ from thattn import attention_spec
 from thattn import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import conventions
+from thattn.keras3 import initializers
 from thattn.keras3 import masks
+
+fresh = initializers.fresh
 
 class AttentionLayer(keras.layers.Layer):
   """Base class; subclasses implement `create_weights`, `project_query`,
@@ -285,7 +288,7 @@ class AttentionLayer(keras.layers.Layer):
       use_causal_mask = True  # later cache slots are still empty
       value_mask = key_mask = None
     window = masks.positions_band(
-        query.shape[1], next(iter(memory_state.values())).shape[1],
+        ops.shape(query)[1], ops.shape(next(iter(memory_state.values())))[1],
         query_offset, window=self.sliding_window)
     mask = masks.combine(
         None if attention_mask is None else masks.attention_mask(
@@ -465,36 +468,3 @@ class AttentionLayer(keras.layers.Layer):
     if build_shapes:
       layer.build(**build_shapes)
     return layer
-
-
-def fresh(initializer):
-  """A new instance of `initializer`, so no two weights share one (an
-  unseeded Keras initializer instance may return the same values twice)."""
-  if initializer is None:
-    return None
-  initializer = keras.initializers.get(initializer)
-  return initializer.__class__.from_config(initializer.get_config())
-
-
-@keras.saving.register_keras_serializable(package="thattn")
-class ScaledInitializer(keras.initializers.Initializer):
-  """Another initializer's samples times a constant: P_q starts as
-  `kernel_initializer * d_k**-0.5`, the 1/sqrt(d_k) never applied at run
-  time (as `thattn.layers.ScaledInitializer`)."""
-
-  def __init__(self, initializer, scale):
-    self.initializer = keras.initializers.get(initializer)
-    self.scale = float(scale)
-
-  def __call__(self, shape, dtype=None):
-    return fresh(self.initializer)(shape, dtype=dtype) * self.scale
-
-  def get_config(self):
-    return {"initializer":
-                keras.saving.serialize_keras_object(self.initializer),
-            "scale": self.scale}
-
-  @classmethod
-  def from_config(cls, config):
-    return cls(keras.saving.deserialize_keras_object(config["initializer"]),
-               config["scale"])

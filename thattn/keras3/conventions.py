@@ -20,6 +20,7 @@ from the attention math:
 import inspect
 
 import keras
+from keras import ops
 
 from thattn import attention_spec
 from thattn import validation
@@ -69,8 +70,8 @@ def override_call(layer, query_state, memory_state, mask, position_bias,
         "and pass them on to super()._compute_attention.")
   band = None
   if causal_offset is not None:
-    band = masks.positions_band(query.shape[1], key.shape[1], causal_offset,
-                                causal=True)
+    band = masks.positions_band(ops.shape(query)[1], ops.shape(key)[1],
+                                causal_offset, causal=True)
   full_mask = masks.keras_form(masks.combine(mask, band))
   return layer._compute_attention(query, key, value, full_mask, training,  # pylint: disable=protected-access
                                   need_scores, **extras)

@@ -7,12 +7,18 @@ attention, ...), and its `flash_attention` argument says which:
 - None: Keras's global setting (`keras.config.enable_flash_attention()` /
   `disable_flash_attention()`), and when that is unset too, the backend
   picks (flash attention where it can run, else its plain fused path);
+  thattn: on a GPU or TPU (below);
 - True: flash attention or an error from the backend saying why not (for
   example "cuDNN is not detected" on a CPU);
 - False: never flash. Here False means thattn's keras.ops core, the one
   that can also return the scores and apply dropout.
 
-thattn's multi-head attention does the same, with its own conventions: the
+thattn's multi-head attention does the same on accelerators, with one
+difference where the backend would pick for None on a CPU: there thattn
+keeps its keras.ops core, which measured faster than dot_product_attention
+(JAX, 2 CPU cores: 0.74-0.82x of Keras's layer's time; RESULTS.md, "thattn.
+keras3 against keras.layers.MultiHeadAttention"), and which Keras's own
+TensorFlow path computes anyway. With its own conventions: the
 1/sqrt(d_k) is already in P_q, so the scale is 1; the causal mask is the
 backend's `is_causal` when it is the only mask and starts at position 0;
 and heads with key_dim != value_dim stay on the keras.ops core (JAX's
@@ -42,6 +48,19 @@ def setting(layer):
   return keras.config.is_flash_attention_enabled()
 
 
+def on_accelerator():
+  """Whether this Keras backend computes on a GPU or TPU, where its fused
+  attention kernels run (TensorFlow: Keras has none; it is einsums)."""
+  backend = keras.backend.backend()
+  if backend == "jax":
+    import jax  # pylint: disable=g-import-not-at-top
+    return jax.default_backend() in ("gpu", "tpu")
+  if backend == "torch":
+    import torch  # pylint: disable=g-import-not-at-top
+    return torch.cuda.is_available()  # Keras's torch backend then uses it
+  return False
+
+
 def check_dropout(owner, flash_attention, dropout):
   """Keras's refusal of flash attention with attention dropout."""
   if flash_attention and dropout:
@@ -57,7 +76,7 @@ def multi_head_context(layer, query_state, memory_state, mask, bias,
   the keras.ops core computes this call (flash_attention False, scores
   asked for, or dropout in training)."""
   flash = setting(layer)
-  if flash is False:
+  if flash is False or (flash is None and not on_accelerator()):
     return None
   if need_scores:
     if flash:
@@ -65,8 +84,16 @@ def multi_head_context(layer, query_state, memory_state, mask, bias,
     return None
   if layer.dropout and training:
     return None
-  query, key, value = (query_state["query"], memory_state["key"],
-                       memory_state["value"])
+  return dot_product_core(layer, query_state["query"], memory_state["key"],
+                          memory_state["value"], mask, bias, causal_offset,
+                          flash)
+
+
+def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
+                     flash):
+  """O[b, n, h, d_v] = keras.ops.dot_product_attention of the projected
+  Q, K, V with thattn's masks (`flash` passed on), or None where d_k != d_v
+  and flash is not forced."""
   if query.shape[-1] != value.shape[-1]:
     # JAX's dot_product_attention needs d_k == d_v (keras.layers.
     # MultiHeadAttention fails there on such a layer; thattn's does not).

@@ -29,6 +29,7 @@ from thattn.keras3 import attention_math
 from thattn.keras3 import base
 from thattn.keras3 import flash
 from thattn.keras3 import fused
+from thattn.keras3 import initializers
 
 
 class ProjectedAttention(base.AttentionLayer):
@@ -61,7 +62,7 @@ class ProjectedAttention(base.AttentionLayer):
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
     d_k, d_v = self.key_dim, self.value_dim
-    query_init = base.ScaledInitializer(self.kernel_initializer, d_k ** -0.5)
+    query_init = initializers.ScaledInitializer(self.kernel_initializer, d_k ** -0.5)
     self._query_dense = self.einsum_dense(
         "query", attention_spec.QUERY_PROJECTION, (None, h_k, d_k),
         (None, None, query_width), initializer=query_init,
