@@ -30,6 +30,7 @@ RANKS = {
     "thattn.layers": 2,
     "thattn.keras3": 2,  # the layers in Keras 3; see the test below
     "thattn.models": 3,
+    "thattn.keras3.models": 3,  # the models in Keras 3, beside models
     "thattn.data": 4,
     "thattn.tasks": 5,
     "thattn.training": 6,
@@ -169,6 +170,35 @@ def test_the_keras3_layers_import_no_tf_keras():
                for path in _modules() for imported, line in _imports(path)
                if _owner_package(path) == "thattn.keras3" and
                not _keras3_may_import(path, imported)]
+  assert not offenders, f"{offenders}; see docs/architecture.md"
+
+
+# The plain-Python part of thattn.models that the Keras 3 models share.
+_SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets")
+
+
+def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
+  """thattn.keras3.models runs on JAX and PyTorch: keras, thattn.keras3,
+  rank-0 modules and the configs and presets of thattn.models, which
+  themselves import no framework."""
+  offenders = []
+  for path in _modules():
+    owner = _owner_package(path)
+    for imported, line in _imports(path):
+      if owner == "thattn.keras3.models":
+        allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
+                   _package_of(imported) in (None, "thattn", "thattn.keras3",
+                                             "thattn.keras3.models"))
+        allowed = allowed and imported.split(".")[0] not in (
+            "tf_keras", "tensorflow", "mesh_tensorflow", "tensorflow_text")
+      elif _module_name(path) in _SHARED_MODEL_MODULES:
+        allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
+                   _package_of(imported) in (None, "thattn"))
+      else:
+        continue
+      if not allowed:
+        offenders.append(f"{path.relative_to(ROOT)}:{line} imports "
+                         f"{imported}")
   assert not offenders, f"{offenders}; see docs/architecture.md"
 
 

@@ -10,13 +10,9 @@
 | general_bilinear  | GeneralBilinearAttention (Section 6)                     |
 """
 
-from thattn import validation
-from thattn.layers import general_bilinear
-from thattn.layers import multi_head
-from thattn.layers import talking_heads
+from thattn import attention_spec
 
-VARIANTS = ("multi_head", "talking_heads", "project_logits", "project_weights",
-            "dynamic", "general_bilinear")
+VARIANTS = attention_spec.VARIANTS
 
 
 def make_attention(variant, num_heads, key_dim, **kwargs):
@@ -26,16 +22,6 @@ def make_attention(variant, num_heads, key_dim, **kwargs):
   width. Extra keyword arguments go to the layer (e.g. output_shape,
   dropout, num_key_heads for talking heads).
   """
-  validation.one_of("attention variant", variant, VARIANTS)
-  if variant == "multi_head":
-    return multi_head.MultiHeadAttention(num_heads, key_dim, **kwargs)
-  if variant == "general_bilinear":
-    return general_bilinear.GeneralBilinearAttention(num_heads, **kwargs)
-  talking_heads_options = {
-      "talking_heads": {},
-      "project_logits": {"project_weights": False},
-      "project_weights": {"project_logits": False},
-      "dynamic": {"dynamic_projections": talking_heads.DYNAMIC_PROJECTIONS},
-  }
-  return talking_heads.TalkingHeadsAttention(
-      num_heads, key_dim, **talking_heads_options[variant], **kwargs)
+  from thattn import layers  # pylint: disable=g-import-not-at-top
+  return attention_spec.make_attention(layers, variant, num_heads, key_dim,
+                                       **kwargs)

@@ -1,25 +1,44 @@
-"""BERT, ALBERT and T5 builders, presets, T5 generation, the recall encoder."""
+"""BERT, ALBERT and T5 builders, presets, T5 generation, the recall encoder.
 
-from thattn.models.blocks import FeedForward
-from thattn.models.blocks import PostNormBlock
-from thattn.models.blocks import PreNormBlock
-from thattn.models.blocks import RMSNorm
-from thattn.models.config import apply_overrides
-from thattn.models.config import ATTENTION_TYPES
-from thattn.models.config import AttentionConfig
-from thattn.models.config import BertConfig
-from thattn.models.config import T5Config
-from thattn.models.embeddings import PaddingMask
-from thattn.models.embeddings import Pooler
-from thattn.models.embeddings import PositionEmbedding
-from thattn.models.embeddings import StackPositionBias
-from thattn.models.embeddings import TokenEmbedding
-from thattn.models.factory import build_model
-from thattn.models.factory import create_model
-from thattn.models.factory import model_config
-from thattn.models.generation import generate
-from thattn.models.generation import T5Generator
-from thattn.models.loading import load
-from thattn.models.presets import PRESETS
-from thattn.models.presets import preset_names
-from thattn.models.recall_encoder import RecallEncoder
+The names below load their module on first use (PEP 562), so importing
+`thattn.models.config` or `thattn.models.presets` (plain Python) imports
+no TensorFlow: the Keras 3 models (`thattn.keras3.models`) build from the
+same configs on JAX and PyTorch.
+"""
+
+import importlib
+
+# Public name -> the module (in this package) that defines it.
+_EXPORTS = {
+    "FeedForward": "blocks", "PostNormBlock": "blocks",
+    "PreNormBlock": "blocks", "RMSNorm": "blocks",
+    "apply_overrides": "config", "ATTENTION_TYPES": "config",
+    "AttentionConfig": "config", "BertConfig": "config",
+    "T5Config": "config",
+    "PaddingMask": "embeddings", "Pooler": "embeddings",
+    "PositionEmbedding": "embeddings", "StackPositionBias": "embeddings",
+    "TokenEmbedding": "embeddings",
+    "build_model": "factory", "create_model": "factory",
+    "model_config": "presets",
+    "generate": "generation", "T5Generator": "generation",
+    "load": "loading",
+    "PRESETS": "presets", "preset_names": "presets",
+    "RecallEncoder": "recall_encoder",
+}
+
+
+_SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory",
+               "generation", "loading", "presets", "recall_encoder", "t5")
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+    return getattr(module, name)
+  if name in _SUBMODULES:
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_EXPORTS) + list(_SUBMODULES))

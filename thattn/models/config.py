@@ -26,11 +26,16 @@ Bad values raise ValueError naming them, before any model is built.
 """
 
 import dataclasses
+import importlib
 from typing import Optional, Tuple, Union
 
-from thattn import layers
+from thattn import attention_spec
 from thattn import validation
-from thattn.layers import talking_heads
+
+# The layer modules `AttentionConfig.make_layer` builds from, imported when
+# first used, so this module (and presets) stay plain Python: the Keras 3
+# models read the same configs on JAX or PyTorch without TensorFlow.
+FRONT_ENDS = {"tf_keras": "thattn.layers", "keras3": "thattn.keras3"}
 
 ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
                    "encoder_decoder_attention")
@@ -81,14 +86,15 @@ class AttentionConfig:
 
   def __post_init__(self):
     owner = "AttentionConfig"
-    validation.one_of("attention variant", self.variant, layers.VARIANTS,
+    validation.one_of("attention variant", self.variant,
+                      attention_spec.VARIANTS,
                       owner=owner)
     validation.positive_int("num_heads", self.num_heads, owner=owner)
     for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads"):
       validation.positive_int(name, getattr(self, name), owner=owner,
                               optional=True)
     # The layer's own check, with the static projections the variant has.
-    talking_heads.checked_dynamic_projections(
+    attention_spec.checked_dynamic_projections(
         self.dynamic_projections, owner=f"{owner}: variant {self.variant!r}",
         project_logits=self.variant in _WITH_PRE_SOFTMAX,
         project_weights=self.variant in _WITH_POST_SOFTMAX)
@@ -134,13 +140,17 @@ class AttentionConfig:
     return key_dim, self.value_dim or key_dim
 
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
-                 kernel_initializer=None):
-    """The attention layer this config describes."""
+                 kernel_initializer=None, front_end="tf_keras"):
+    """The attention layer this config describes, from `front_end`'s
+    layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3)."""
+    validation.one_of("front_end", front_end, tuple(FRONT_ENDS))
+    layers = importlib.import_module(FRONT_ENDS[front_end])
     if self.variant == "general_bilinear":
       # Its heads read the whole memory: no d_k, no biases. Its own
       # initializer keeps the logits at unit scale.
-      return layers.make_attention(self.variant, self.num_heads, None,
-                                   dropout=dropout_rate, name=name)
+      return attention_spec.make_attention(layers, self.variant,
+                                           self.num_heads, None,
+                                           dropout=dropout_rate, name=name)
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
                   dropout=dropout_rate, name=name)
@@ -151,8 +161,8 @@ class AttentionConfig:
                     num_value_heads=self.value_heads)
       if self.variant != "dynamic":  # "dynamic" sets all four itself
         kwargs["dynamic_projections"] = self.dynamic_projections
-    return layers.make_attention(self.variant, self.num_heads, key_dim,
-                                 **kwargs)
+    return attention_spec.make_attention(layers, self.variant,
+                                         self.num_heads, key_dim, **kwargs)
 
 
 def _check_sizes(config, names):

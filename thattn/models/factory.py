@@ -5,19 +5,8 @@ from thattn.models import config as config_lib
 from thattn.models import presets
 from thattn.models import t5
 
-_CONFIG_TYPES = (config_lib.BertConfig, config_lib.T5Config)
-
-
-def model_config(preset, **overrides):
-  """The frozen config of a preset name (or config) with overrides applied."""
-  if isinstance(preset, _CONFIG_TYPES):
-    config = preset
-  elif isinstance(preset, str):
-    config = presets.get_preset(preset).config
-  else:
-    raise ValueError(f"preset must be a preset name or a BertConfig / "
-                     f"T5Config, got {preset!r}.")
-  return config_lib.apply_overrides(config, **overrides)
+# The config of a preset with overrides: plain Python, in presets.
+model_config = presets.model_config
 
 
 def build_model(config, name=None):

@@ -184,3 +184,16 @@ def preset_names():
 def get_preset(name):
   validation.one_of("preset", name, preset_names())
   return PRESETS[name]
+
+
+def model_config(preset, **overrides):
+  """The frozen config of a preset name (or config) with overrides applied
+  (plain Python: both model front ends build from it)."""
+  if isinstance(preset, (config_lib.BertConfig, config_lib.T5Config)):
+    config = preset
+  elif isinstance(preset, str):
+    config = get_preset(preset).config
+  else:
+    raise ValueError(f"preset must be a preset name or a BertConfig / "
+                     f"T5Config, got {preset!r}.")
+  return config_lib.apply_overrides(config, **overrides)

@@ -1,0 +1,190 @@
+"""The layers around the Transformer blocks, in Keras 3: embeddings, the
+stack's position bias, the pooler, the padding mask.
+
+`thattn.models.embeddings` in `keras.ops`, with the same weights (names,
+shapes, order), so a Keras 3 model and its tf_keras twin exchange weights
+with `set_weights(get_weights())`. Letters follow `thattn.dims`: `t` is a
+vocabulary entry.
+"""
+
+import keras
+from keras import ops
+
+from thattn import dims
+from thattn import validation
+from thattn.keras3 import initializers
+
+# logits[b, n, t] = einsum(X[b, n, d], E[t, d]): t indexes the vocabulary.
+EMBEDDING_LOGITS = "bnd,td->bnt"
+
+
+def padding_mask(tokens, pad_id=None):
+  """Boolean attention mask [b, 1, m], True = attend: every id but `pad_id`
+  (T5), or BERT's 0/1 `input_mask` when `pad_id` is None."""
+  if pad_id is None:
+    keep = ops.cast(tokens, "bool")
+  else:
+    keep = ops.not_equal(tokens, pad_id)
+  return ops.expand_dims(keep, 1)
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class TokenEmbedding(keras.layers.Layer):
+  """A token embedding E[t, d] that also scores vectors against itself.
+
+  `layer(tokens)` looks tokens up; `layer(x, mode="logits")` returns
+  float32 `logits[b, n, t] = einsum(x * logits_scale, E)` (T5's tied
+  embedding, with its d_model**-0.5).
+  """
+
+  def __init__(self, vocab_size, width, embeddings_initializer="uniform",
+               logits_scale=1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.vocab_size = vocab_size
+    self.width = width
+    self.embeddings_initializer = keras.initializers.get(
+        embeddings_initializer)
+    self.logits_scale = float(logits_scale)
+
+  def build(self, input_shape=None):
+    self.embeddings = self.add_weight(
+        name="embeddings", shape=(self.vocab_size, self.width),
+        initializer=initializers.fresh(self.embeddings_initializer))
+
+  @property
+  def logical_axes(self):
+    return {self.embeddings.path: (dims.VOCAB, dims.D_MODEL)}
+
+  def call(self, inputs, mode="embed"):
+    validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
+    if mode == "embed":
+      return ops.cast(ops.take(self.embeddings, inputs, axis=0),
+                      self.compute_dtype)
+    # float32 logits, so the softmax and the loss never run in float16.
+    scaled = ops.cast(inputs, "float32") * self.logits_scale
+    return ops.einsum(EMBEDDING_LOGITS, scaled,
+                      ops.cast(self.embeddings, "float32"))
+
+  def compute_output_spec(self, inputs, mode="embed"):
+    if mode == "embed":
+      return keras.KerasTensor(tuple(inputs.shape) + (self.width,),
+                               self.compute_dtype)
+    return keras.KerasTensor(tuple(inputs.shape[:-1]) + (self.vocab_size,),
+                             "float32")
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(vocab_size=self.vocab_size, width=self.width,
+                  embeddings_initializer=keras.saving.serialize_keras_object(
+                      self.embeddings_initializer),
+                  logits_scale=self.logits_scale)
+    return config
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class PositionEmbedding(keras.layers.Layer):
+  """BERT's learned absolute positions: X[b, n, d] + P[:n, d]."""
+
+  def __init__(self, max_length, initializer="uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.max_length = max_length
+    self.initializer = keras.initializers.get(initializer)
+
+  def build(self, input_shape):
+    self.embeddings = self.add_weight(
+        name="embeddings", shape=(self.max_length, input_shape[-1]),
+        initializer=initializers.fresh(self.initializer))
+
+  @property
+  def logical_axes(self):
+    return {self.embeddings.path: (None, dims.D_MODEL)}
+
+  def call(self, inputs):
+    length = inputs.shape[1]
+    if isinstance(length, int) and length > self.max_length:
+      raise ValueError(f"{self.name}: a sequence of {length} positions, "
+                       f"longer than max_length={self.max_length}.")
+    positions = self.embeddings[:ops.shape(inputs)[1]]
+    return inputs + ops.cast(ops.expand_dims(positions, 0), inputs.dtype)
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(max_length=self.max_length,
+                  initializer=keras.saving.serialize_keras_object(
+                      self.initializer))
+    return config
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class StackPositionBias(keras.layers.Layer):
+  """A stack's self-attention position bias [1, h, n, n], one weight shared
+  by all its blocks (T5): wraps a `thattn.keras3.RelativePositionBias`."""
+
+  def __init__(self, relative_position_bias, **kwargs):
+    super().__init__(**kwargs)
+    if isinstance(relative_position_bias, dict):
+      relative_position_bias = keras.saving.deserialize_keras_object(
+          relative_position_bias)
+    self.relative_position_bias = relative_position_bias
+
+  def build(self, input_shape):
+    if not self.relative_position_bias.built:
+      self.relative_position_bias.build()
+
+  def call(self, inputs, memory_length=None, query_offset=0):
+    query_length = ops.shape(inputs)[1]
+    return self.relative_position_bias(
+        query_length=query_length,
+        memory_length=query_length if memory_length is None else
+        memory_length, query_offset=query_offset)
+
+  def compute_output_spec(self, inputs, memory_length=None, query_offset=0):
+    del query_offset
+    length = inputs.shape[1]
+    return keras.KerasTensor(
+        (1, self.relative_position_bias.num_heads, length,
+         length if memory_length is None else memory_length), "float32")
+
+  def get_config(self):
+    config = super().get_config()
+    config["relative_position_bias"] = keras.saving.serialize_keras_object(
+        self.relative_position_bias)
+    return config
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class Pooler(keras.layers.Layer):
+  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary."""
+
+  def __init__(self, width, kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.width = width
+    self.kernel_initializer = keras.initializers.get(kernel_initializer)
+    self.dense = keras.layers.Dense(
+        width, activation="tanh",
+        kernel_initializer=initializers.fresh(self.kernel_initializer),
+        dtype=self.dtype_policy, name="dense")
+
+  def build(self, input_shape):
+    self.dense.build((None, input_shape[-1]))
+
+  @property
+  def logical_axes(self):
+    return {self.dense.kernel.path: (dims.D_MODEL, dims.D_MODEL),
+            self.dense.bias.path: (dims.D_MODEL,)}
+
+  def call(self, inputs):
+    return self.dense(inputs[:, 0])
+
+  def compute_output_shape(self, input_shape):
+    return (input_shape[0], self.width)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(width=self.width,
+                  kernel_initializer=keras.saving.serialize_keras_object(
+                      self.kernel_initializer))
+    return config
