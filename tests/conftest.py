@@ -27,10 +27,11 @@ from thattn.data import tokenizers
 # pytest-xdist workers in collection order; starting with these keeps a
 # long file from being the last one left, with the other worker idle.
 LONGEST_FILES = (
-    "tests/readme_test.py", "tests/mtf/train_backend_test.py",
+    "tests/readme_test.py", "tests/keras3/backends_test.py",
+    "tests/mtf/train_backend_test.py",
     "tests/docs_test.py", "tests/training/multi_client_dtensor_test.py",
     "tests/training/model_dir_test.py", "tests/training/multi_worker_test.py",
-    "tests/mtf/processes_test.py", "tests/keras3/backends_test.py",
+    "tests/mtf/processes_test.py", "tests/keras3/models_test.py",
     "tests/training/dtensor_train_test.py", "tests/sharding/dtensor_test.py",
     "tests/benchmarks_smoke_test.py", "tests/keras3/pallas_test.py",
     "tests/kernels/build_test.py")
