@@ -1,11 +1,9 @@
 """Adafactor and the inverse-square-root schedule for thattn's trainers."""
 
-import numbers
-
 import tensorflow as tf
 import tf_keras
 
-from thattn import validation
+from thattn import adafactor_rules
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -25,11 +23,7 @@ class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
 
   def __init__(self, warmup_steps, total_steps=None, decay_fraction=0.1,
                scale=1.0):
-    validation.positive_int("warmup_steps", warmup_steps)
-    validation.positive_int("total_steps", total_steps, optional=True)
-    if not 0.0 < decay_fraction <= 1.0:
-      raise ValueError(f"decay_fraction must be in (0, 1], got "
-                       f"{decay_fraction}.")
+    adafactor_rules.check_schedule(warmup_steps, total_steps, decay_fraction)
     self.warmup_steps = warmup_steps
     self.total_steps = total_steps
     self.decay_fraction = decay_fraction
@@ -50,20 +44,8 @@ class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
             "decay_fraction": self.decay_fraction, "scale": self.scale}
 
 
-def _factored_axes(shape, min_dim_size_to_factor):
-  """The (largest, second largest) axes to factor over, or None.
-
-  As Mesh TensorFlow chooses them: a stable sort of the axes by decreasing
-  size, so on ties the earlier axis counts as the larger. Factor only when the
-  second largest axis has at least `min_dim_size_to_factor` elements.
-  """
-  if len(shape) < 2:
-    return None
-  by_size = sorted(range(len(shape)), key=lambda axis: -shape[axis])
-  largest, second = by_size[:2]
-  if shape[second] < min_dim_size_to_factor:
-    return None
-  return largest, second
+_factored_axes = adafactor_rules.factored_axes
+_drop = adafactor_rules.drop
 
 
 def _rms(x):
@@ -151,10 +133,11 @@ class Adafactor(tf_keras.optimizers.Optimizer):
                clipping_threshold=1.0, multiply_by_parameter_scale=True,
                min_dim_size_to_factor=128, epsilon1=1e-30, epsilon2=1e-3,
                name="Adafactor", **kwargs):
-    _check_arguments(learning_rate=learning_rate, decay_rate=decay_rate,
-                     beta1=beta1, clipping_threshold=clipping_threshold,
-                     min_dim_size_to_factor=min_dim_size_to_factor,
-                     epsilon1=epsilon1, epsilon2=epsilon2)
+    adafactor_rules.check_arguments(
+        learning_rate=learning_rate, decay_rate=decay_rate, beta1=beta1,
+        clipping_threshold=clipping_threshold,
+        min_dim_size_to_factor=min_dim_size_to_factor, epsilon1=epsilon1,
+        epsilon2=epsilon2)
     super().__init__(name=name, **kwargs)
     self._learning_rate = self._build_learning_rate(learning_rate)
     self.decay_rate = decay_rate
@@ -263,26 +246,3 @@ class Adafactor(tf_keras.optimizers.Optimizer):
         "epsilon2": self.epsilon2,
     })
     return config
-
-
-def _drop(shape, axis):
-  return shape[:axis] + shape[axis + 1:]
-
-
-def _check_arguments(*, learning_rate, decay_rate, beta1, clipping_threshold,
-                     min_dim_size_to_factor, epsilon1, epsilon2):
-  """Raises ValueError naming the first bad Adafactor argument."""
-  if isinstance(learning_rate, numbers.Real) and not learning_rate >= 0:
-    raise ValueError(f"learning_rate must be >= 0, got {learning_rate}.")
-  if not 0.0 < decay_rate <= 1.0:
-    raise ValueError(f"decay_rate (the exponent c in beta2 = 1 - t**-c) must "
-                     f"be in (0, 1], got {decay_rate}.")
-  validation.rate("beta1", beta1)
-  if clipping_threshold is not None and not clipping_threshold > 0:
-    raise ValueError(f"clipping_threshold must be > 0 or None, got "
-                     f"{clipping_threshold}.")
-  validation.positive_int("min_dim_size_to_factor", min_dim_size_to_factor)
-  if not epsilon1 > 0:
-    raise ValueError(f"epsilon1 must be > 0, got {epsilon1}.")
-  if not epsilon2 >= 0:
-    raise ValueError(f"epsilon2 must be >= 0, got {epsilon2}.")
