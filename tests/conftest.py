@@ -32,6 +32,7 @@ LONGEST_FILES = (
     "tests/docs_test.py", "tests/training/multi_client_dtensor_test.py",
     "tests/training/model_dir_test.py", "tests/training/multi_worker_test.py",
     "tests/mtf/processes_test.py", "tests/keras3/models_test.py",
+    "tests/keras3/optimizers_test.py",
     "tests/training/dtensor_train_test.py", "tests/sharding/dtensor_test.py",
     "tests/benchmarks_smoke_test.py", "tests/keras3/pallas_test.py",
     "tests/kernels/build_test.py")
