@@ -27,6 +27,7 @@ import pytest
 
 from thattn import keras3
 from thattn.keras3 import attention_math
+from thattn.keras3 import masks
 from thattn.keras3 import pallas_kernel
 from tests.layers import numpy_reference as ref
 
@@ -74,8 +75,8 @@ def keras_ops_core(q, k, v, pre, post, mask=None, bias=None, causal=False,
   if mask is not None:
     full = (mask[:, None, None, :] if mask.ndim == 2 else mask[:, None])
   if causal:
-    full = attention_math.combine_masks(
-        full, attention_math.causal_mask(n, m, offset)[None, None])
+    full = masks.combine(full, masks.positions_band(n, m, offset,
+                                                    causal=True))
   weights = attention_math.masked_softmax(logits, full, bias)
   mixed = weights if post is None else attention_math.mix_heads(weights, post)
   return jnp.einsum("bjnm,bmjv->bnjv", mixed, v, precision="highest")

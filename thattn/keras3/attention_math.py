@@ -54,26 +54,6 @@ def masked_softmax(logits, mask=None, bias=None):
   return ops.softmax(logits, axis=-1)
 
 
-def causal_mask(query_length, memory_length, query_offset=0):
-  """Boolean [n, m]: query i may attend memory j when j <= i + offset."""
-  query_positions = ops.expand_dims(
-      ops.arange(query_length, dtype="int32") + query_offset, 1)
-  memory_positions = ops.expand_dims(ops.arange(memory_length,
-                                                dtype="int32"), 0)
-  return memory_positions <= query_positions
-
-
-def combine_masks(*masks):
-  """Logical AND of the masks that are not None; None if all are None."""
-  present = [mask for mask in masks if mask is not None]
-  if not present:
-    return None
-  combined = present[0]
-  for mask in present[1:]:
-    combined = ops.logical_and(combined, mask)
-  return combined
-
-
 def write_positions(cache, update, start):
   """Writes `update[b, s, ...]` into `cache[b, m, ...]` at [start, start+s).
 
