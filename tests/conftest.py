@@ -28,7 +28,7 @@ from thattn.data import tokenizers
 # long file from being the last one left, with the other worker idle.
 LONGEST_FILES = (
     "tests/readme_test.py", "tests/keras3/backends_test.py",
-    "tests/mtf/train_backend_test.py",
+    "tests/mtf/train_backend_test.py", "tests/training/keras3_backend_test.py",
     "tests/docs_test.py", "tests/training/multi_client_dtensor_test.py",
     "tests/training/model_dir_test.py", "tests/training/multi_worker_test.py",
     "tests/mtf/processes_test.py", "tests/keras3/models_test.py",

@@ -84,7 +84,7 @@ def export_run(*, model_dir, export_dir, log=print, checkpoint=None,
     backend = run_dir.backend(model_dir)
   except ValueError:
     backend = run_dir.KERAS  # export.export names what is missing
-  if backend == run_dir.KERAS:
+  if backend in run_dir.KERAS_CHECKPOINTS:  # a Keras or Keras 3 run
     return export_lib.export(model_dir=model_dir, export_dir=export_dir,
                              checkpoint=checkpoint, overwrite=overwrite,
                              log=log)

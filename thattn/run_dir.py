@@ -13,7 +13,9 @@ What `thattn-train` leaves in a model_dir:
 | `export/`               | the SavedModel, unless --export_dir says elsewhere |
 | `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
 
-A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
+A `--backend=keras3` run keeps the same files: its checkpoints hold the
+tf_keras twin's objects (`thattn.training.keras3_backend`), so everything
+that reads a Keras run reads it. A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
 `checkpoints/`: `operative_config.gin` and `model.ckpt-N`
 (`thattn.mtf.training`); its run_config.json says `"backend": "mtf"`.
 """
@@ -30,9 +32,13 @@ TOKENIZER = "tokenizer"
 DTENSOR_LAYOUTS = "dtensor_layouts.json"
 EXPORT = "export"
 SUMMARY_FOLDERS = ("train", "eval")
-# What trained a run (run_config.json's "backend"): tf-keras, or Mesh
-# TensorFlow. Runs written before the key existed are Keras runs.
-KERAS, MTF = BACKENDS = ("keras", "mtf")
+# What trained a run (run_config.json's "backend"): tf-keras, Keras 3, or
+# Mesh TensorFlow. Runs written before the key existed are Keras runs.
+KERAS, KERAS3, MTF = BACKENDS = ("keras", "keras3", "mtf")
+# The backends whose model_dirs hold tf_keras checkpoints (`checkpoints/`
+# with the backbone and head), which export, load and convert read as
+# they are.
+KERAS_CHECKPOINTS = (KERAS, KERAS3)
 # What a run_config.json without a key means (it predates the key).
 IMPLIED_SETTINGS = {"backend": KERAS}
 # Any of these in a folder makes it a run's (a model_dir, a Keras

@@ -11,7 +11,6 @@ masked LM on a T5 encoder (mtf's aligned Unitransformer).
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -95,17 +94,9 @@ def test_one_device_equals_the_keras_backend_step_for_step(runs):
                                rtol=1e-4)
 
 
-# A driver's line with its numbers taken out: its format.
-_NUMBERS = re.compile(r"\d[\d,.]*(e[-+]\d+)?")
 # summary.json keys that only one backend writes (docs/training.md's
 # schema): none today.
 _BACKEND_SPECIFIC = frozenset()
-
-
-def _line_formats(stdout):
-  return [" ".join(_NUMBERS.sub("#", line).split())
-          for line in stdout.splitlines()
-          if line.startswith(("step ", "Held-out "))]
 
 
 def test_both_backends_write_one_summary_schema_and_progress_format(runs):
@@ -115,7 +106,7 @@ def test_both_backends_write_one_summary_schema_and_progress_format(runs):
   for backend, (model_dir, stdout) in runs.items():
     with open(model_dir / "summary.json") as f:
       summaries[backend] = json.load(f)
-    formats[backend] = _line_formats(stdout)
+    formats[backend] = local_cluster.line_formats(stdout)
   keras, mtf = summaries["keras"], summaries["mtf"]
   assert set(keras) - _BACKEND_SPECIFIC == set(mtf) - _BACKEND_SPECIFIC
   assert {keras["backend"], mtf["backend"]} == {"keras", "mtf"}

@@ -10,6 +10,7 @@ waits for them with a time limit, and kills them all on failure or when the
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -131,3 +132,15 @@ def summary(model_dir):
   """A run's summary.json."""
   with open(os.path.join(model_dir, "summary.json")) as f:
     return json.load(f)
+
+
+# A driver's line with its numbers taken out: its format.
+_NUMBERS = re.compile(r"\d[\d,.]*(e[-+]\d+)?")
+
+
+def line_formats(stdout):
+  """The run driver's progress and result lines of a run's stdout, each
+  with its numbers replaced by '#': what every backend prints alike."""
+  return [" ".join(_NUMBERS.sub("#", line).split())
+          for line in stdout.splitlines()
+          if line.startswith(("step ", "Held-out "))]

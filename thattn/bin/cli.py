@@ -26,11 +26,36 @@ and ends with `cli.run(main, __name__, __doc__)`.
 """
 
 import contextlib
+import importlib.util
 import logging as python_logging
 import os
 import sys
 
 _QUIET_LEVEL = "3"
+# --backend=keras3's framework when KERAS_BACKEND is not set: the first of
+# these installed (Keras 3 reads KERAS_BACKEND once, when TensorFlow's
+# import first loads it).
+KERAS3_FRAMEWORKS = ("jax", "tensorflow")
+
+
+def choose_keras3_framework(argv):
+  """Sets KERAS_BACKEND for a `--backend=keras3` command line: JAX where
+  it is installed, else TensorFlow; a KERAS_BACKEND the user set wins.
+
+  Called before TensorFlow is imported: importing TensorFlow loads Keras
+  3's backend module, which fixes the framework for the process.
+  Returns the framework chosen, or None (another backend, or the user's).
+  """
+  args = list(argv[1:])
+  keras3 = "--backend=keras3" in args or any(
+      first == "--backend" and second == "keras3"
+      for first, second in zip(args, args[1:]))
+  if not keras3 or "KERAS_BACKEND" in os.environ:
+    return None
+  framework = next(name for name in KERAS3_FRAMEWORKS
+                   if name == "tensorflow" or importlib.util.find_spec(name))
+  os.environ["KERAS_BACKEND"] = framework
+  return framework
 
 
 def quiet_tensorflow():

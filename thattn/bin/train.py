@@ -17,6 +17,7 @@ Examples:
     thattn-train --strategy=dtensor --mesh_shape=batch:2,model:2
     thattn-train --backend=mtf --task=span_corruption --preset=t5_tiny \\
         --mesh_shape=batch:2,model:2      # in Mesh TensorFlow
+    thattn-train --backend=keras3          # in Keras 3, on JAX if installed
 
 Runs go to ./thattn_runs/<task>_<preset>_<attention>, plus one part per
 model or training flag given (e.g. _h8 for --num_heads=8), unless
@@ -28,6 +29,7 @@ import sys
 
 from thattn.bin import cli
 
+cli.choose_keras3_framework(sys.argv)  # before TensorFlow loads Keras 3
 cli.quiet_tensorflow()  # before anything imports TensorFlow
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -128,7 +130,10 @@ flags.DEFINE_integer("d_ff", None, "Feed-forward width; default: the "
                      "preset's.")
 # Devices and reproducibility.
 flags.DEFINE_enum("backend", options_lib.KERAS, list(options_lib.BACKENDS),
-                  "keras: tf-keras models (every task). mtf: the T5 model "
+                  "keras: tf-keras models (every task). keras3: Keras 3 "
+                  "models (mlm, span_corruption) on KERAS_BACKEND, JAX by "
+                  "default where installed (thattn.training.keras3_backend)."
+                  " mtf: the T5 model "
                   "built and trained in Mesh TensorFlow "
                   "(mesh_tensorflow.transformer, with mtf's Adafactor), on "
                   "--mesh_shape by --layout_rules; its model_dir is an mtf "

@@ -15,7 +15,17 @@ variables by path, not by shape, and grouped talking heads store P_l, P_w
 and the dynamic projections with one more dimension (their G blocks), so
 the map is made for one `num_head_groups`; with G a multiple of the model
 axis and the rule "head_groups:model", each device holds whole groups.
+
+`model_layout_map(device_mesh, model, rules)` does the same for a whole
+model (`thattn.keras3.models`, or any layer built of thattn's Keras 3
+layers): every weight whose layer names its logical axes (`logical_axes`:
+heads, d_ff, vocab, d_model, ...) by its exact path, read from a built
+model, with the sizes checked against the mesh (a heads count a mesh axis
+does not divide is named before any device is touched). Weights without
+logical axes (LayerNormalization's, the masked-LM transform) stay whole.
 """
+
+import re
 
 import keras
 
@@ -81,4 +91,40 @@ def layout_map(device_mesh, rules=None, *, num_head_groups=1):
   for (pattern, _, _), mesh_axes in zip(
       tensors, rules_lib.check_layouts(tensors, rules, unit_mesh)):
     result[pattern] = tuple(mesh_axes)
+  return result
+
+
+def logical_axes_by_path(model):
+  """{weight path: logical axes} of every layer of a built `model` that
+  names its weights' axes (the `logical_axes` property)."""
+  axes = {}
+  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+    axes.update(getattr(layer, "logical_axes", None) or {})
+  return axes
+
+
+def model_layout_map(device_mesh, model, rules=None):
+  """A `keras.distribution.LayoutMap` of every weight of a built `model`.
+
+  Build the model once without a distribution to make the map, then build
+  it again under `keras.distribution.ModelParallel(layout_map=...)`: Keras
+  lays a variable out when it is created, by its path (the same in both
+  builds: thattn's model builders name every layer).
+
+  Raises:
+    ValueError naming the weights whose sizes a mesh axis does not divide,
+    or rules that do not fit the mesh.
+  """
+  if not isinstance(rules, rules_lib.LayoutRules):
+    rules = rules_lib.LayoutRules.parse(rules or DEFAULT_LAYOUT_RULES)
+  mesh = rules_lib.MeshSpec(tuple(zip(device_mesh.axis_names,
+                                      device_mesh.shape)))
+  shapes = {weight.path: tuple(weight.shape) for weight in model.weights}
+  tensors = [(path, shapes[path], axes)
+             for path, axes in logical_axes_by_path(model).items()
+             if path in shapes]
+  result = keras.distribution.LayoutMap(device_mesh)
+  for (path, _, _), mesh_axes in zip(
+      tensors, rules_lib.check_layouts(tensors, rules, mesh)):
+    result[re.escape(path)] = tuple(mesh_axes)
   return result

@@ -43,7 +43,7 @@ def load(model_dir, *, checkpoint=None):
     checkpoint and the cause).
   """
   config = run_dir.read_run_config(model_dir)
-  if run_dir.backend(model_dir) != run_dir.KERAS:
+  if run_dir.backend(model_dir) not in run_dir.KERAS_CHECKPOINTS:
     # Its checkpoints are Mesh TensorFlow's (model.ckpt-N), not Keras's.
     raise ValueError(
         f"{model_dir} is a thattn-train --backend={config['backend']} run; "

@@ -105,7 +105,7 @@ def _check_mtf_source(mtf_model_dir):
                      "a Mesh TensorFlow model_dir (operative_config.gin and "
                      "model.ckpt-N).")
   if (tf.io.gfile.exists(run_dir.path(mtf_model_dir, run_dir.RUN_CONFIG)) and
-      run_dir.backend(mtf_model_dir) == run_dir.KERAS):
+      run_dir.backend(mtf_model_dir) in run_dir.KERAS_CHECKPOINTS):
     raise ValueError(
         f"--mtf_model_dir={mtf_model_dir!r} is a thattn (Keras) model_dir, "
         "not a Mesh TensorFlow one; to convert it to Mesh TensorFlow: "

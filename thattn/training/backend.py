@@ -36,7 +36,8 @@ schedule inside the compiled step, so it says False and gets None (the
 driver then runs no schedule ops of its own between steps).
 
 Backends are found by name (`get`). The Keras backend is
-`thattn.training.keras_backend`; the Mesh TensorFlow one,
+`thattn.training.keras_backend`, the Keras 3 one
+`thattn.training.keras3_backend` (imported only when asked for); the Mesh TensorFlow one,
 `thattn.mtf.training`, lives above this package and registers itself when
 imported: `get("mtf")` imports it by module name on first use, so a Keras
 run never imports Mesh TensorFlow, and this package names no code above it.
@@ -50,6 +51,7 @@ import importlib
 _REGISTRY = {}
 # Where each built-in backend registers itself (imported on first `get`).
 _MODULES = {"keras": "thattn.training.keras_backend",
+            "keras3": "thattn.training.keras3_backend",
             "mtf": "thattn.mtf.training"}
 # What pip installs for the Mesh TensorFlow backend (setup.py's extra).
 MTF_EXTRA = ("pip install 'thattn[mtf]' (from a checkout: pip install -e "
@@ -80,6 +82,8 @@ def get(name):
     try:
       importlib.import_module(_MODULES[name])
     except ImportError as error:
+      if name != "mtf":
+        raise
       raise ValueError(f"--backend={name} needs Mesh TensorFlow, which is "
                        f"not installed ({error}); {MTF_EXTRA}.") from None
   if name not in _REGISTRY:

@@ -20,13 +20,21 @@ OPTIMIZERS = ("adafactor", "adam")
 DEFAULT_LEARNING_RATES = {"adafactor": 0.03, "adam": 1e-3}
 
 
+def schedule_arguments(options):
+  """The arguments of the run's `InverseSqrtSchedule` (tf_keras's, or
+  thattn.keras3.optimizers' for --backend=keras3): the peak at the end of
+  warmup, the last `decay_fraction` of the steps decayed to 0."""
+  return {"warmup_steps": options.warmup_steps,
+          "total_steps": options.train_steps,
+          "decay_fraction": options.decay_fraction,
+          "scale": options.peak_learning_rate *
+                   math.sqrt(options.warmup_steps)}
+
+
 def make_schedule(options):
   """The run's learning-rate schedule: inverse square root, peak at the
   end of warmup, the last `decay_fraction` of the steps decayed to 0."""
-  return optimizers.InverseSqrtSchedule(
-      options.warmup_steps, options.train_steps,
-      decay_fraction=options.decay_fraction,
-      scale=options.peak_learning_rate * math.sqrt(options.warmup_steps))
+  return optimizers.InverseSqrtSchedule(**schedule_arguments(options))
 
 
 def make_optimizer(options, mesh=None):

@@ -13,9 +13,11 @@ MIXED_PRECISION = ("off", "float16", "bfloat16")
 # Where a rerun resumes: the latest checkpoint (a damaged one is an error
 # that names it), or the newest one that restores.
 RESUME_FROM = ("latest", "latest_intact")
-# What builds and trains the model: tf-keras (thattn.training.trainer), or
-# Mesh TensorFlow's transformer (thattn.mtf.training).
-KERAS, MTF, BACKENDS = run_dir.KERAS, run_dir.MTF, run_dir.BACKENDS
+# What builds and trains the model: tf-keras (thattn.training.keras_backend),
+# Keras 3 on KERAS_BACKEND (thattn.training.keras3_backend), or Mesh
+# TensorFlow's transformer (thattn.mtf.training).
+KERAS, KERAS3, MTF, BACKENDS = (run_dir.KERAS, run_dir.KERAS3, run_dir.MTF,
+                                 run_dir.BACKENDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,8 @@ class TrainOptions:
     # Flag mistakes fail here, before any device or data is touched.
     if self.backend == MTF:
       self._check_mtf()
+    elif self.backend == KERAS3:
+      self._check_keras3()
     else:
       dtensor.check_options(
           strategy=self.strategy, mesh_shape=self.mesh_shape,
@@ -92,8 +96,28 @@ class TrainOptions:
                        "--mesh_shape with --backend=mtf.")
     self.mtf_mesh()
 
+  def _check_keras3(self):
+    """--backend=keras3: Keras 3 places the model itself; what it lacks."""
+    unsupported = [
+        (f"--strategy={self.strategy}", self.strategy != "default",
+         "Keras 3 lays a run out with --mesh_shape (keras.distribution)"),
+        (f"--mixed_precision={self.mixed_precision}",
+         self.mixed_precision != "off",
+         "it trains in float32 (mixed precision is not built for it yet)"),
+        (f"--tpu={self.tpu}", bool(self.tpu),
+         "it runs on the devices of KERAS_BACKEND's framework")]
+    for flag, given, reason in unsupported:
+      if given:
+        raise ValueError(f"{flag} does not apply with --backend=keras3: "
+                         f"{reason}; drop the flag.")
+    if self.mesh_shape is None and self.layout_rules is not None:
+      raise ValueError(f"--layout_rules={self.layout_rules!r} needs "
+                       "--mesh_shape with --backend=keras3.")
+    self.mtf_mesh()  # the mesh and rules parse and fit as for mtf
+
   def mtf_mesh(self):
-    """--backend=mtf: (MeshSpec, LayoutRules), or None for one device."""
+    """--backend=mtf or keras3: (MeshSpec, LayoutRules), or None for one
+    device."""
     if self.mesh_shape is None:
       return None
     mesh = sharding.MeshSpec.parse(self.mesh_shape)

@@ -1,0 +1,213 @@
+"""thattn-train --backend=keras3: the run driver's Keras 3 backend on JAX.
+
+The binary runs for real, in subprocesses (Keras 3 fixes its framework when
+TensorFlow is imported, and a mesh needs JAX's host devices split before JAX
+starts). The same tiny masked-LM job with --backend=keras and with
+--backend=keras3 (no KERAS_BACKEND set: the binary picks JAX) starts from
+the same weights (the Keras 3 model takes the tf_keras twin's, by name) and
+reads the same batches, so the per-step losses must agree; then exact
+resume after SIGKILL, the export, a T5 on a batch:2,model:2 mesh of 4 JAX
+host devices, and its conversion to Mesh TensorFlow.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.training import local_cluster
+
+pytest.importorskip("jax")
+
+_ENV = {key: value for key, value in os.environ.items()
+        if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
+_ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+_STEPS = 8
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _command(model_dir, flags, *extra):
+  return ([sys.executable, "-m", "thattn.bin.train",
+           f"--model_dir={model_dir}", "--deterministic",
+           f"--train_steps={_STEPS}", "--checkpoint_every=4"] +
+          list(flags) + list(extra))
+
+
+def _train(model_dir, flags, *extra):
+  result = subprocess.run(_command(model_dir, flags, *extra), env=_ENV,
+                          capture_output=True, text=True, timeout=600,
+                          check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_bert_flags):
+  """{backend: (model_dir, stdout)}: one tiny masked-LM job, exported."""
+  root = tmp_path_factory.mktemp("keras3_runs")
+  return {backend: (root / backend,
+                    _train(root / backend, tiny_bert_flags, "--export",
+                           f"--backend={backend}"))
+          for backend in ("keras", "keras3")}
+
+
+def test_keras3_equals_the_keras_backend_step_for_step(runs):
+  keras_dir, _ = runs["keras"]
+  keras3_dir, stdout = runs["keras3"]
+  assert "Keras 3 on jax" in stdout  # the binary's default framework
+  keras_losses = local_cluster.train_losses(str(keras_dir))
+  keras3_losses = local_cluster.train_losses(str(keras3_dir))
+  assert sorted(keras3_losses) == sorted(keras_losses) == list(
+      range(1, _STEPS + 1))
+  for step, loss in keras_losses.items():
+    np.testing.assert_allclose(keras3_losses[step], loss, rtol=1e-4,
+                               err_msg=f"step {step}")
+  summaries = {backend: local_cluster.summary(str(folder))
+               for backend, (folder, _) in runs.items()}
+  # Training moved the model: the runs are not two untrained models alike.
+  keras = summaries["keras"]
+  assert (keras["held_out_ln_ppl_after"] <
+          keras["held_out_ln_ppl_before"] - 0.01), keras
+  assert set(summaries["keras"]) == set(summaries["keras3"])
+  assert summaries["keras3"]["backend"] == "keras3"
+  for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after"):
+    np.testing.assert_allclose(summaries["keras3"][key],
+                               summaries["keras"][key], rtol=1e-4)
+
+
+def test_both_backends_print_the_same_progress_lines(runs):
+  formats = {backend: local_cluster.line_formats(stdout)
+             for backend, (_, stdout) in runs.items()}
+  assert formats["keras3"] == formats["keras"]
+  assert formats["keras3"][1] == "step #/# loss # lr # # tokens/s ETA #m#s"
+  assert len(formats["keras3"]) == _STEPS + 2  # before, each step, after
+
+
+def test_the_checkpoint_is_a_keras_runs_with_the_keras3_optimizer(runs):
+  keras3_dir, _ = runs["keras3"]
+  reader = tf.train.load_checkpoint(str(keras3_dir / "checkpoints" /
+                                        f"ckpt-{_STEPS}"))
+  names = reader.get_variable_to_shape_map()
+  assert any(name.startswith("backbone/") for name in names)
+  assert any(name.startswith("head/") for name in names)
+  iteration = [name for name in names
+               if name.startswith("keras3_optimizer/") and "iteration" in name]
+  assert len(iteration) == 1 and reader.get_tensor(iteration[0]) == _STEPS
+  with open(keras3_dir / "run_config.json") as f:
+    assert json.load(f)["backend"] == "keras3"
+
+
+def test_the_keras3_export_serves_text_as_the_keras_one(runs):
+  text = tf.constant(["The function returns a list of names.", "Hello"])
+  outputs = {}
+  for backend, (folder, _) in runs.items():
+    served = tf.saved_model.load(str(folder / "export"))
+    outputs[backend] = served.signatures["serving_default"](text=text)
+  got, want = outputs["keras3"], outputs["keras"]
+  np.testing.assert_array_equal(got["input_word_ids"], want["input_word_ids"])
+  scale = np.abs(want["sequence_output"].numpy()).max()
+  np.testing.assert_allclose(got["sequence_output"], want["sequence_output"],
+                             rtol=0, atol=1e-3 * scale)
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(
+    runs, tiny_bert_flags, tmp_path):
+  """SIGKILL after step 6 (checkpoint 4 saved), rerun: bit for bit."""
+  straight, _ = runs["keras3"]
+  killed = tmp_path / "killed"
+  process = subprocess.Popen(
+      _command(killed, tiny_bert_flags, "--backend=keras3", "--log_every=1"),
+      env=_ENV, text=True, stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL)
+  for line in process.stdout:
+    if line.startswith(f"step      6/{_STEPS}"):
+      process.send_signal(signal.SIGKILL)
+      break
+  process.wait(timeout=60)
+  assert process.returncode == -signal.SIGKILL
+  rerun = _train(killed, tiny_bert_flags, "--backend=keras3")
+  assert "at step 4" in rerun
+  want = tf.train.load_checkpoint(str(straight / "checkpoints" /
+                                      f"ckpt-{_STEPS}"))
+  got = tf.train.load_checkpoint(str(killed / "checkpoints" /
+                                     f"ckpt-{_STEPS}"))
+  names = sorted(want.get_variable_to_shape_map())
+  assert names == sorted(got.get_variable_to_shape_map())
+  for name in names:
+    if "save_counter" not in name:  # how many saves this process made
+      assert np.array_equal(got.get_tensor(name), want.get_tensor(name)), name
+
+
+@pytest.fixture(scope="module")
+def t5_runs(tmp_path_factory, tiny_bert_flags):
+  """Span corruption on a tiny T5: {name: model_dir}, one device and a
+  batch:2,model:2 mesh of 4 JAX host devices."""
+  root = tmp_path_factory.mktemp("keras3_t5")
+  flags = list(tiny_bert_flags[:2]) + [
+      "--task=span_corruption", "--preset=t5_tiny", "--batch_size=4",
+      "--sequence_length=32", "--eval_steps=1", "--warmup_steps=1",
+      "--log_every=4", "--noexport", "--backend=keras3"]
+  stdout = {name: _train(root / name, flags, *extra)
+            for name, extra in (("one", ()),
+                                ("mesh", ("--mesh_shape=batch:2,model:2",)))}
+  assert "mesh batch:2,model:2 on 4 JAX devices" in stdout["mesh"]
+  return {name: root / name for name in stdout}
+
+
+def test_a_sharded_t5_run_equals_the_unsharded_one(t5_runs):
+  one = local_cluster.train_losses(str(t5_runs["one"]))
+  mesh = local_cluster.train_losses(str(t5_runs["mesh"]))
+  assert sorted(one) == sorted(mesh) == [4, 8]
+  for step, loss in one.items():
+    np.testing.assert_allclose(mesh[step], loss, rtol=1e-4)
+
+
+def test_the_mesh_splits_the_heads_d_ff_and_vocab():
+  result = subprocess.run(
+      [sys.executable, os.path.join(_HERE, "keras3_mesh_script.py"),
+       "batch:2,model:2"], env=dict(_ENV, KERAS_BACKEND="jax"),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  layout = json.loads(result.stdout.strip().splitlines()[-1])
+  assert layout["devices"] == 4
+  weights = layout["weights"]
+  for path, axes in weights.items():
+    kind = "/".join(path.split("/")[-2:])
+    want = {"query/kernel": [None, "model", None],
+            "key/kernel": [None, "model", None],
+            "value/kernel": [None, "model", None],
+            "output/kernel": (["model", None] if "feed_forward" in path else
+                              ["model", None, None]),
+            "input/kernel": [None, "model"],
+            "token_embedding/embeddings": ["model", None]}.get(kind)
+    if want is not None:
+      assert axes == want, path
+  assert sum("query/kernel" in path for path in weights) == 6  # 2+2+2 layers
+
+
+def test_a_keras3_t5_run_converts_to_mesh_tensorflow(t5_runs, tmp_path):
+  from thattn import models  # pylint: disable=g-import-not-at-top
+  from thattn.mtf import convert  # pylint: disable=g-import-not-at-top
+  from thattn.mtf import models as mtf_models  # pylint: disable=g-import-not-at-top
+  written = convert.thattn_to_mtf(model_dir=str(t5_runs["one"]),
+                                  mtf_model_dir=str(tmp_path / "mtf"),
+                                  log=lambda _: None)
+  variables = mtf_models.read_checkpoint(
+      mtf_models.latest_checkpoint(str(tmp_path / "mtf")))
+  model = models.load(str(t5_runs["one"]))
+  vocab_size = model.get_layer("token_embedding").vocab_size
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(2, vocab_size, size=(2, 7)).astype(np.int32)
+  targets = rng.integers(2, vocab_size, size=(2, 5)).astype(np.int32)
+  expected = mtf_models.logits(gin_text=written, vocab_size=vocab_size,
+                               variables=variables, inputs=inputs,
+                               targets=targets)
+  got = model({"encoder_input_tokens": inputs,
+               "decoder_input_tokens": np.pad(targets, [(0, 0), (1, 0)])[
+                   :, :-1]}).numpy()
+  np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)

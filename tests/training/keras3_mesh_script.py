@@ -1,0 +1,39 @@
+"""Prints how `--backend=keras3 --mesh_shape=...` lays out a T5's weights.
+
+Run by keras3_backend_test.py in a process of its own (KERAS_BACKEND=jax;
+JAX's host platform is split into the mesh's devices before JAX starts):
+`python keras3_mesh_script.py batch:2,model:2` prints one JSON object,
+{"devices": N, "weights": {path: [mesh axis or null per dimension]}}, read
+from the sharded values JAX holds.
+"""
+
+import json
+import sys
+
+import jax
+
+from thattn import models
+from thattn.training import keras3_mesh
+from thattn.training import keras3_steps
+from thattn.training import options as options_lib
+
+
+def main(mesh_shape):
+  options = options_lib.TrainOptions(backend="keras3", mesh_shape=mesh_shape,
+                                     batch_size=4)
+  mesh = keras3_mesh.KerasMesh(options)
+  config = models.model_config("t5_tiny", vocab_size=128)
+  with mesh.distribution(keras3_steps.TaskLoss("span_corruption",
+                                               config)).scope():
+    layer = keras3_steps.TaskLoss("span_corruption", config)
+  weights = {}
+  for weight in layer.weights:
+    spec = tuple(weight.value.sharding.spec)
+    spec += (None,) * (len(weight.shape) - len(spec))
+    weights[weight.path] = [axis if axis is None else str(axis)
+                            for axis in spec]
+  print(json.dumps({"devices": len(jax.devices()), "weights": weights}))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

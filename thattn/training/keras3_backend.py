@@ -1,0 +1,246 @@
+"""`thattn-train --backend=keras3`: the run driver's Keras 3 backend.
+
+    KERAS_BACKEND=jax thattn-train --backend=keras3
+
+`thattn.training.backend` documents the protocol; this adapter trains the
+task's model as a Keras 3 model (`thattn.keras3.models`, on whatever
+framework `keras.backend.backend()` is: JAX by default in `thattn-train`
+where JAX is installed, else TensorFlow; PyTorch too), with the step of
+`thattn.training.keras3_steps` (`jax.jit` over `stateless_call` on JAX).
+It trains `keras3_steps.TASKS`.
+
+What it shares with the Keras backend, so that the two agree step for step:
+- the task, its tokenizer and its step-addressed batches (tf.data, read as
+  NumPy);
+- the initial weights: the task builds its tf_keras model under the run's
+  seed, exactly as the Keras backend does, and its weights move into the
+  Keras 3 model by name (`heads.pair_by_name`: the two front ends' weights
+  share names); `--init_checkpoint` restores the tf_keras backbone first;
+- the optimizer and schedule (`thattn.keras3.optimizers`: thattn's
+  Adafactor and inverse-square-root schedule in keras.ops; or Keras's Adam),
+  and the loss (`keras3_steps.TaskLoss`).
+
+Checkpoints. A save writes the Keras 3 weights back into the tf_keras twin
+and saves with `tf.train.CheckpointManager` in `model_dir/checkpoints`, as
+the Keras backend does: `backbone` and `head` as tf_keras objects, so
+`thattn-export`, `thattn.models.load` and `thattn-convert --to=mtf` read a
+keras3 run as they read a Keras run. Beside them: `keras3_optimizer`, the
+Keras 3 optimizer's variables by path (its `iteration` is the run's step),
+and the held-out loss at step 0. Nothing of tf_keras runs in a step: the
+twin is touched at the start, at saves and restores, and for task metrics.
+
+Exact resume: the step is the data's whole state (as in every backend),
+and the checkpoint holds every value the step reads; on JAX's CPU backend
+a run killed and rerun ends with the uninterrupted run's weights.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from thattn import run_dir
+from thattn.keras3 import optimizers as keras3_optimizers
+from thattn.keras3.models import heads
+from thattn.training import backend as backend_lib
+from thattn.training import devices as devices_lib
+from thattn.training import keras3_mesh
+from thattn.training import keras3_steps
+from thattn.training import optimizer as optimizer_lib
+
+FRAMEWORKS = ("jax", "tensorflow", "torch")
+
+
+def make_optimizer(options):
+  """The Keras 3 optimizer of `options`, as `optimizer_lib.make_optimizer`
+  makes the tf_keras one."""
+  schedule = keras3_optimizers.InverseSqrtSchedule(
+      **optimizer_lib.schedule_arguments(options))
+  if options.optimizer == "adafactor":
+    return keras3_optimizers.Adafactor(schedule)
+  return keras.optimizers.Adam(schedule)
+
+
+def _slot_keys(optimizer):
+  """A checkpoint key per optimizer variable, in order: its index and its
+  path (the paths alone repeat: Keras names a slot after its variable's
+  own name, and two layers' `embeddings` share it)."""
+  return [f"{index:04d}.{variable.path.replace('/', '.')}"
+          for index, variable in enumerate(optimizer.variables)]
+
+
+@backend_lib.register
+class Keras3Backend(backend_lib.Backend):
+  """Keras 3 on KERAS_BACKEND's framework; see the module."""
+
+  name = run_dir.KERAS3
+  feeds_learning_rate = False  # the optimizer's schedule, in the step
+
+  @classmethod
+  def check_task(cls, task_class, model):
+    del model
+    if task_class.name not in keras3_steps.TASKS:
+      raise ValueError(f"--backend=keras3 trains the tasks "
+                       f"{', '.join(keras3_steps.TASKS)}; --task="
+                       f"{task_class.name} trains with --backend=keras.")
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.framework = keras.backend.backend()
+    if self.framework not in FRAMEWORKS:
+      raise ValueError(f"--backend=keras3 runs on KERAS_BACKEND "
+                       f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
+    self.task = self.loss_layer = self.steps = self.manager = None
+    self.pairs, self.slots, self._step = [], {}, 0
+    # Devices before any data is read: a mesh JAX cannot make fails here.
+    self.mesh = (keras3_mesh.KerasMesh(self.options)
+                 if self.options.mesh_shape else None)
+    if self.mesh:
+      self.mesh.check_batch_size(self.options.batch_size)
+    self.initial_eval_variable = tf.Variable(float("nan"), trainable=False)
+
+  def build(self, task):
+    """The task's tf_keras twin (the initial weights), the Keras 3 model,
+    the optimizer with its slots, and the checkpoint of them."""
+    self.task = task
+    # Keras 3's seed (dropout's seeds) without moving TensorFlow's: its
+    # set_random_seed reseeds TensorFlow too, which the driver did already
+    # (tf_keras.utils.set_random_seed), so it comes first, and the twin is
+    # built from the same random state as in the Keras backend.
+    keras.utils.set_random_seed(self.options.seed)
+    task.build()
+    with self._layout():
+      self.loss_layer = self._task_loss()
+      self._pair_with_twin()
+      self.steps = keras3_steps.Steps(
+          self.loss_layer, make_optimizer(self.options),
+          batch_layout=self.mesh.batch_layout if self.mesh else None)
+    optimizer = self.steps.optimizer
+    self.slots = {key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
+                                   trainable=False)
+                  for key, variable in zip(_slot_keys(optimizer),
+                                           optimizer.variables)}
+    checkpoint = tf.train.Checkpoint(
+        keras3_optimizer=tf.Module(), initial_eval=self.initial_eval_variable,
+        **task.checkpoint_items())
+    checkpoint.keras3_optimizer.slots = self.slots
+    self.manager = tf.train.CheckpointManager(
+        checkpoint, run_dir.path(self.model_dir, run_dir.CHECKPOINTS),
+        max_to_keep=self.options.max_checkpoints)
+
+  def _pair_with_twin(self):
+    """Pairs each Keras 3 weight with its tf_keras twin's, by name."""
+    task = self.task
+    twin = [layer for layer in (task.backbone, task.head) if layer]
+    self.pairs = heads.pair_by_name(
+        {v.ref(): v for layer in twin for v in layer.weights}.values(),
+        self.loss_layer.weights)
+    # What the Keras task leaves untrained (frozen embeddings, the pooler
+    # in masked LM) is left untrained here too.
+    trained = {v.ref() for v in task.trainable_variables}
+    for source, target in self.pairs:
+      target.trainable = source.ref() in trained
+
+  def _task_loss(self):
+    return keras3_steps.TaskLoss(self.task.name, self.task.model_config,
+                                 pad_id=self.task.tokenizer.special.pad)
+
+  def _layout(self):
+    """The scope the model and optimizer are made in: on a mesh, the
+    `ModelParallel` distribution of the model's layout (read from a first,
+    unsharded build); else none."""
+    if self.mesh is None:
+      return contextlib.nullcontext()
+    return self.mesh.distribution(self._task_loss()).scope()
+
+  def _twin_to_keras3(self):
+    """The tf_keras twin's weights (and the slots) into the Keras 3 run."""
+    for source, target in self.pairs:
+      target.assign(source.numpy())
+    optimizer = self.steps.optimizer
+    for key, variable in zip(_slot_keys(optimizer), optimizer.variables):
+      variable.assign(self.slots[key].numpy())
+    self.steps.reload()
+    self._step = int(keras.ops.convert_to_numpy(
+        self.steps.optimizer.iterations))
+
+  def _keras3_to_twin(self):
+    self.steps.sync()
+    for source, target in self.pairs:
+      source.assign(keras.ops.convert_to_numpy(target.value))
+    optimizer = self.steps.optimizer
+    for key, variable in zip(_slot_keys(optimizer), optimizer.variables):
+      self.slots[key].assign(keras.ops.convert_to_numpy(variable.value))
+
+  def checkpoints(self):
+    return list(self.manager.checkpoints)
+
+  def restore(self, path):
+    self.manager.checkpoint.restore(path).assert_consumed()
+    self._twin_to_keras3()
+
+  def initialize(self):
+    self._twin_to_keras3()  # the build's weights, or init_checkpoint's
+
+  @property
+  def step(self):
+    return self._step  # kept here: no read of the compiled state per step
+
+  @property
+  def initial_eval(self):
+    return float(self.initial_eval_variable)
+
+  def set_initial_eval(self, value):
+    self.initial_eval_variable.assign(value)
+
+  def train_batches(self, start_step):
+    return self.task.train_dataset(start_step).as_numpy_iterator()
+
+  def train_step(self, batches, learning_rate):
+    del learning_rate  # None: the optimizer's own schedule gives the rate
+    loss = self.steps.train_step(next(batches))
+    self._step += 1
+    return loss
+
+  def evaluate(self, batches):
+    return self.steps.evaluate(batches)
+
+  def task_metrics(self, num_steps):
+    """The task's metrics, computed by its tf_keras twin holding the Keras
+    3 weights (as the mtf backend does)."""
+    self._keras3_to_twin()
+    return self.task.extra_eval_metrics(
+        num_steps, devices_lib.StrategyDevices(tf.distribute.get_strategy()))
+
+  def save(self):
+    self._keras3_to_twin()
+    return self.manager.save(checkpoint_number=self.step)
+
+  def latest_checkpoint(self):
+    return self.manager.latest_checkpoint
+
+  def checkpoint_directory(self):
+    return self.manager.directory
+
+  def describe(self):
+    variables = self.loss_layer.trainable_variables
+    trained = sum(int(np.prod(v.shape)) for v in variables)
+    untrained = self.task.parameters()[0] - trained
+    left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
+                else "")
+    return (f"{self.task.describe()}; Keras 3 on {self.framework}, trained: "
+            f"{len(variables)} tensors, {trained:,} parameters{left_out}; "
+            f"{self.options.optimizer}, peak learning rate "
+            f"{self.options.peak_learning_rate:g}; "
+            f"{self.mesh.describe() if self.mesh else _devices()}.")
+
+
+def _devices():
+  """The devices Keras 3 sees, for the log (keras.distribution knows them
+  on JAX; elsewhere the framework's default device)."""
+  try:
+    devices = keras.distribution.list_devices()
+  except (AttributeError, NotImplementedError):  # not on this framework
+    return "its default device"
+  return f"{len(devices)} device(s)"
