@@ -11,6 +11,7 @@ traceback).
 Plain Python: no TensorFlow import, so every rank of thattn can use it.
 """
 
+import contextlib
 import errno
 import os
 import shutil
@@ -51,6 +52,25 @@ def errno_of(phrase):
     if known == phrase:
       return number
   return errno.EIO
+
+
+@contextlib.contextmanager
+def refused_writes(where, then):
+  """Within the block, a write the machine refuses (`cause`) becomes one
+  WriteFailed: 'could not write <where>: <cause>. <then>'. A WriteFailed
+  raised inside (a more precise one) and every other error pass as they
+  are."""
+  try:
+    yield
+  except WriteFailed:
+    raise
+  except Exception as error:  # pylint: disable=broad-except
+    reason = cause(error)
+    if reason is None:
+      raise
+    failure = WriteFailed(f"could not write {where}: {reason}. {then}")
+    failure.errno = errno_of(reason)
+    raise failure from None
 
 
 def checkpoint_not_written(error, *, directory, step, latest, rerun):

@@ -12,6 +12,7 @@ host devices, and its conversion to Mesh TensorFlow.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import conftest
 from tests.training import local_cluster
+from thattn.training import run_lock
 
 pytest.importorskip("jax")
 
@@ -143,6 +146,42 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(
       assert np.array_equal(got.get_tensor(name), want.get_tensor(name)), name
 
 
+def _refused(model_dir, flags, *extra):
+  """A keras3 rerun that must fail: its error line (no traceback)."""
+  result = subprocess.run(_command(model_dir, flags, "--backend=keras3",
+                                   *extra), env=_ENV, capture_output=True,
+                          text=True, timeout=600, check=False)
+  assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
+def test_the_keras3_run_keeps_the_drivers_promises(runs, tiny_bert_flags,
+                                                    tmp_path):
+  """Issue 33's surfaces for this backend: a changed flag, a damaged
+  checkpoint and a held lock are named, and change nothing."""
+  run = tmp_path / "run"
+  shutil.copytree(runs["keras3"][0], run)
+  before = conftest.snapshot(run)
+  error = _refused(run, tiny_bert_flags, "--learning_rate=0.001")
+  assert "learning_rate: 0.03 -> 0.001" in error, error
+  with run_lock.hold(str(run), log=lambda _: None):
+    error = _refused(run, tiny_bert_flags, f"--train_steps={_STEPS + 1}")
+  assert "is in use by another run" in error, error
+  assert conftest.snapshot(run) == before
+  data = run / "checkpoints" / f"ckpt-{_STEPS}.data-00000-of-00001"
+  with open(data, "r+b") as f:
+    f.truncate(data.stat().st_size // 2)
+  error = _refused(run, tiny_bert_flags, f"--train_steps={_STEPS + 1}")
+  for fragment in (f"ckpt-{_STEPS}.data-00000-of-00001", "cannot be restored",
+                   "ckpt-4", "--resume_from=latest_intact"):
+    assert fragment in error, error
+  resumed = _train(run, tiny_bert_flags, "--backend=keras3",
+                   f"--train_steps={_STEPS + 1}",
+                   "--resume_from=latest_intact")
+  assert "at step 4." in resumed
+
+
 @pytest.fixture(scope="module")
 def t5_runs(tmp_path_factory, tiny_bert_flags):
   """Span corruption on a tiny T5: {name: model_dir}, one device and a
@@ -167,7 +206,7 @@ def test_a_sharded_t5_run_equals_the_unsharded_one(t5_runs):
     np.testing.assert_allclose(mesh[step], loss, rtol=1e-4)
 
 
-def test_the_mesh_splits_the_heads_d_ff_and_vocab():
+def test_the_mesh_splits_the_heads_d_ff_vocab_and_their_slots():
   result = subprocess.run(
       [sys.executable, os.path.join(_HERE, "keras3_mesh_script.py"),
        "batch:2,model:2"], env=dict(_ENV, KERAS_BACKEND="jax"),
@@ -188,6 +227,10 @@ def test_the_mesh_splits_the_heads_d_ff_and_vocab():
     if want is not None:
       assert axes == want, path
   assert sum("query/kernel" in path for path in weights) == 6  # 2+2+2 layers
+  # Adafactor's second moments (unfactored at these sizes) lie like their
+  # weights.
+  for path, slots in layout["slots"].items():
+    assert slots["v"] == weights[path], path
 
 
 def test_a_keras3_t5_run_converts_to_mesh_tensorflow(t5_runs, tmp_path):

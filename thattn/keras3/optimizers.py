@@ -57,6 +57,20 @@ def _rms(x):
   return ops.sqrt(ops.mean(ops.square(x)))
 
 
+def _slot_layout(variable, dropped_axis=None):
+  """A slot's `keras.distribution.TensorLayout` under a distribution: its
+  variable's, without `dropped_axis` for a factored row or column
+  statistic; None without one. (Keras's own optimizers read the variable's
+  layout from `_layout` too, in `add_variable_from_reference`.)"""
+  layout = getattr(variable, "_layout", None)
+  if layout is None or not hasattr(layout, "axes"):
+    return None
+  axes = list(layout.axes)
+  if dropped_axis is not None:
+    del axes[dropped_axis]
+  return keras.distribution.TensorLayout(tuple(axes), layout.device_mesh)
+
+
 def _compute_dtype(variable):
   # Slots and arithmetic in float32 (float64 stays float64), as in mtf.
   return "float64" if variable.dtype == "float64" else "float32"
@@ -113,9 +127,11 @@ class Adafactor(keras.optimizers.Optimizer):
         slot_shapes["v"] = shape
       if self.beta1:
         slot_shapes["m"] = shape
+      dropped = {"vr": axes[0], "vc": axes[1]} if axes else {}
       self._slots.append({
-          slot: self.add_variable(tuple(slot_shape), dtype=dtype,
-                                  name=f"{variable.name}_{slot}")
+          slot: self.add_variable(
+              tuple(slot_shape), dtype=dtype, name=f"{variable.name}_{slot}",
+              layout=_slot_layout(variable, dropped.get(slot)))
           for slot, slot_shape in slot_shapes.items()})
 
   def update_step(self, gradient, variable, learning_rate):

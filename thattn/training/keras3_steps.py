@@ -120,7 +120,7 @@ class Steps:
     elif self.backend == "tensorflow":
       self._init_tensorflow()
     else:
-      self.train_step, self.eval_step = self._torch_train, self._eager_eval
+      self.train_step, self.eval_step = self._torch_train, self._torch_eval
 
   def inputs(self, batch):
     """The batch's arrays the loss reads, as int32 NumPy (float32 weights),
@@ -228,8 +228,10 @@ class Steps:
     self.optimizer.apply([v.value.grad for v in variables], variables)
     return float(ops.convert_to_numpy(loss))
 
-  def _eager_eval(self, batch):
-    return self.task_loss(self.inputs(batch), training=False)
+  def _torch_eval(self, batch):
+    import torch  # pylint: disable=g-import-not-at-top
+    with torch.no_grad():  # no graph kept for a backward pass
+      return self.task_loss(self.inputs(batch), training=False)
 
   def evaluate(self, batches):
     """Mean loss over every weighted position of `batches` (tf.data)."""

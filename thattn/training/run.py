@@ -91,7 +91,16 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
   chief = cluster.is_chief()
   lock = run_lock.hold(model_dir, log=log) if chief else (
       contextlib.nullcontext())
-  with backend_class.processes(model_dir, options, log) as place, lock:
+  # Every other file the run writes (run_config.json, the tokenizer, the
+  # summaries, summary.json): a full or read-only disk is named in one
+  # line; the checkpoints have their own, more precise message (_save).
+  refused = write_failures.refused_writes(
+      f"into the model_dir {model_dir}",
+      then="Its checkpoints are as they were (a rerun resumes from the "
+           "last complete one): make room (or make it writable) and rerun "
+           "the same command.")
+  with refused, backend_class.processes(model_dir, options, log) as place, (
+      lock):
     return _train_locked(
         model_dir=model_dir, place=place, backend_class=backend_class,
         task_class=task_class, model=model, data=data, options=options,

@@ -1,0 +1,156 @@
+"""Issue 33: a full disk, for real: a small tmpfs the test mounts and fills.
+
+CI runs as root, so the test mounts a tmpfs of a few MB; where mounting is
+not allowed it skips, printing why. On it:
+
+- a training run (a tiny BERT, `--deterministic`) killed after its step-4
+  checkpoint, then rerun on a disk filled to the last byte: it stops with
+  one line naming the folder and the full disk, no traceback, and keeps its
+  last complete checkpoint, which restores; with the space freed, the rerun
+  resumes from it and ends with the weights of an uninterrupted run;
+- an export and a conversion into the full disk: one line each, the target
+  as it was (absent), no staging folder left.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+_STEPS = 8
+_SIZE = "24m"
+
+
+def _command(binary, *flags):
+  return [sys.executable, "-m", f"thattn.bin.{binary}", *flags]
+
+
+def _run(binary, *flags):
+  return subprocess.run(_command(binary, *flags), env=_ENV,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+
+
+@pytest.fixture
+def disk(tmp_path):
+  """A mounted tmpfs of _SIZE, unmounted after the test."""
+  mount_point = tmp_path / "disk"
+  mount_point.mkdir()
+  mounted = subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={_SIZE}", "tmpfs",
+       str(mount_point)], capture_output=True, text=True, check=False)
+  if mounted.returncode != 0:
+    pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.strip()!r}")
+  try:
+    yield mount_point
+  finally:
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(disk):
+  """Fills the disk to its last byte with a file of ours; returns it."""
+  filler = disk / "filler"
+  with open(filler, "wb") as f:
+    chunk = b"\0" * (1 << 20)
+    try:
+      while True:
+        f.write(chunk)
+        f.flush()
+    except OSError:
+      pass
+    try:  # the last partial megabyte, a byte at a time
+      while True:
+        f.write(b"\0")
+        f.flush()
+    except OSError:
+      pass
+  return filler
+
+
+def _error(result, program):
+  assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith(f"{program}: error: "), line
+  return line
+
+
+def _weights(checkpoint):
+  reader = tf.train.load_checkpoint(str(checkpoint))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if "save_counter" not in name}
+
+
+def test_a_run_that_fills_the_disk_stops_and_resumes_exactly(
+    disk, tmp_path, tiny_bert_flags):
+  flags = list(tiny_bert_flags) + [f"--train_steps={_STEPS}",
+                                   "--checkpoint_every=2", "--deterministic"]
+  straight = tmp_path / "straight"
+  result = _run("train", f"--model_dir={straight}", *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  run = disk / "run"
+  process = subprocess.Popen(_command("train", f"--model_dir={run}", *flags),
+                             env=_ENV, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+  for line in process.stdout:
+    if line.startswith(f"step      5/{_STEPS}"):  # ckpt-4 is saved
+      process.send_signal(signal.SIGKILL)
+      break
+  process.wait(timeout=60)
+  assert process.returncode == -signal.SIGKILL
+  checkpoints = run / "checkpoints"
+  latest = tf.train.latest_checkpoint(str(checkpoints))
+  assert latest.endswith("ckpt-4"), latest
+
+  filler = _fill(disk)
+  error = _error(_run("train", f"--model_dir={run}", *flags), "thattn-train")
+  assert "the disk is full (no space left on device)" in error, error
+  assert str(run) in error, error
+  # The last complete checkpoint is the one before, and it restores.
+  assert tf.train.latest_checkpoint(str(checkpoints)) == latest
+  assert not [name for name in os.listdir(checkpoints) if "_temp" in name]
+  _weights(latest)
+
+  filler.unlink()  # space freed: the same command resumes
+  result = _run("train", f"--model_dir={run}", *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "at step 4." in result.stdout, result.stdout[-2000:]
+  want = _weights(straight / "checkpoints" / f"ckpt-{_STEPS}")
+  got = _weights(checkpoints / f"ckpt-{_STEPS}")
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    assert np.array_equal(got[name], value), name
+
+
+def test_an_export_into_a_full_disk_leaves_no_trace(disk, tmp_path,
+                                                   tiny_bert_flags):
+  trained = tmp_path / "trained"
+  result = _run("train", f"--model_dir={trained}", *tiny_bert_flags,
+                "--train_steps=1")
+  assert result.returncode == 0, result.stderr[-3000:]
+  filler = _fill(disk)
+  error = _error(_run("export", f"--model_dir={trained}",
+                      f"--export_dir={disk / 'export'}"), "thattn-export")
+  assert str(disk / "export") in error and "the disk is full" in error, error
+  assert sorted(os.listdir(disk)) == [filler.name]
+
+
+def test_a_conversion_into_a_full_disk_leaves_no_trace(disk, tmp_path):
+  from thattn.mtf import models as mtf_models  # pylint: disable=g-import-not-at-top
+  from tests.mtf import model_convert_test  # pylint: disable=g-import-not-at-top
+  gin_text = next(iter(model_convert_test.GIN.values()))
+  variables = mtf_models.initial_variables(
+      gin_text=gin_text, vocab_size=model_convert_test.VOCAB, seed=1)
+  mtf_models.write_model_dir(mtf_model_dir=str(tmp_path / "mtf"),
+                             gin_text=gin_text, variables=variables, step=10)
+  filler = _fill(disk)
+  error = _error(_run("convert", f"--mtf_model_dir={tmp_path / 'mtf'}",
+                      f"--model_dir={disk / 'converted'}"), "thattn-convert")
+  assert "the disk is full" in error, error
+  assert sorted(os.listdir(disk)) == [filler.name]
