@@ -55,11 +55,12 @@ def errno_of(phrase):
 
 
 @contextlib.contextmanager
-def refused_writes(where, then):
+def refused_writes(where, then, folder=None):
   """Within the block, a write the machine refuses (`cause`) becomes one
-  WriteFailed: 'could not write <where>: <cause>. <then>'. A WriteFailed
-  raised inside (a more precise one) and every other error pass as they
-  are."""
+  WriteFailed: 'could not write <where> (<the file>): <cause>. <then>',
+  the file named where the error says it (an OSError's filename, or a path
+  under `folder` in a TensorFlow error's message). A WriteFailed raised
+  inside (a more precise one) and every other error pass as they are."""
   try:
     yield
   except WriteFailed:
@@ -68,9 +69,25 @@ def refused_writes(where, then):
     reason = cause(error)
     if reason is None:
       raise
-    failure = WriteFailed(f"could not write {where}: {reason}. {then}")
+    written = _file_of(error, folder)
+    failure = WriteFailed(f"could not write {where}"
+                          + (f" ({written})" if written else "")
+                          + f": {reason}. {then}")
     failure.errno = errno_of(reason)
     raise failure from None
+
+
+def _file_of(error, folder):
+  """The file a refused write was writing, where the error says it."""
+  filename = getattr(error, "filename", None)
+  if filename:
+    return str(filename)
+  if folder:
+    for word in str(error).replace(";", " ").replace(",", " ").split():
+      word = word.strip("'\"()[]:")
+      if word.startswith(str(folder)):
+        return word
+  return None
 
 
 def checkpoint_not_written(error, *, directory, step, latest, rerun):

@@ -98,7 +98,7 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
       f"into the model_dir {model_dir}",
       then="Its checkpoints are as they were (a rerun resumes from the "
            "last complete one): make room (or make it writable) and rerun "
-           "the same command.")
+           "the same command.", folder=model_dir)
   with refused, backend_class.processes(model_dir, options, log) as place, (
       lock):
     return _train_locked(
