@@ -35,7 +35,7 @@ LONGEST_FILES = (
     "tests/keras3/optimizers_test.py",
     "tests/training/dtensor_train_test.py", "tests/sharding/dtensor_test.py",
     "tests/benchmarks_smoke_test.py", "tests/keras3/pallas_test.py",
-    "tests/kernels/build_test.py")
+    "tests/kernels/build_test.py", "tests/training/full_disk_test.py")
 
 
 def pytest_collection_modifyitems(items):
