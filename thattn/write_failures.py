@@ -77,6 +77,15 @@ def refused_writes(where, then, folder=None):
     raise failure from None
 
 
+def cache_writes(directory):
+  """`refused_writes` for thattn's cache (`$THATTN_CACHE_DIR`): a full or
+  read-only disk there names the cache and how to move it."""
+  return refused_writes(
+      f"thattn's cache {directory}",
+      then="Make room there, or set THATTN_CACHE_DIR to a folder with space "
+           "that this user can write, and rerun.", folder=directory)
+
+
 def _file_of(error, folder):
   """The file a refused write was writing, where the error says it."""
   filename = getattr(error, "filename", None)

@@ -9,7 +9,10 @@ not allowed it skips, printing why. On it:
   last complete checkpoint, which restores; with the space freed, the rerun
   resumes from it and ends with the weights of an uninterrupted run;
 - an export and a conversion into the full disk: one line each, the target
-  as it was (absent), no staging folder left.
+  as it was (absent), no staging folder left;
+- thattn's cache (`$THATTN_CACHE_DIR`) on the full disk: the default
+  corpus cannot be built, and the run says so in one line naming the cache
+  and leaves no model_dir and no temporary file.
 """
 
 import os
@@ -156,3 +159,21 @@ def test_a_conversion_into_a_full_disk_leaves_no_trace(disk, tmp_path):
                       f"--model_dir={disk / 'converted'}"), "thattn-convert")
   assert "the disk is full" in error, error
   assert sorted(os.listdir(disk)) == [filler.name]
+
+
+def test_a_full_cache_disk_is_named_and_leaves_nothing(disk, tmp_path):
+  cache = disk / "cache"
+  cache.mkdir()
+  filler = _fill(disk)
+  result = subprocess.run(
+      _command("train", f"--model_dir={tmp_path / 'run'}", "--train_steps=1",
+               "--noexport"), env=dict(_ENV, THATTN_CACHE_DIR=str(cache)),
+      capture_output=True, text=True, timeout=600, check=False)
+  error = _error(result, "thattn-train")
+  assert error.startswith(f"thattn-train: error: could not write thattn's "
+                          f"cache {cache}/corpus-"), error
+  assert "the disk is full" in error and "THATTN_CACHE_DIR" in error, error
+  assert not (tmp_path / "run").exists()  # a failed start leaves nothing
+  leftovers = [str(path) for path in cache.rglob("*") if path.is_file()]
+  assert leftovers == [], leftovers
+  assert sorted(os.listdir(disk)) == ["cache", filler.name]

@@ -52,6 +52,7 @@ import sysconfig
 import unicodedata
 
 from thattn import paths
+from thattn import write_failures
 
 _LOG = logging.getLogger("thattn")
 # Corpus folders this process has checked against their manifests.
@@ -255,10 +256,17 @@ def build(output_dir):
 
 
 def _write_atomically(path, data):
+  """Writes `path` whole (a temporary file renamed into place); a write
+  that fails (a full disk) leaves no temporary file behind."""
   temporary = f"{path}.tmp{os.getpid()}"
-  with open(temporary, "wb") as f:
-    f.write(data)
-  os.replace(temporary, path)
+  try:
+    with open(temporary, "wb") as f:
+      f.write(data)
+    os.replace(temporary, path)
+  except OSError:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise
 
 
 def corpus_dir(cache=None):
@@ -273,14 +281,14 @@ def corpus_dir(cache=None):
                            f"corpus-{fingerprint()}")
   if directory in _VERIFIED:
     return directory
-  if os.path.exists(os.path.join(directory, "manifest.json")):
-    damage = _damage(directory)
-    if damage:
+  damage = (_damage(directory) if os.path.exists(
+      os.path.join(directory, "manifest.json")) else "absent")
+  if damage:
+    if damage != "absent":
       _LOG.warning("thattn's cached corpus in %s is damaged (%s); building "
                    "it again", directory, damage)
+    with write_failures.cache_writes(directory):  # a full disk, named
       build(directory)
-  else:
-    build(directory)
   _VERIFIED.add(directory)
   return directory
 

@@ -35,6 +35,8 @@ import os
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from thattn import write_failures
+
 CONFIG_FILE = "tokenizer.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
 SENTENCEPIECE_MODEL_FILE = "sentencepiece.model"
@@ -427,9 +429,23 @@ def default_tokenizer(kind="wordpiece", vocab_size=8000, cache=None):
     tokenizer = learn_wordpiece(paragraphs, vocab_size)
   else:
     tokenizer = train_sentencepiece(paragraphs, vocab_size)
+  _cache(tokenizer, directory)
+  return tokenizer
+
+
+def _cache(tokenizer, directory):
+  """Saves a learned tokenizer as the cache entry `directory`, whole: in a
+  staging folder of this process, renamed into place (a full disk is named,
+  and leaves no staging folder)."""
   staging = f"{directory}.tmp{os.getpid()}"
-  tokenizer.save(staging)
-  _write_cache_digest(staging)
+  try:
+    with write_failures.cache_writes(os.path.dirname(directory)):
+      tokenizer.save(staging)
+      _write_cache_digest(staging)
+  except write_failures.WriteFailed:
+    if tf.io.gfile.exists(staging):
+      tf.io.gfile.rmtree(staging)
+    raise
   try:
     tf.io.gfile.rename(staging, directory, overwrite=True)
   except (tf.errors.OpError, OSError):
@@ -437,7 +453,6 @@ def default_tokenizer(kind="wordpiece", vocab_size=8000, cache=None):
     tf.io.gfile.rmtree(staging)
     if _cache_damage(directory) is not None:
       raise
-  return tokenizer
 
 
 # A cached tokenizer's {file name: SHA-256}, written last into its folder.
