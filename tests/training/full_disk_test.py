@@ -12,7 +12,8 @@ not allowed it skips, printing why. On it:
   as it was (absent), no staging folder left;
 - thattn's cache (`$THATTN_CACHE_DIR`) on the full disk: the default
   corpus cannot be built, and the run says so in one line naming the cache
-  and leaves no model_dir and no temporary file.
+  and leaves no model_dir and no temporary file; a run that needs only the
+  compiled kernel from the cache trains on TensorFlow ops, saying why.
 """
 
 import os
@@ -177,3 +178,20 @@ def test_a_full_cache_disk_is_named_and_leaves_nothing(disk, tmp_path):
   leftovers = [str(path) for path in cache.rglob("*") if path.is_file()]
   assert leftovers == [], leftovers
   assert sorted(os.listdir(disk)) == ["cache", filler.name]
+
+
+def test_a_kernel_that_cannot_be_cached_falls_back_and_says_why(
+    disk, tmp_path, tiny_bert_flags):
+  cache = disk / "cache"
+  cache.mkdir()
+  _fill(disk)
+  result = subprocess.run(
+      _command("train", f"--model_dir={tmp_path / 'run'}", *tiny_bert_flags,
+               "--train_steps=2"),
+      env=dict(_ENV, THATTN_CACHE_DIR=str(cache)), capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "kernel is unavailable, so TensorFlow ops run instead" in (
+      result.stderr), result.stderr[-3000:]
+  assert str(cache / "kernels") in result.stderr, result.stderr[-3000:]
+  assert (tmp_path / "run" / "checkpoints" / "ckpt-2.index").exists()

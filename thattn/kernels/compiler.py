@@ -28,6 +28,7 @@ import shutil
 import subprocess
 
 from thattn import paths
+from thattn import write_failures
 
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
@@ -176,6 +177,12 @@ def _compile(command, library, name):
   if result.returncode != 0:
     if os.path.exists(temporary):
       os.remove(temporary)
+    refused = write_failures.cause(OSError(result.stderr))
+    if refused:  # the cache's disk, not the compiler, said no
+      raise KernelUnavailable(
+          f"could not write the compiled {name} kernel into {library}: "
+          f"{refused}; make room there, or set THATTN_CACHE_DIR to a folder "
+          "with space")
     raise KernelUnavailable(
         f"compiling the {name} kernel failed (exit {result.returncode}): "
         f"{' '.join(command)}\n{result.stderr[-2000:]}")
