@@ -83,6 +83,25 @@ def test_keras3_equals_the_keras_backend_step_for_step(runs):
                                summaries["keras"][key], rtol=1e-4)
 
 
+@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
+def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
+    runs, tiny_bert_flags, tmp_path, framework):
+  """KERAS_BACKEND set by the user wins over the binary's JAX default."""
+  pytest.importorskip(framework)
+  result = subprocess.run(
+      _command(tmp_path / framework, tiny_bert_flags, "--backend=keras3"),
+      env=dict(_ENV, KERAS_BACKEND=framework), capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert f"Keras 3 on {framework}" in result.stdout
+  want = local_cluster.train_losses(str(runs["keras"][0]))
+  got = local_cluster.train_losses(str(tmp_path / framework))
+  assert sorted(got) == sorted(want)
+  for step, loss in want.items():
+    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
+                               err_msg=f"{framework}, step {step}")
+
+
 def test_both_backends_print_the_same_progress_lines(runs):
   formats = {backend: local_cluster.line_formats(stdout)
              for backend, (_, stdout) in runs.items()}
