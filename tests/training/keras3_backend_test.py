@@ -110,7 +110,7 @@ def test_both_backends_print_the_same_progress_lines(runs):
   assert len(formats["keras3"]) == _STEPS + 2  # before, each step, after
 
 
-def test_the_checkpoint_is_a_keras_runs_with_the_keras3_optimizer(runs):
+def test_the_checkpoint_is_a_keras_runs_with_the_keras3_state(runs):
   keras3_dir, _ = runs["keras3"]
   reader = tf.train.load_checkpoint(str(keras3_dir / "checkpoints" /
                                         f"ckpt-{_STEPS}"))
@@ -118,7 +118,7 @@ def test_the_checkpoint_is_a_keras_runs_with_the_keras3_optimizer(runs):
   assert any(name.startswith("backbone/") for name in names)
   assert any(name.startswith("head/") for name in names)
   iteration = [name for name in names
-               if name.startswith("keras3_optimizer/") and "iteration" in name]
+               if name.startswith("keras3_state/") and "iteration" in name]
   assert len(iteration) == 1 and reader.get_tensor(iteration[0]) == _STEPS
   with open(keras3_dir / "run_config.json") as f:
     assert json.load(f)["backend"] == "keras3"
@@ -137,13 +137,11 @@ def test_the_keras3_export_serves_text_as_the_keras_one(runs):
                              rtol=0, atol=1e-3 * scale)
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_weights(
-    runs, tiny_bert_flags, tmp_path):
-  """SIGKILL after step 6 (checkpoint 4 saved), rerun: bit for bit."""
-  straight, _ = runs["keras3"]
-  killed = tmp_path / "killed"
+def _kill_after_step_6_and_rerun(model_dir, flags, *extra):
+  """Trains into model_dir, SIGKILLed after step 6 (checkpoint 4 saved);
+  reruns the same command; returns the rerun's stdout."""
   process = subprocess.Popen(
-      _command(killed, tiny_bert_flags, "--backend=keras3", "--log_every=1"),
+      _command(model_dir, flags, "--backend=keras3", "--log_every=1", *extra),
       env=_ENV, text=True, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL)
   for line in process.stdout:
@@ -152,17 +150,42 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(
       break
   process.wait(timeout=60)
   assert process.returncode == -signal.SIGKILL
-  rerun = _train(killed, tiny_bert_flags, "--backend=keras3")
+  rerun = _train(model_dir, flags, "--backend=keras3", *extra)
   assert "at step 4" in rerun
-  want = tf.train.load_checkpoint(str(straight / "checkpoints" /
+  return rerun
+
+
+def _assert_same_checkpoints(got_dir, want_dir):
+  want = tf.train.load_checkpoint(str(want_dir / "checkpoints" /
                                       f"ckpt-{_STEPS}"))
-  got = tf.train.load_checkpoint(str(killed / "checkpoints" /
+  got = tf.train.load_checkpoint(str(got_dir / "checkpoints" /
                                      f"ckpt-{_STEPS}"))
   names = sorted(want.get_variable_to_shape_map())
   assert names == sorted(got.get_variable_to_shape_map())
   for name in names:
     if "save_counter" not in name:  # how many saves this process made
       assert np.array_equal(got.get_tensor(name), want.get_tensor(name)), name
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(
+    runs, tiny_bert_flags, tmp_path):
+  """SIGKILL after step 6 (checkpoint 4 saved), rerun: bit for bit."""
+  _kill_after_step_6_and_rerun(tmp_path / "killed", tiny_bert_flags)
+  _assert_same_checkpoints(tmp_path / "killed", runs["keras3"][0])
+
+
+def test_with_dropout_too_a_killed_run_resumes_exactly(tiny_bert_flags,
+                                                       tmp_path):
+  """The checkpoint holds dropout's random state: the rerun draws the
+  uninterrupted run's masks."""
+  dropout = ("--dropout_rate=0.3",)
+  _train(tmp_path / "straight", tiny_bert_flags, "--backend=keras3", *dropout)
+  _kill_after_step_6_and_rerun(tmp_path / "killed", tiny_bert_flags, *dropout)
+  _assert_same_checkpoints(tmp_path / "killed", tmp_path / "straight")
+  reader = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" /
+                                        f"ckpt-{_STEPS}"))
+  assert any(name.startswith("keras3_state/") and "/random." in name
+             for name in reader.get_variable_to_shape_map())
 
 
 def _refused(model_dir, flags, *extra):

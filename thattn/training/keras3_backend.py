@@ -24,14 +24,16 @@ Checkpoints. A save writes the Keras 3 weights back into the tf_keras twin
 and saves with `tf.train.CheckpointManager` in `model_dir/checkpoints`, as
 the Keras backend does: `backbone` and `head` as tf_keras objects, so
 `thattn-export`, `thattn.models.load` and `thattn-convert --to=mtf` read a
-keras3 run as they read a Keras run. Beside them: `keras3_optimizer`, the
-Keras 3 optimizer's variables by path (its `iteration` is the run's step),
-and the held-out loss at step 0. Nothing of tf_keras runs in a step: the
+keras3 run as they read a Keras run. Beside them: `keras3_state`, the Keras
+3 optimizer's variables (its `iteration` is the run's step) and the random
+state (dropout's seed generators), and the held-out loss at step 0. Nothing of tf_keras runs in a step: the
 twin is touched at the start, at saves and restores, and for task metrics.
 
 Exact resume: the step is the data's whole state (as in every backend),
-and the checkpoint holds every value the step reads; on JAX's CPU backend
-a run killed and rerun ends with the uninterrupted run's weights.
+and the checkpoint holds every value the step reads, dropout's random
+state included (the Keras backend cannot: tf-keras keeps it out of
+checkpoints); on JAX's CPU backend a run killed and rerun ends with the
+uninterrupted run's weights, with dropout on or off.
 """
 
 import contextlib
@@ -62,12 +64,15 @@ def make_optimizer(options):
   return keras.optimizers.Adam(schedule)
 
 
-def _slot_keys(optimizer):
-  """A checkpoint key per optimizer variable, in order: its index and its
-  path (the paths alone repeat: Keras names a slot after its variable's
-  own name, and two layers' `embeddings` share it)."""
-  return [f"{index:04d}.{variable.path.replace('/', '.')}"
-          for index, variable in enumerate(optimizer.variables)]
+def _state_key(kind, index, variable):
+  """A checkpoint key for one variable of the run's Keras 3 state: its kind
+  and index, and for the optimizer's its path (paths alone repeat: Keras
+  names a slot after its variable's own name, and two layers' `embeddings`
+  share it). A seed generator's path is numbered by how many the process
+  made before it (a mesh run makes a model twice), so it is left out."""
+  if kind == "random":
+    return f"{kind}.{index:04d}"
+  return f"{kind}.{index:04d}.{variable.path.replace('/', '.')}"
 
 
 @backend_lib.register
@@ -92,7 +97,7 @@ class Keras3Backend(backend_lib.Backend):
       raise ValueError(f"--backend=keras3 runs on KERAS_BACKEND "
                        f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
     self.task = self.loss_layer = self.steps = self.manager = None
-    self.pairs, self.slots, self._step = [], {}, 0
+    self.pairs, self.state, self._step = [], {}, 0
     # Devices before any data is read: a mesh JAX cannot make fails here.
     self.mesh = (keras3_mesh.KerasMesh(self.options)
                  if self.options.mesh_shape else None)
@@ -104,10 +109,10 @@ class Keras3Backend(backend_lib.Backend):
     """The task's tf_keras twin (the initial weights), the Keras 3 model,
     the optimizer with its slots, and the checkpoint of them."""
     self.task = task
-    # Keras 3's seed (dropout's seeds) without moving TensorFlow's: its
-    # set_random_seed reseeds TensorFlow too, which the driver did already
-    # (tf_keras.utils.set_random_seed), so it comes first, and the twin is
-    # built from the same random state as in the Keras backend.
+    # Keras 3's seed (its dropout layers' seed generators). Keras's
+    # set_random_seed reseeds TensorFlow too, to the seed the driver set, so
+    # it comes before the twin is built: the twin's initial weights are the
+    # Keras backend's.
     keras.utils.set_random_seed(self.options.seed)
     task.build()
     with self._layout():
@@ -116,18 +121,32 @@ class Keras3Backend(backend_lib.Backend):
       self.steps = keras3_steps.Steps(
           self.loss_layer, make_optimizer(self.options),
           batch_layout=self.mesh.batch_layout if self.mesh else None)
-    optimizer = self.steps.optimizer
-    self.slots = {key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
-                                   trainable=False)
-                  for key, variable in zip(_slot_keys(optimizer),
-                                           optimizer.variables)}
+    self.state = self._state()
     checkpoint = tf.train.Checkpoint(
-        keras3_optimizer=tf.Module(), initial_eval=self.initial_eval_variable,
+        keras3_state=tf.Module(), initial_eval=self.initial_eval_variable,
         **task.checkpoint_items())
-    checkpoint.keras3_optimizer.slots = self.slots
+    checkpoint.keras3_state.by_key = {
+        key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
+                         trainable=False)
+        for key, variable in self.state.items()}
     self.manager = tf.train.CheckpointManager(
         checkpoint, run_dir.path(self.model_dir, run_dir.CHECKPOINTS),
         max_to_keep=self.options.max_checkpoints)
+
+  def _state(self):
+    """{checkpoint key: Keras 3 variable} of what the run holds beside the
+    weights: the optimizer's variables (its iteration is the step) and the
+    random state (dropout's seed generators), so that a resumed run draws
+    the uninterrupted run's dropout masks."""
+    paired = {id(target) for _, target in self.pairs}
+    randoms = [variable for variable in self.loss_layer.non_trainable_variables
+               if id(variable) not in paired]
+    state = {}
+    for kind, variables in (("optimizer", self.steps.optimizer.variables),
+                            ("random", randoms)):
+      for index, variable in enumerate(variables):
+        state[_state_key(kind, index, variable)] = variable
+    return state
 
   def _pair_with_twin(self):
     """Pairs each Keras 3 weight with its tf_keras twin's, by name."""
@@ -155,23 +174,24 @@ class Keras3Backend(backend_lib.Backend):
     return self.mesh.distribution(self._task_loss()).scope()
 
   def _twin_to_keras3(self):
-    """The tf_keras twin's weights (and the slots) into the Keras 3 run."""
+    """The tf_keras twin's weights, and the saved Keras 3 state, into the
+    Keras 3 run."""
+    saved = self.manager.checkpoint.keras3_state.by_key
     for source, target in self.pairs:
       target.assign(source.numpy())
-    optimizer = self.steps.optimizer
-    for key, variable in zip(_slot_keys(optimizer), optimizer.variables):
-      variable.assign(self.slots[key].numpy())
+    for key, variable in self.state.items():
+      variable.assign(saved[key].numpy())
     self.steps.reload()
     self._step = int(keras.ops.convert_to_numpy(
         self.steps.optimizer.iterations))
 
   def _keras3_to_twin(self):
     self.steps.sync()
+    saved = self.manager.checkpoint.keras3_state.by_key
     for source, target in self.pairs:
       source.assign(keras.ops.convert_to_numpy(target.value))
-    optimizer = self.steps.optimizer
-    for key, variable in zip(_slot_keys(optimizer), optimizer.variables):
-      self.slots[key].assign(keras.ops.convert_to_numpy(variable.value))
+    for key, variable in self.state.items():
+      saved[key].assign(keras.ops.convert_to_numpy(variable.value))
 
   def checkpoints(self):
     return list(self.manager.checkpoints)
