@@ -296,3 +296,30 @@ def test_a_keras3_t5_run_converts_to_mesh_tensorflow(t5_runs, tmp_path):
                "decoder_input_tokens": np.pad(targets, [(0, 0), (1, 0)])[
                    :, :-1]}).numpy()
   np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(strategy="mirrored"),
+     "--strategy=mirrored does not apply with --backend=keras3"),
+    (dict(mixed_precision="bfloat16"), "it trains in float32"),
+    (dict(tpu="grpc://tpu"), "--tpu=grpc://tpu does not apply"),
+    (dict(layout_rules="key_heads:model"),
+     "needs --mesh_shape with --backend=keras3"),
+    (dict(mesh_shape="batch:2,model:2", layout_rules="key_heads:data"),
+     "data"),
+])
+def test_options_keras3_cannot_train_are_refused(options, message):
+  from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=message):
+    options_lib.TrainOptions(backend="keras3", **options)
+
+
+def test_tasks_keras3_cannot_train_are_refused_by_name():
+  from thattn import tasks  # pylint: disable=g-import-not-at-top
+  from thattn.training import backend as backend_lib  # pylint: disable=g-import-not-at-top
+  keras3 = backend_lib.get("keras3")
+  keras3.check_task(tasks.get("span_corruption"), None)
+  with pytest.raises(ValueError, match="--backend=keras3 trains the tasks "
+                     "mlm, span_corruption; --task=classification trains "
+                     "with --backend=keras"):
+    keras3.check_task(tasks.get("classification"), None)

@@ -47,6 +47,7 @@ import abc
 import contextlib
 import dataclasses
 import importlib
+import math
 
 _REGISTRY = {}
 # Where each built-in backend registers itself (imported on first `get`).
@@ -90,6 +91,18 @@ def get(name):
     raise ValueError(f"Unknown backend {name!r}; expected one of "
                      f"{', '.join(sorted(set(_MODULES) | set(_REGISTRY)))}.")
   return _REGISTRY[name]
+
+
+def trained_parameters(task, shapes):
+  """'trained: N tensors, P parameters (U frozen or unused by the loss)'
+  for the shapes of the variables a backend trains; the model's parameters
+  (`task.parameters()`) can be more: frozen embeddings and weights the loss
+  never reaches (BERT's pooler in masked LM) are left out."""
+  trained = sum(math.prod(shape) for shape in shapes)
+  untrained = task.parameters()[0] - trained
+  left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
+              else "")
+  return f"trained: {len(shapes)} tensors, {trained:,} parameters{left_out}"
 
 
 class Backend(abc.ABC):

@@ -39,7 +39,6 @@ uninterrupted run's weights, with dropout on or off.
 import contextlib
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from thattn import run_dir
@@ -244,13 +243,9 @@ class Keras3Backend(backend_lib.Backend):
     return self.manager.directory
 
   def describe(self):
-    variables = self.loss_layer.trainable_variables
-    trained = sum(int(np.prod(v.shape)) for v in variables)
-    untrained = self.task.parameters()[0] - trained
-    left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
-                else "")
-    return (f"{self.task.describe()}; Keras 3 on {self.framework}, trained: "
-            f"{len(variables)} tensors, {trained:,} parameters{left_out}; "
+    shapes = [tuple(v.shape) for v in self.loss_layer.trainable_variables]
+    return (f"{self.task.describe()}; Keras 3 on {self.framework}, "
+            f"{backend_lib.trained_parameters(self.task, shapes)}; "
             f"{self.options.optimizer}, peak learning rate "
             f"{self.options.peak_learning_rate:g}; "
             f"{self.mesh.describe() if self.mesh else _devices()}.")

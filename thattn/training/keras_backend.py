@@ -131,18 +131,10 @@ class KerasBackend(backend_lib.Backend):
     return self.manager.directory
 
   def describe(self):
-    """The model's and the trained parameters, optimizer and devices.
-
-    The trained parameters can differ from the model's: frozen embeddings
-    and weights the loss never reaches (BERT's pooler in masked LM) are
-    left out.
-    """
-    variables = self.loop.variables
-    trained = sum(v.shape.num_elements() for v in variables)
-    untrained = self.task.parameters()[0] - trained
-    left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
-                else "")
-    return (f"{self.task.describe()}; trained: {len(variables)} tensors, "
-            f"{trained:,} parameters{left_out}; {self.options.optimizer}, "
-            f"peak learning rate {self.options.peak_learning_rate:g}; "
+    """The model's and the trained parameters, optimizer and devices."""
+    shapes = [tuple(v.shape) for v in self.loop.variables]
+    return (f"{self.task.describe()}; "
+            f"{backend_lib.trained_parameters(self.task, shapes)}; "
+            f"{self.options.optimizer}, peak learning rate "
+            f"{self.options.peak_learning_rate:g}; "
             f"{self.devices.describe()}.")

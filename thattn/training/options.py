@@ -79,41 +79,37 @@ class TrainOptions:
 
   def _check_mtf(self):
     """--backend=mtf: mtf lays out the mesh itself; what it cannot do."""
-    unsupported = [
+    self._refuse_for_backend([
         (f"--strategy={self.strategy}", self.strategy != "default",
          "mtf places the model on --mesh_shape itself"),
         (f"--optimizer={self.optimizer}", self.optimizer != "adafactor",
          "it trains with mtf's AdafactorOptimizer"),
         (f"--mixed_precision={self.mixed_precision}",
          self.mixed_precision != "off", "it trains in float32"),
-        (f"--tpu={self.tpu}", bool(self.tpu), "it runs on local CPUs")]
-    for flag, given, reason in unsupported:
-      if given:
-        raise ValueError(f"{flag} does not apply with --backend=mtf: "
-                         f"{reason}; drop the flag.")
-    if self.mesh_shape is None and self.layout_rules is not None:
-      raise ValueError(f"--layout_rules={self.layout_rules!r} needs "
-                       "--mesh_shape with --backend=mtf.")
-    self.mtf_mesh()
+        (f"--tpu={self.tpu}", bool(self.tpu), "it runs on local CPUs")])
 
   def _check_keras3(self):
     """--backend=keras3: Keras 3 places the model itself; what it lacks."""
-    unsupported = [
+    self._refuse_for_backend([
         (f"--strategy={self.strategy}", self.strategy != "default",
          "Keras 3 lays a run out with --mesh_shape (keras.distribution)"),
         (f"--mixed_precision={self.mixed_precision}",
          self.mixed_precision != "off",
          "it trains in float32 (mixed precision is not built for it yet)"),
         (f"--tpu={self.tpu}", bool(self.tpu),
-         "it runs on the devices of KERAS_BACKEND's framework")]
+         "it runs on the devices of KERAS_BACKEND's framework")])
+
+  def _refuse_for_backend(self, unsupported):
+    """Refuses each (flag, given, reason) given, then checks the mesh
+    flags, which mtf and Keras 3 read alike."""
     for flag, given, reason in unsupported:
       if given:
-        raise ValueError(f"{flag} does not apply with --backend=keras3: "
-                         f"{reason}; drop the flag.")
+        raise ValueError(f"{flag} does not apply with --backend="
+                         f"{self.backend}: {reason}; drop the flag.")
     if self.mesh_shape is None and self.layout_rules is not None:
       raise ValueError(f"--layout_rules={self.layout_rules!r} needs "
-                       "--mesh_shape with --backend=keras3.")
-    self.mtf_mesh()  # the mesh and rules parse and fit as for mtf
+                       f"--mesh_shape with --backend={self.backend}.")
+    self.mtf_mesh()  # the mesh and rules parse and fit
 
   def mtf_mesh(self):
     """--backend=mtf or keras3: (MeshSpec, LayoutRules), or None for one
