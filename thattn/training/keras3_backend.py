@@ -185,6 +185,8 @@ class Keras3Backend(backend_lib.Backend):
         self.steps.optimizer.iterations))
 
   def _keras3_to_twin(self):
+    """The Keras 3 run's weights and state into what the checkpoint saves
+    (the tf_keras twin and `keras3_state`)."""
     self.steps.sync()
     saved = self.manager.checkpoint.keras3_state.by_key
     for source, target in self.pairs:

@@ -102,6 +102,8 @@ class TaskLoss(keras.layers.Layer):
 
 
 def mean_loss(total, count):
+  """The loss a step differentiates: the mean over the weighted positions
+  (the Keras backend's, on one replica)."""
   return total / ops.maximum(count, 1.0)
 
 
