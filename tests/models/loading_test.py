@@ -79,7 +79,7 @@ def test_an_unknown_backend_is_named_with_the_known_ones(tmp_path, unchanged):
   with unchanged(tmp_path), pytest.raises(ValueError) as error:
     models.load(folder)
   assert "\"backend\": 'jax' is not a thattn backend; expected one of " \
-      "keras, mtf." in str(error.value)
+      "keras, keras3, mtf." in str(error.value)
   assert "thattn-convert" not in str(error.value)
 
 
