@@ -93,16 +93,23 @@ def get(name):
   return _REGISTRY[name]
 
 
-def trained_parameters(task, shapes):
-  """'trained: N tensors, P parameters (U frozen or unused by the loss)'
-  for the shapes of the variables a backend trains; the model's parameters
-  (`task.parameters()`) can be more: frozen embeddings and weights the loss
-  never reaches (BERT's pooler in masked LM) are left out."""
+def describe_run(task, options, shapes, devices, engine=None):
+  """The one log line every backend's `describe` gives: the task and its
+  model, what trains it (`engine`, if the backend names one), the trained
+  variables (`shapes`), the optimizer and `devices`.
+
+  The trained parameters can be fewer than the model's
+  (`task.parameters()`): frozen embeddings and weights the loss never
+  reaches (BERT's pooler in masked LM) are left out.
+  """
   trained = sum(math.prod(shape) for shape in shapes)
   untrained = task.parameters()[0] - trained
   left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
               else "")
-  return f"trained: {len(shapes)} tensors, {trained:,} parameters{left_out}"
+  return (f"{task.describe()}; {engine + ', ' if engine else ''}trained: "
+          f"{len(shapes)} tensors, {trained:,} parameters{left_out}; "
+          f"{options.optimizer}, peak learning rate "
+          f"{options.peak_learning_rate:g}; {devices}.")
 
 
 class Backend(abc.ABC):

@@ -245,12 +245,11 @@ class Keras3Backend(backend_lib.Backend):
     return self.manager.directory
 
   def describe(self):
-    shapes = [tuple(v.shape) for v in self.loss_layer.trainable_variables]
-    return (f"{self.task.describe()}; Keras 3 on {self.framework}, "
-            f"{backend_lib.trained_parameters(self.task, shapes)}; "
-            f"{self.options.optimizer}, peak learning rate "
-            f"{self.options.peak_learning_rate:g}; "
-            f"{self.mesh.describe() if self.mesh else _devices()}.")
+    return backend_lib.describe_run(
+        self.task, self.options,
+        [tuple(v.shape) for v in self.loss_layer.trainable_variables],
+        self.mesh.describe() if self.mesh else _devices(),
+        engine=f"Keras 3 on {self.framework}")
 
 
 def _devices():

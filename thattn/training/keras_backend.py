@@ -132,9 +132,6 @@ class KerasBackend(backend_lib.Backend):
 
   def describe(self):
     """The model's and the trained parameters, optimizer and devices."""
-    shapes = [tuple(v.shape) for v in self.loop.variables]
-    return (f"{self.task.describe()}; "
-            f"{backend_lib.trained_parameters(self.task, shapes)}; "
-            f"{self.options.optimizer}, peak learning rate "
-            f"{self.options.peak_learning_rate:g}; "
-            f"{self.devices.describe()}.")
+    return backend_lib.describe_run(
+        self.task, self.options, [tuple(v.shape) for v in self.loop.variables],
+        self.devices.describe())
