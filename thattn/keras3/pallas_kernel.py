@@ -49,22 +49,24 @@ multiply-adds (mix), exp, and passes over the keys and values (K/V):
 
 (The backward's third pass runs over Q and dO, per key tile.)
 
-Memory traffic: Q, K, V, dO, O and the [h, n] statistics, read once per
+Memory traffic: Q, K, V, dO, O and the [n, h] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
 [h, n, m] unless a dense `bias` is given (then the bias and its gradient
 are, since the caller made it). Extra memory: the row maxima, reciprocal
-row sums and D, [b, h, n] float32 each, and the [b, n/Bq, h_k, h] and
-[b, n/Bq, h, h_v] partial sums of dP_l and dP_w (the statistics are kept
-apart, not as one log-sum-exp: in float32, -1e9 + log(m) is -1e9, which
-would lose the m of a fully masked row).
+row sums and D, [b, n, h] float32 each (h padded to a power of two), and
+the [b, n/Bq, h_k, h] and [b, n/Bq, h, h_v] partial sums of dP_l and dP_w
+(the statistics are kept apart, not as one log-sum-exp: in float32,
+-1e9 + log(m) is -1e9, which would lose the m of a fully masked row).
 
 The head mixes are elementwise multiply-adds over whole tiles, on a GPU's
 vector units: Pallas's Triton backend has only 2-D matrix products, and a
 [h_k, h] mix is too small for the matrix units. At h = 12 and d_k = 64
 they are about a fifth of the multiplies, at a rate an order of magnitude
-below the matrix units'. They are also written out once per use (the
-heads are Python loops), which makes the Triton program large: compiling
-the three kernels took about 100 s at h = 12 on an H100's host.
+below the matrix units'. Each program loops over the softmax heads g
+(the key and value heads f and j, whose tiles live in registers, are
+unrolled), so its length grows as h_k + h + h_v, not as h_k h + h h_v:
+written out in full, the mixes made programs that Triton took minutes to
+compile at h = 12 (benchmarks/RESULTS.md, "Compiling the Pallas kernel").
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
@@ -86,6 +88,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from thattn.keras3 import pallas_programs
 from thattn.keras3 import pallas_tiles
 
 # The tile sizes a caller may choose, and the defaults by head count.
@@ -135,9 +138,9 @@ def _specs(problem, arrays, along):
           (None, problem.heads, rows_block, cols_block),
           lambda b, i: (b if problem.bias_batched else 0, 0, row_tile(i),
                         col_tile(i)))
-    else:  # row_max, inverse_sum, rowsum: [b, h, n]
-      spec = pl.BlockSpec((None, problem.heads, rows_block),
-                          lambda b, i: (b, 0, row_tile(i)))
+    else:  # row_max, inverse_sum, rowsum: [b, n, heads_padded]
+      spec = pl.BlockSpec((None, rows_block, problem.heads_padded),
+                          lambda b, i: (b, row_tile(i), 0))
     names.append(name)
     inputs.append(array)
     specs.append(spec)
@@ -166,9 +169,10 @@ def _call(problem, kernel, along, arrays, out_shapes, out_specs):
 def _forward(problem, query, key, value, pre, post, mask, bias):
   b, n = problem.batch, problem.length_padded
   d_v = value.shape[-1]
-  row_stats = jax.ShapeDtypeStruct((b, problem.heads, n), jnp.float32)
-  row_stats_spec = pl.BlockSpec((None, problem.heads, problem.tiles.block_q),
-                                lambda b, i: (b, 0, i))
+  row_stats = jax.ShapeDtypeStruct((b, n, problem.heads_padded), jnp.float32)
+  row_stats_spec = pl.BlockSpec((None, problem.tiles.block_q,
+                                 problem.heads_padded),
+                                lambda b, i: (b, i, 0))
   out_shapes = (jax.ShapeDtypeStruct((b, n, problem.value_heads, d_v),
                                      value.dtype), row_stats, row_stats)
   out_specs = (pl.BlockSpec((None, problem.tiles.block_q,
@@ -177,7 +181,7 @@ def _forward(problem, query, key, value, pre, post, mask, bias):
                row_stats_spec, row_stats_spec)
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias)
-  return _call(problem, pallas_tiles.forward_kernel, "rows", arrays,
+  return _call(problem, pallas_programs.forward_kernel, "rows", arrays,
                out_shapes, out_specs)
 
 
@@ -190,15 +194,17 @@ def _backward(problem, residuals, grad_out):
                 inverse_sum=inverse_sum, grad_out=grad_out)
   # Rows: dQ, D, the per-tile partial sums of dP_l and dP_w, dbias.
   out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype),
-                jax.ShapeDtypeStruct((b, problem.heads, n), jnp.float32)]
+                jax.ShapeDtypeStruct((b, n, problem.heads_padded),
+                                     jnp.float32)]
   out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
                             lambda b, i: (b, i, 0, 0)),
-               pl.BlockSpec((None, problem.heads, block_q),
-                            lambda b, i: (b, 0, i))]
+               pl.BlockSpec((None, block_q, problem.heads_padded),
+                            lambda b, i: (b, i, 0))]
   for projection in (pre, post):
     if projection is not None:
       # Powers of two: a GPU kernel's arrays must have such sides.
-      shape = tuple(_power_of_two(size) for size in projection.shape)
+      shape = tuple(pallas_tiles.power_of_two(size)
+                    for size in projection.shape)
       out_shapes.append(jax.ShapeDtypeStruct(
           (b, problem.query_tiles) + shape, jnp.float32))
       out_specs.append(pl.BlockSpec((None, None) + shape,
@@ -208,7 +214,7 @@ def _backward(problem, residuals, grad_out):
                                            jnp.float32))
     out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
                                   lambda b, i: (b, 0, i, 0)))
-  row_outputs = list(_call(problem, pallas_tiles.rows_kernel, "rows", arrays,
+  row_outputs = list(_call(problem, pallas_programs.rows_kernel, "rows", arrays,
                            tuple(out_shapes), tuple(out_specs)))
   grad_query, rowsum = row_outputs[:2]
   rest = row_outputs[2:]
@@ -231,7 +237,7 @@ def _backward(problem, residuals, grad_out):
                             lambda b, i: (b, i, 0, 0)),
                pl.BlockSpec((None, block_k) + value.shape[2:],
                             lambda b, i: (b, i, 0, 0)))
-  grad_key, grad_value = _call(problem, pallas_tiles.columns_kernel,
+  grad_key, grad_value = _call(problem, pallas_programs.columns_kernel,
                                "columns", arrays, out_shapes, out_specs)
   return grad_query, grad_key, grad_value, grad_pre, grad_post, grad_bias
 
@@ -265,17 +271,10 @@ def _round_up(size, multiple):
   return -(-size // multiple) * multiple
 
 
-def _power_of_two(size, smallest=1):
-  padded = smallest
-  while padded < size:
-    padded *= 2
-  return padded
-
-
 def _feature_size(size):
   """Head sizes padded to a power of two, at least 16 (a GPU matrix
   product's smallest side); zeros change no dot product."""
-  return _power_of_two(size, 16)
+  return pallas_tiles.power_of_two(size, 16)
 
 
 def _pad(array, sizes):

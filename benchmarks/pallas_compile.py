@@ -1,0 +1,186 @@
+"""How long Triton takes to compile thattn's Pallas kernel, with no GPU.
+
+A GPU runs the kernel only after compiling its three Triton programs
+(forward; backward per query tile; backward per key tile) on the host, once
+per shape. This script measures that step on any machine:
+
+1. it lowers jax.jit(jax.grad) of `pallas_kernel.talking_heads_attention`
+   for a CUDA GPU (lowering needs no GPU) at the benchmark's shapes: width
+   768, bfloat16, 16,384 tokens at n = 4096, P_l and P_w present;
+2. it keeps each Triton program that Pallas hands to the backend (Triton's
+   own IR, "TTIR", as text);
+3. it compiles each with the `triton` package, in a subprocess, for an
+   H100 (sm_90) to PTX and then a cubin, as XLA's and jaxlib's copies of
+   Triton do on the GPU machine's host; and runs ptxas on the PTX for the
+   registers and spilled bytes (spills cost memory traffic at run time).
+
+The `triton` package is not a thattn dependency; give a Python that has it:
+
+    python3 -m venv /tmp/triton && /tmp/triton/bin/pip install triton==3.9.0
+    python benchmarks/pallas_compile.py --triton_python /tmp/triton/bin/python
+
+Step 2 reads Pallas's Triton lowering through a private JAX function
+(`jax._src.pallas.triton.lowering.lower_jaxpr_to_triton_module`): a JAX
+without it is named. The compile runs single-threaded; a GPU host's CPU may
+be faster or slower than this one, so compare programs within one run.
+"""
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Runs in the Python that has `triton`: compiles one TTIR file, prints JSON.
+_COMPILE = r"""
+import json, os, re, subprocess, sys, time, warnings
+warnings.simplefilter("ignore")
+import triton
+from triton.backends.compiler import GPUTarget
+path, warps = sys.argv[1], int(sys.argv[2])
+start = time.perf_counter()
+kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=warps, num_stages=1))
+seconds = time.perf_counter() - start
+ptx = path + ".ptx"
+open(ptx, "w").write(kernel.asm["ptx"])
+bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                       "bin")
+report = ""
+for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads newer PTX
+  tool = os.path.join(bin_dir, name)
+  if os.path.exists(tool):
+    report = subprocess.run([tool, "-v", "--gpu-name", "sm_90a", ptx, "-o",
+                             os.devnull], capture_output=True, text=True).stderr
+    if "Used" in report:
+      break
+registers = re.findall(r"Used (\d+) registers", report)
+spills = re.findall(r"(\d+) bytes spill stores", report)
+print(json.dumps(dict(seconds=round(seconds, 1), triton=triton.__version__,
+                      registers=int(registers[0]) if registers else None,
+                      spill_bytes=int(spills[0]) if spills else None)))
+"""
+
+
+def triton_programs(heads, width, length, tokens, tiles):
+  """{name: TTIR text} of the kernel's forward and backward at these
+  sizes, lowered for CUDA."""
+  os.environ.setdefault("KERAS_BACKEND", "jax")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  try:
+    from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
+    original = lowering.lower_jaxpr_to_triton_module
+  except (ImportError, AttributeError) as error:
+    raise SystemExit(f"this JAX ({jax.__version__}) has no "
+                     f"lower_jaxpr_to_triton_module to read: {error}")
+  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  programs = {}
+
+  def keep(*args, **kwargs):
+    result = original(*args, **kwargs)
+    text = result.module.operation.get_asm()
+    name = re.search(r"tt\.func public @(\w+)", text).group(1)
+    programs[name] = text
+    return result
+
+  batch, d = tokens // length, width // heads
+  inputs = jax.ShapeDtypeStruct((batch, length, heads, d), jnp.bfloat16)
+  mix = jax.ShapeDtypeStruct((heads, heads), jnp.float32)
+
+  def loss(q, k, v, pre, post):
+    out = pallas_kernel.talking_heads_attention(q, k, v, pre, post,
+                                                tiles=tiles)
+    return jnp.sum(out.astype(jnp.float32))
+
+  lowering.lower_jaxpr_to_triton_module = keep
+  try:
+    jax.jit(jax.grad(loss, argnums=range(5))).trace(
+        inputs, inputs, inputs, mix, mix).lower(lowering_platforms=("cuda",))
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  return programs
+
+
+def measure(program, text, warps, triton_python, folder, timeout):
+  path = pathlib.Path(folder) / f"{program}.ttir"
+  path.write_text(text)
+  operations = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_]+)", text))
+  row = dict(program=program.replace("thattn_talking_heads_", ""),
+             operations=sum(operations.values()),
+             tensor_memory_ops=len(re.findall(
+                 r"tt\.(?:load|store) [^\n]*tensor<[^\n]*!tt\.ptr", text)))
+  try:
+    # A cache of its own: Triton's default cache would answer a second
+    # run from disk.
+    done = subprocess.run([triton_python, "-c", _COMPILE, str(path),
+                           str(warps)], capture_output=True, text=True,
+                          timeout=timeout, check=False,
+                          env=dict(os.environ, TRITON_CACHE_DIR=str(
+                              pathlib.Path(folder) / "triton_cache")))
+  except subprocess.TimeoutExpired:
+    return dict(row, error=f"not compiled in {timeout} s")
+  if done.returncode != 0:
+    return dict(row, error=done.stderr.strip().splitlines()[-1][:300])
+  return dict(row, **json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def markdown(rows):
+  lines = ["| h | tiles (Bq x Bk, warps) | program | TTIR ops | tensor "
+           "loads+stores | compile s | registers | spilled bytes |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['heads']} | {r['tiles']} | {r['program']} | {r['operations']}"
+        f" | {r['tensor_memory_ops']} | {r.get('seconds', r.get('error'))} |"
+        f" {r.get('registers', '-')} | {r.get('spill_bytes', '-')} |")
+  return "\n".join(lines) + "\n"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--heads", default="12,24,48")
+  parser.add_argument("--width", type=int, default=768)
+  parser.add_argument("--length", type=int, default=4096)
+  parser.add_argument("--tokens", type=int, default=16384)
+  parser.add_argument("--tiles", default=None,
+                      help="Bq,Bk,warps (default: the kernel's default_tiles)")
+  parser.add_argument("--triton_python", default=sys.executable)
+  parser.add_argument("--timeout", type=int, default=900,
+                      help="seconds per program's compile")
+  parser.add_argument("--out", default=None, help="a .json to write")
+  args = parser.parse_args()
+  sys.path.insert(0, str(ROOT))
+  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  rows = []
+  for heads in (int(h) for h in args.heads.split(",")):
+    tiles = pallas_kernel.default_tiles(heads)
+    if args.tiles:
+      block_q, block_k, warps = (int(x) for x in args.tiles.split(","))
+      tiles = pallas_kernel.Tiles(block_q, block_k, num_warps=warps)
+    start = time.perf_counter()
+    programs = triton_programs(heads, args.width, args.length, args.tokens,
+                               tiles)
+    print(f"h={heads}: lowered in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+      for program, text in programs.items():
+        row = measure(program, text, tiles.num_warps, args.triton_python,
+                      folder, args.timeout)
+        rows.append(dict(row, heads=heads, tiles=(
+            f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}")))
+        print(json.dumps(rows[-1]), flush=True)
+  print(markdown(rows))
+  if args.out:
+    pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+  main()
