@@ -20,12 +20,14 @@ Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
   forward   pass 1 over key tiles: J, L; per softmax head the running row
               maximum and sum of exp (online softmax) -> max[h, n], sum[h, n]
             pass 2 over key tiles: J, L, W = exp(L - max) / sum, U, O += U V
-  backward  row kernel (per query tile), pass 1: J, L, W, dU = dO V^T,
+  backward  per query tile, pass 1: J, L, W, dU = dO V^T,
               dW = dU P_w^T, D[h, n] = sum_m W dW
-            pass 2: the same, dL = W (dW - D) (zero where masked),
-              dJ = dL P_l^T, dQ += dJ K, dP_l += J^T dL, dP_w += W^T dU
-            column kernel (per key tile), one pass over query tiles:
+            per query tile, pass 2: the same, dL = W (dW - D) (zero where
+              masked), dJ = dL P_l^T, dQ += dJ K, dP_l += J^T dL,
+              dP_w += W^T dU
+            per key tile, one pass over query tiles:
               J, L, W, U, dU, dW, dL, dJ; dK += dJ^T Q, dV += U^T dO
+            (each pass a program of its own, `pallas_programs`)
 
 Why two forward passes: multi-head FlashAttention rescales its running
 output per head when the row maximum moves; here every output head mixes
@@ -166,13 +168,20 @@ def _call(problem, kernel, along, arrays, out_shapes, out_specs):
       **params)(*inputs)
 
 
+def _row_table(problem):
+  """The shape and BlockSpec of a [b, n, heads_padded] float32 table of
+  per-row values, tiled over the queries."""
+  shape = jax.ShapeDtypeStruct(
+      (problem.batch, problem.length_padded, problem.heads_padded),
+      jnp.float32)
+  return shape, pl.BlockSpec((None, problem.tiles.block_q,
+                              problem.heads_padded), lambda b, i: (b, i, 0))
+
+
 def _forward(problem, query, key, value, pre, post, mask, bias):
   b, n = problem.batch, problem.length_padded
   d_v = value.shape[-1]
-  row_stats = jax.ShapeDtypeStruct((b, n, problem.heads_padded), jnp.float32)
-  row_stats_spec = pl.BlockSpec((None, problem.tiles.block_q,
-                                 problem.heads_padded),
-                                lambda b, i: (b, i, 0))
+  row_stats, row_stats_spec = _row_table(problem)
   out_shapes = (jax.ShapeDtypeStruct((b, n, problem.value_heads, d_v),
                                      value.dtype), row_stats, row_stats)
   out_specs = (pl.BlockSpec((None, problem.tiles.block_q,
@@ -185,52 +194,58 @@ def _forward(problem, query, key, value, pre, post, mask, bias):
                out_shapes, out_specs)
 
 
-def _backward(problem, residuals, grad_out):
-  query, key, value, pre, post, mask, bias, row_max, inverse_sum = residuals
-  b, n, m = problem.batch, problem.length_padded, problem.memory_padded
-  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
-  arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
-                mask=mask, bias=bias, row_max=row_max,
-                inverse_sum=inverse_sum, grad_out=grad_out)
-  # Rows: dQ, D, the per-tile partial sums of dP_l and dP_w, dbias.
-  out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype),
-                jax.ShapeDtypeStruct((b, n, problem.heads_padded),
-                                     jnp.float32)]
+def _row_gradients(problem, arrays):
+  """(dQ, dP_l, dP_w, dbias) from the rows program (absent ones None)."""
+  query, pre, post, bias = (arrays[name]
+                            for name in ("query", "pre", "post", "bias"))
+  n, m, block_q = problem.length_padded, problem.memory_padded, \
+      problem.tiles.block_q
+  out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype)]
   out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
-                            lambda b, i: (b, i, 0, 0)),
-               pl.BlockSpec((None, block_q, problem.heads_padded),
-                            lambda b, i: (b, i, 0))]
+                            lambda b, i: (b, i, 0, 0))]
   for projection in (pre, post):
     if projection is not None:
       # Powers of two: a GPU kernel's arrays must have such sides.
       shape = tuple(pallas_tiles.power_of_two(size)
                     for size in projection.shape)
       out_shapes.append(jax.ShapeDtypeStruct(
-          (b, problem.query_tiles) + shape, jnp.float32))
+          (problem.batch, problem.query_tiles) + shape, jnp.float32))
       out_specs.append(pl.BlockSpec((None, None) + shape,
                                     lambda b, i: (b, i, 0, 0)))
   if bias is not None:
-    out_shapes.append(jax.ShapeDtypeStruct((b, problem.heads, n, m),
-                                           jnp.float32))
+    out_shapes.append(jax.ShapeDtypeStruct(
+        (problem.batch, problem.heads, n, m), jnp.float32))
     out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
                                   lambda b, i: (b, 0, i, 0)))
-  row_outputs = list(_call(problem, pallas_programs.rows_kernel, "rows", arrays,
-                           tuple(out_shapes), tuple(out_specs)))
-  grad_query, rowsum = row_outputs[:2]
-  rest = row_outputs[2:]
-  grad_pre = grad_post = None
-  if pre is not None:
-    grad_pre = rest.pop(0).sum(axis=(0, 1))[:pre.shape[0], :pre.shape[1]]
+  outputs = list(_call(problem, pallas_programs.rows_kernel, "rows", arrays,
+                       tuple(out_shapes), tuple(out_specs)))
+  grad_query, grad_pre, grad_post, grad_bias = outputs.pop(0), None, None, None
+  if pre is not None:  # the sum of the per-tile partial sums
+    grad_pre = outputs.pop(0).sum(axis=(0, 1))[:pre.shape[0], :pre.shape[1]]
   if post is not None:
-    grad_post = rest.pop(0).sum(axis=(0, 1))[:post.shape[0], :post.shape[1]]
-  grad_bias = None
+    grad_post = outputs.pop(0).sum(axis=(0, 1))[:post.shape[0],
+                                                 :post.shape[1]]
   if bias is not None:
-    grad_bias = rest.pop(0)
+    grad_bias = outputs.pop(0)
     if not problem.bias_batched:
       grad_bias = grad_bias.sum(axis=0, keepdims=True)
     grad_bias = grad_bias.astype(bias.dtype)
-  # Columns: dK, dV.
-  arrays["rowsum"] = rowsum
+  return grad_query, grad_pre, grad_post, grad_bias
+
+
+def _backward(problem, residuals, grad_out):
+  query, key, value, pre, post, mask, bias, row_max, inverse_sum = residuals
+  block_k = problem.tiles.block_k
+  arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
+                mask=mask, bias=bias, row_max=row_max,
+                inverse_sum=inverse_sum, grad_out=grad_out)
+  # D, per query tile: a program of its own, since a Triton program's
+  # compile time grows faster than its length (benchmarks/RESULTS.md).
+  table, table_spec = _row_table(problem)
+  arrays["rowsum"] = _call(problem, pallas_programs.row_sums_kernel, "rows",
+                           arrays, table, table_spec)
+  grad_query, grad_pre, grad_post, grad_bias = _row_gradients(problem,
+                                                              arrays)
   out_shapes = (jax.ShapeDtypeStruct(key.shape, key.dtype),
                 jax.ShapeDtypeStruct(value.shape, value.dtype))
   out_specs = (pl.BlockSpec((None, block_k) + key.shape[2:],

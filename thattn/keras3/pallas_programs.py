@@ -1,6 +1,8 @@
 """The programs of thattn's Pallas talking-heads kernel: what one cell of
-the grid runs, for the forward pass (per query tile) and the backward pass
-per query tile (dQ, D, dP_l, dP_w, dbias) and per key tile (dK, dV).
+the grid runs: the forward pass per query tile; the backward pass per
+query tile (D, then dQ, dP_l, dP_w and dbias: two programs, as a Triton
+program's compile time grows faster than its length) and per key tile
+(dK, dV).
 
 The arithmetic of one tile is in `thattn.keras3.pallas_tiles`; the
 algorithm, its cost and the launching in `thattn.keras3.pallas_kernel`, the
@@ -73,7 +75,7 @@ def forward_kernel(problem, names, *refs):
   inverse_sum_ref[...] = stats[1]
 
 
-# ---- backward: per query tile (dQ, D, dP_l, dP_w, dbias) -------------------
+# ---- backward: per query tile (D; then dQ, dP_l, dP_w, dbias) --------------
 
 
 def _zero_skipped_bias_gradient(problem, grad_bias_ref, end):
@@ -94,12 +96,12 @@ def _zero_skipped_bias_gradient(problem, grad_bias_ref, end):
 
 
 def _row_outputs(problem, outs):
-  """(dQ, D, dP_l partial, dP_w partial, dbias) output refs; absent: None."""
-  rest = list(outs[2:])
+  """(dQ, dP_l partial, dP_w partial, dbias) output refs; absent: None."""
+  rest = list(outs[1:])
   grad_pre_ref = rest.pop(0) if problem.has_pre else None
   grad_post_ref = rest.pop(0) if problem.has_post else None
   grad_bias_ref = rest.pop(0) if problem.bias_batched is not None else None
-  return outs[0], outs[1], grad_pre_ref, grad_post_ref, grad_bias_ref
+  return outs[0], grad_pre_ref, grad_post_ref, grad_bias_ref
 
 
 def _weights_and_grads(problem, refs, stats, tile, g):
@@ -109,8 +111,12 @@ def _weights_and_grads(problem, refs, stats, tile, g):
           tile_math.head_grad_weights(problem, refs, tile, g))
 
 
-def _row_sums(problem, refs, stats, q_start, end):
+def row_sums_kernel(problem, names, *refs):
   """D[:, g] = sum_m W_g dW_g of a query tile: [Bq, heads_padded]."""
+  refs, (rowsum_ref,) = tile_math.split_refs(names, refs)
+  q_tile = pl.program_id(1)
+  q_start = q_tile * problem.tiles.block_q
+  stats = (refs.row_max[...], refs.inverse_sum[...])
 
   def over_keys(t, rowsum):
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t, backward=True)
@@ -122,22 +128,21 @@ def _row_sums(problem, refs, stats, q_start, end):
 
     return tile_math.over_heads(problem, head, rowsum)
 
-  return lax.fori_loop(
-      0, end, over_keys,
+  rowsum_ref[...] = lax.fori_loop(
+      0, tile_math.causal_key_tile_end(problem, q_tile), over_keys,
       jnp.zeros((problem.tiles.block_q, problem.heads_padded), jnp.float32))
 
 
 def rows_kernel(problem, names, *refs):
   refs, outs = tile_math.split_refs(names, refs)
-  (grad_query_ref, rowsum_ref, grad_pre_ref, grad_post_ref,
-   grad_bias_ref) = _row_outputs(problem, outs)
+  grad_query_ref, grad_pre_ref, grad_post_ref, grad_bias_ref = _row_outputs(
+      problem, outs)
   block_q = problem.tiles.block_q
   q_tile = pl.program_id(1)
   q_start = q_tile * block_q
   stats = (refs.row_max[...], refs.inverse_sum[...])
+  rowsum = refs.rowsum[...]
   end = tile_math.causal_key_tile_end(problem, q_tile)
-  rowsum = _row_sums(problem, refs, stats, q_start, end)
-  rowsum_ref[...] = rowsum
   if grad_bias_ref is not None and problem.skips_causal_tiles:
     _zero_skipped_bias_gradient(problem, grad_bias_ref, end)
 
