@@ -110,6 +110,8 @@ def triton_programs(heads, width, length, tokens, tiles):
 
 
 def measure(program, text, warps, triton_python, folder, timeout):
+  """The program's size, and (with a `triton_python`) its compile time,
+  registers and spills."""
   path = pathlib.Path(folder) / f"{program}.ttir"
   path.write_text(text)
   operations = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_]+)", text))
@@ -117,6 +119,8 @@ def measure(program, text, warps, triton_python, folder, timeout):
              operations=sum(operations.values()),
              tensor_memory_ops=len(re.findall(
                  r"tt\.(?:load|store) [^\n]*tensor<[^\n]*!tt\.ptr", text)))
+  if triton_python is None:
+    return row
   try:
     # A cache of its own: Triton's default cache would answer a second
     # run from disk.
@@ -139,8 +143,9 @@ def markdown(rows):
   for r in rows:
     lines.append(
         f"| {r['heads']} | {r['tiles']} | {r['program']} | {r['operations']}"
-        f" | {r['tensor_memory_ops']} | {r.get('seconds', r.get('error'))} |"
-        f" {r.get('registers', '-')} | {r.get('spill_bytes', '-')} |")
+        f" | {r['tensor_memory_ops']} | "
+        f"{r.get('seconds', r.get('error', '-'))} | "
+        f"{r.get('registers', '-')} | {r.get('spill_bytes', '-')} |")
   return "\n".join(lines) + "\n"
 
 
@@ -155,6 +160,8 @@ def main():
   parser.add_argument("--triton_python", default=sys.executable)
   parser.add_argument("--timeout", type=int, default=900,
                       help="seconds per program's compile")
+  parser.add_argument("--lower_only", action="store_true",
+                      help="count the programs' operations; compile nothing")
   parser.add_argument("--out", default=None, help="a .json to write")
   args = parser.parse_args()
   sys.path.insert(0, str(ROOT))
@@ -172,7 +179,8 @@ def main():
           flush=True)
     with tempfile.TemporaryDirectory() as folder:
       for program, text in programs.items():
-        row = measure(program, text, tiles.num_warps, args.triton_python,
+        row = measure(program, text, tiles.num_warps,
+                      None if args.lower_only else args.triton_python,
                       folder, args.timeout)
         rows.append(dict(row, heads=heads, tiles=(
             f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}")))

@@ -70,3 +70,28 @@ def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
   assert timed == {(kind, n) for kind in ("TH kernel", "TH keras.ops")
                    for n in (64, 128)}, report["results"]
   assert "| 4 | 128 | 2 | TH kernel |" in (tmp_path / "results.md").read_text()
+
+
+def test_pallas_kernel_programs_grow_linearly_in_the_heads(tmp_path):
+  """benchmarks/pallas_compile.py --lower_only: the kernel's Triton
+  programs, lowered for a CUDA GPU here (no GPU, no `triton` package),
+  grow as h, not h^2: Triton's compile time grows faster than a program's
+  length, and the written-out head mixes once took minutes to compile at
+  h = 12 (benchmarks/RESULTS.md)."""
+  out = tmp_path / "programs.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "pallas_compile.py"),
+       "--lower_only", "--heads", "4,8", "--width", "128", "--length", "64",
+       "--tokens", "128", "--tiles", "16,16,4", "--out", str(out)],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads(out.read_text())
+  size = {(r["heads"], r["program"]): r["operations"] for r in rows}
+  programs = {"forward_kernel", "row_sums_kernel", "rows_kernel",
+              "columns_kernel"}
+  assert set(size) == {(h, p) for h in (4, 8) for p in programs}, size
+  for program in programs:
+    # Linear: 2x the operations for 2x the heads (constant parts make it a
+    # little less); written-out h_k h + h h_v mixes made it about 3.5x.
+    assert size[8, program] < 2.3 * size[4, program], (program, size)
