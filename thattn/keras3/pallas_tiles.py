@@ -1,6 +1,6 @@
 """The tiles of thattn's Pallas talking-heads kernel: their sizes, the
 static description of a call (`Problem`), and the arithmetic of one
-[Bq, Bk] tile that the three programs (`thattn.keras3.pallas_programs`)
+[Bq, Bk] tile that the kernel's programs (`thattn.keras3.pallas_programs`)
 share. The algorithm, its cost and the launching are in
 `thattn.keras3.pallas_kernel`, the entry point; letters as in `thattn.dims`.
 """
@@ -94,7 +94,7 @@ class Problem:
   @property
   def heads_padded(self):
     """h rounded up to a power of two: the row statistics are [Bq, h]
-    arrays in the kernels, whose sides Triton wants as powers of two."""
+    arrays in the programs, whose sides Triton wants as powers of two."""
     return power_of_two(self.heads)
 
   @property
@@ -104,7 +104,7 @@ class Problem:
     return self.causal and self.mask_kind == "none"
 
 
-# ---- the arithmetic of one tile, shared by the three programs --------------
+# ---- the arithmetic of one tile, shared by the programs --------------------
 #
 # The softmax heads g run in a loop (lax.fori_loop, so a Triton program holds
 # the loop once, not h copies of it); the key heads f and the value heads j
@@ -135,9 +135,9 @@ def column(table, head):
   return jnp.sum(jnp.where(_picked(table, head, 1), table, 0.0), axis=1)
 
 
-def with_column(table, head, column):
-  """table with column `head` replaced by `column`."""
-  return jnp.where(_picked(table, head, 1), column[:, None], table)
+def with_column(table, head, values):
+  """table with column `head` replaced by `values`."""
+  return jnp.where(_picked(table, head, 1), values[:, None], table)
 
 
 def add_at(table, index, values, axis):
@@ -169,7 +169,7 @@ def _mix_into_head(tiles, projection_ref, head, transposed=False):
 
 
 def spread_from_head(accumulators, tile, projection_ref, head,
-                      transposed=False):
+                     transposed=False):
   """accumulators[j] += P[head, j] tile (U_j from W_g), or with `transposed`
   accumulators[f] += P[f, head] tile (dJ_f from dL_g). Without P (the
   identity), the tile lands in accumulators[head] alone."""
@@ -228,6 +228,8 @@ class _Tile:
 
 
 def make_tile(problem, refs, rows, cols, q_start, k_start, backward=False):
+  """The `_Tile` of the queries from `q_start` and keys from `k_start`
+  (at `rows` and `cols` in the blocks); `backward` adds dU."""
   block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
   dots = grad_mixed = None
   # The query tiles are loaded again for every key tile (from cache): held
@@ -237,7 +239,7 @@ def make_tile(problem, refs, rows, cols, q_start, k_start, backward=False):
             for f in range(problem.key_heads)]
   if backward and refs.post is not None:
     grad_mixed = [dot(problem, refs.grad_out[rows, j, :],
-                       refs.value[cols, j, :], 1, 1)
+                      refs.value[cols, j, :], 1, 1)
                   for j in range(problem.value_heads)]
   q_pos = q_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
   k_pos = k_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
@@ -261,7 +263,7 @@ def head_logits(problem, refs, tile, head):
   path's logit, the tile's padding keys at the padding logit."""
   if tile.dots is None:
     logits = dot(problem, refs.query[tile.rows, head, :],
-                  refs.key[tile.cols, head, :], 1, 1)
+                 refs.key[tile.cols, head, :], 1, 1)
   else:
     logits = _mix_into_head(tile.dots, refs.pre, head)
   if refs.bias is not None:
@@ -288,7 +290,7 @@ def head_grad_weights(problem, refs, tile, head):
   """dW[head] = sum_j P_w[head, j] dU_j (or dU_head = dO_head V_head^T)."""
   if tile.grad_mixed is None:
     return dot(problem, refs.grad_out[tile.rows, head, :],
-                refs.value[tile.cols, head, :], 1, 1)
+               refs.value[tile.cols, head, :], 1, 1)
   return _mix_into_head(tile.grad_mixed, refs.post, head, transposed=True)
 
 
@@ -318,12 +320,12 @@ def causal_query_tile_start(problem, k_tile):
 
 
 def row_kernel_tile(problem, refs, q_start, t, backward=False):
-  """Key tile `t` of the query tile at `q_start`, in the rows kernels
-  (whose query block is the tile's rows)."""
+  """Key tile `t` of the query tile at `q_start`, in the programs per query
+  tile (whose query block is the tile's rows)."""
   block_k = problem.tiles.block_k
   k_start = pl.multiple_of(t * block_k, block_k)
   return make_tile(problem, refs, slice(None), pl.ds(k_start, block_k),
-                    q_start, k_start, backward)
+                   q_start, k_start, backward)
 
 
 def over_heads(problem, body, carry):
