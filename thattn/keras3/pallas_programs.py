@@ -111,6 +111,13 @@ def _weights_and_grads(problem, refs, stats, tile, g):
           tile_math.head_grad_weights(problem, refs, tile, g))
 
 
+def _weights_and_grad_logits(problem, refs, stats, rowsum, tile, g):
+  """(W_g, dL_g) of a tile, given the [Bq, heads_padded] table D."""
+  weights, grad_weights = _weights_and_grads(problem, refs, stats, tile, g)
+  return weights, tile_math.head_grad_logits(
+      weights, grad_weights, tile_math.column(rowsum, g), tile.allowed)
+
+
 def row_sums_kernel(problem, names, *refs):
   """D[:, g] = sum_m W_g dW_g of a query tile: [Bq, heads_padded]."""
   refs, (rowsum_ref,) = tile_math.split_refs(names, refs)
@@ -152,10 +159,8 @@ def rows_kernel(problem, names, *refs):
 
     def head(g, carry):
       grad_dots, grad_pre, grad_post = carry
-      weights, grad_weights = _weights_and_grads(problem, refs, stats, tile,
-                                                 g)
-      grad_logits = tile_math.head_grad_logits(
-          weights, grad_weights, tile_math.column(rowsum, g), tile.allowed)
+      weights, grad_logits = _weights_and_grad_logits(
+          problem, refs, stats, rowsum, tile, g)
       if grad_bias_ref is not None:
         grad_bias_ref[g, :, tile.cols] = grad_logits
       if grad_pre is not None:  # dP_l[:, g] += J^T dL_g
@@ -211,11 +216,8 @@ def columns_kernel(problem, names, *refs):
 
     def head(g, carry):
       mixed, grad_dots = carry
-      logits = tile_math.head_logits(problem, refs, tile, g)
-      weights = tile_math.head_weights(logits, stats, g)
-      grad_weights = tile_math.head_grad_weights(problem, refs, tile, g)
-      grad_logits = tile_math.head_grad_logits(
-          weights, grad_weights, tile_math.column(rowsum, g), tile.allowed)
+      weights, grad_logits = _weights_and_grad_logits(
+          problem, refs, stats, rowsum, tile, g)
       return (tile_math.spread_from_head(mixed, weights, refs.post, g),
               tile_math.spread_from_head(grad_dots, grad_logits, refs.pre, g,
                                          transposed=True))
