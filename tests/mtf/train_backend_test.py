@@ -66,13 +66,17 @@ def runs(tmp_path_factory, data_flags):
   }
 
 
-def _assert_same_losses(mtf_dir, keras_dir):
+def _assert_same_losses(mtf_dir, keras_dir, rtol=1e-4):
+  """Step 1's loss (the same weights, the same batch) to 1e-5; later
+  steps' to rtol, which covers float32 rounding carried through training.
+  """
   mtf_losses = local_cluster.train_losses(str(mtf_dir))
   keras_losses = local_cluster.train_losses(str(keras_dir))
   assert sorted(mtf_losses) == list(range(1, _STEPS + 1))
   assert sorted(keras_losses) == sorted(mtf_losses)
+  np.testing.assert_allclose(mtf_losses[1], keras_losses[1], rtol=1e-5)
   for step, loss in keras_losses.items():
-    np.testing.assert_allclose(mtf_losses[step], loss, rtol=1e-4,
+    np.testing.assert_allclose(mtf_losses[step], loss, rtol=rtol,
                                err_msg=f"step {step}")
   # Training moved the loss: the comparison is not of two untrained models.
   assert keras_losses[_STEPS] < keras_losses[1] - 0.5
@@ -203,7 +207,12 @@ def test_a_4_device_mesh_equals_the_keras_backend(runs, data_flags,
   # Heads, d_ff and vocabulary on `model`: most variables are split.
   count = int(sharded[0].split("mesh batch:2,model:2, ")[1].split()[0])
   assert count >= 20, sharded[0]
-  _assert_same_losses(tmp_path / "mesh", keras_dir)
+  # The mesh sums over devices in its own order. Adafactor divides each
+  # update by its gradient's own root mean square, so a weight whose
+  # gradient is at rounding level takes a full-size step of either sign:
+  # that order's last-bit differences grew to 1.3e-4 by step 6 in one CI
+  # run (1e-7 on this machine). A wrong layout moves the loss by far more.
+  _assert_same_losses(tmp_path / "mesh", keras_dir, rtol=1e-3)
 
 
 def test_sigkill_then_rerun_matches_an_uninterrupted_run(runs, data_flags,
