@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+from tests.keras3 import processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -63,7 +65,8 @@ def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
        "--out", str(tmp_path)],
       capture_output=True, text=True, timeout=600, check=False,
       env=dict(os.environ, THATTN_PALLAS="interpret", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="2"))
+               TF_CPP_MIN_LOG_LEVEL="2",
+               XLA_FLAGS=processes.TEST_XLA_FLAGS))  # its plumbing, not speed
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / "results.json").read_text())
   timed = {(r["kind"], r["length"]) for r in report["results"] if "ms" in r}

@@ -23,19 +23,23 @@ from thattn.data import corpus
 from thattn.data import tokenizers
 
 # The files that take longest (over 90 s of one worker each in a timed run
-# of the whole suite, longest first). `.ci/run` hands whole files to two
-# pytest-xdist workers in collection order; starting with these keeps a
-# long file from being the last one left, with the other worker idle.
+# of the whole suite at 566ed89, longest first). `.ci/run` hands whole files
+# to two pytest-xdist workers in this order (--no-loadscope-reorder: xdist
+# would otherwise start with the files of most tests, leaving these few-test
+# long files for last, one worker busy and the other idle).
 LONGEST_FILES = (
-    "tests/readme_test.py", "tests/keras3/backends_test.py",
-    "tests/mtf/train_backend_test.py", "tests/training/keras3_backend_test.py",
-    "tests/docs_test.py", "tests/training/multi_client_dtensor_test.py",
-    "tests/training/model_dir_test.py", "tests/training/multi_worker_test.py",
-    "tests/mtf/processes_test.py", "tests/keras3/models_test.py",
-    "tests/keras3/optimizers_test.py",
-    "tests/training/dtensor_train_test.py", "tests/sharding/dtensor_test.py",
-    "tests/benchmarks_smoke_test.py", "tests/keras3/pallas_test.py",
-    "tests/kernels/build_test.py", "tests/training/full_disk_test.py")
+    "tests/training/keras3_backend_test.py", "tests/keras3/backends_test.py",
+    "tests/readme_test.py", "tests/mtf/train_backend_test.py",
+    "tests/docs_test.py", "tests/training/model_dir_test.py",
+    "tests/mtf/processes_test.py",
+    "tests/training/multi_client_dtensor_test.py",
+    "tests/training/dtensor_train_test.py",
+    "tests/training/multi_worker_test.py", "tests/keras3/pallas_test.py",
+    "tests/training/full_disk_test.py", "tests/benchmarks_smoke_test.py",
+    "tests/models/t5_test.py", "tests/kernels/build_test.py",
+    "tests/sharding/dtensor_test.py", "tests/models/generation_test.py",
+    "tests/keras3/interop_test.py", "tests/keras3/models_test.py",
+    "tests/export_test.py")
 
 
 def pytest_collection_modifyitems(items):
