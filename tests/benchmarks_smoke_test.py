@@ -22,8 +22,10 @@ def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
        "--only", "thattn MHA h=12,thattn TH h=12,thattn TH dynamic h=12",
        # At the quick sizes every tensor of a bfloat16 step is under 256 KiB,
        # which oneDNN's CPU allocator serves from a pool it keeps no
-       # statistics for: the peak would read 0.
-       "--skip", "bfloat16", "--out", str(out)],
+       # statistics for: the peak would read 0. Two more rows are left out
+       # for time (each row's memory is measured in a process of its own).
+       "--skip", "bfloat16,MHA h=12 chunked,dynamic h=12 TF ops",
+       "--out", str(out)],
       capture_output=True, text=True, timeout=600, check=False,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   assert result.returncode == 0, result.stderr[-3000:]

@@ -13,7 +13,8 @@ not allowed it skips, printing why. On it:
 - thattn's cache (`$THATTN_CACHE_DIR`) on the full disk: the default
   corpus cannot be built, and the run says so in one line naming the cache
   and leaves no model_dir and no temporary file; a run that needs only the
-  compiled kernel from the cache trains on TensorFlow ops, saying why.
+  compiled kernel from the cache trains on TensorFlow ops, saying why,
+  without first spending a compile on a library it cannot write.
 """
 
 import os
@@ -194,4 +195,6 @@ def test_a_kernel_that_cannot_be_cached_falls_back_and_says_why(
   assert "kernel is unavailable, so TensorFlow ops run instead" in (
       result.stderr), result.stderr[-3000:]
   assert str(cache / "kernels") in result.stderr, result.stderr[-3000:]
+  # Refused before the compiler ran, not after its 15 s or more.
+  assert "Compiling thattn's" not in result.stdout + result.stderr
   assert (tmp_path / "run" / "checkpoints" / "ckpt-2.index").exists()

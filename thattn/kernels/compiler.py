@@ -33,6 +33,9 @@ from thattn import write_failures
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")
 _COMPILE_TIMEOUT_SECONDS = 600
+# Room claimed on the cache's disk before compiling (the libraries are about
+# 0.5 MB), so that a full disk refuses at once, not after the compile.
+_LIBRARY_ROOM_BYTES = 1 << 20
 # Information lines for the user (the one-time compile); the binaries show
 # them (`thattn.bin.cli`), a library user may turn them on with Python's
 # logging.
@@ -160,11 +163,34 @@ def _workaround_flags():
   return ("-mno-avx512fp16",) if "avx512_fp16" in _cpu_flags() else ()
 
 
+def _refused(library, name, refused):
+  return KernelUnavailable(
+      f"could not write the compiled {name} kernel into {library}: "
+      f"{refused}; make room there, or set THATTN_CACHE_DIR to a folder "
+      "with space")
+
+
+def _reserve_room(temporary, library, name):
+  """Claims the library's room in the compiler's output file: a full or
+  read-only cache fails here at once instead of after a compile of 15 s or
+  more. A file system that cannot allocate ahead is let through."""
+  try:
+    with open(temporary, "wb") as f:
+      os.posix_fallocate(f.fileno(), 0, _LIBRARY_ROOM_BYTES)
+  except OSError as error:
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    refused = write_failures.cause(error)
+    if refused:
+      raise _refused(library, name, refused) from error
+
+
 def _compile(command, library, name):
   """Runs the compiler into a temporary file, then renames it into place."""
   temporary = f"{library}.tmp{os.getpid()}"
   # Information, not a warning: nothing is wrong. It explains a pause of
   # ~15 s; the binaries print the "thattn" logger's information lines.
+  _reserve_room(temporary, library, name)
   ANNOUNCE.info("Compiling thattn's %s kernel (once per machine, about 15 s) "
                 "into %s", name, library)
   try:
@@ -179,10 +205,7 @@ def _compile(command, library, name):
       os.remove(temporary)
     refused = write_failures.cause(OSError(result.stderr))
     if refused:  # the cache's disk, not the compiler, said no
-      raise KernelUnavailable(
-          f"could not write the compiled {name} kernel into {library}: "
-          f"{refused}; make room there, or set THATTN_CACHE_DIR to a folder "
-          "with space")
+      raise _refused(library, name, refused)
     raise KernelUnavailable(
         f"compiling the {name} kernel failed (exit {result.returncode}): "
         f"{' '.join(command)}\n{result.stderr[-2000:]}")
