@@ -188,9 +188,9 @@ def _reserve_room(temporary, library, name):
 def _compile(command, library, name):
   """Runs the compiler into a temporary file, then renames it into place."""
   temporary = f"{library}.tmp{os.getpid()}"
+  _reserve_room(temporary, library, name)
   # Information, not a warning: nothing is wrong. It explains a pause of
   # ~15 s; the binaries print the "thattn" logger's information lines.
-  _reserve_room(temporary, library, name)
   ANNOUNCE.info("Compiling thattn's %s kernel (once per machine, about 15 s) "
                 "into %s", name, library)
   try:
