@@ -32,7 +32,7 @@ def run(backend, args, timeout=600, **env):
   environment = {**os.environ, "KERAS_BACKEND": backend,
                  "TF_CPP_MIN_LOG_LEVEL": "3", **env}
   environment["XLA_FLAGS"] = " ".join(
-      [TEST_XLA_FLAGS] + env.get("XLA_FLAGS", "").split())
+      [TEST_XLA_FLAGS] + environment.get("XLA_FLAGS", "").split())
   result = subprocess.run([sys.executable, *args], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout,
                           check=False)

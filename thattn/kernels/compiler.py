@@ -164,10 +164,17 @@ def _workaround_flags():
 
 
 def _refused(library, name, refused):
+  """The error for a library the cache's disk will not take."""
   return KernelUnavailable(
       f"could not write the compiled {name} kernel into {library}: "
       f"{refused}; make room there, or set THATTN_CACHE_DIR to a folder "
       "with space")
+
+
+def _remove_if_present(*paths):
+  for path in paths:
+    if os.path.exists(path):
+      os.remove(path)
 
 
 def _reserve_room(temporary, library, name):
@@ -178,8 +185,7 @@ def _reserve_room(temporary, library, name):
     with open(temporary, "wb") as f:
       os.posix_fallocate(f.fileno(), 0, _LIBRARY_ROOM_BYTES)
   except OSError as error:
-    if os.path.exists(temporary):
-      os.remove(temporary)
+    _remove_if_present(temporary)
     refused = write_failures.cause(error)
     if refused:
       raise _refused(library, name, refused) from error
@@ -198,11 +204,11 @@ def _compile(command, library, name):
                             text=True, check=False,
                             timeout=_COMPILE_TIMEOUT_SECONDS)
   except subprocess.TimeoutExpired as error:
+    _remove_if_present(temporary)  # the room claimed, or a partial output
     raise KernelUnavailable(f"compiling the {name} kernel took over "
                             f"{_COMPILE_TIMEOUT_SECONDS} s") from error
   if result.returncode != 0:
-    if os.path.exists(temporary):
-      os.remove(temporary)
+    _remove_if_present(temporary)
     refused = write_failures.cause(OSError(result.stderr))
     if refused:  # the cache's disk, not the compiler, said no
       raise _refused(library, name, refused)
@@ -218,9 +224,7 @@ def _compile(command, library, name):
     os.replace(f"{temporary}.sha256", _digest_path(library))
     os.replace(temporary, library)
   except OSError as error:
-    for path in (temporary, f"{temporary}.sha256"):
-      if os.path.exists(path):
-        os.remove(path)
+    _remove_if_present(temporary, f"{temporary}.sha256")
     raise KernelUnavailable(
         f"writing the compiled {name} kernel into {library} failed: "
         f"{error}") from error
