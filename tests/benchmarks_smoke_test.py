@@ -6,9 +6,9 @@ The real measurement (minutes, full sizes) stays out of the test suite.
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
+from tests import forkserver
 from tests.keras3 import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
   out = tmp_path / "attention"
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--quick",
        "--repeats", "1",
        "--only", "thattn MHA h=12,thattn TH h=12,thattn TH dynamic h=12",
@@ -45,7 +45,7 @@ def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
 
 
 def test_fused_kernel_benchmark_quick_run_prints_its_table():
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "fused_kernel.py"),
        "--heads", "2,3", "--batch", "1", "--length", "16", "--repeats", "1"],
       capture_output=True, text=True, timeout=600, check=False,
@@ -61,7 +61,7 @@ def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
   """benchmarks/accelerator.py is meant for a GPU; here the Pallas kernel
   runs in interpret mode (THATTN_PALLAS=interpret) at tiny sizes, so the
   script's plumbing cannot rot between GPU sessions."""
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "accelerator.py"),
        "--quick", "--check_cases", "0", "--kinds", "TH kernel,TH keras.ops",
        "--out", str(tmp_path)],
@@ -84,7 +84,7 @@ def test_pallas_kernel_programs_grow_linearly_in_the_heads(tmp_path):
   length, and the written-out head mixes once took minutes to compile at
   h = 12 (benchmarks/RESULTS.md)."""
   out = tmp_path / "programs.json"
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "pallas_compile.py"),
        "--lower_only", "--heads", "4,8", "--width", "128", "--length", "64",
        "--tokens", "128", "--tiles", "16,16,4", "--out", str(out)],

@@ -3,11 +3,11 @@
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
+from tests import forkserver
 from thattn import complexity
 from thattn.complexity import AttentionShape
 
@@ -207,7 +207,7 @@ def test_format_count_prints_like_the_paper():
 
 
 def _run_cli(*flags):
-  return subprocess.run(
+  return forkserver.run(
       [sys.executable, "-m", "thattn.bin.complexity", *flags],
       cwd=REPO_ROOT, capture_output=True, text=True, check=False)
 

@@ -31,6 +31,7 @@ import sys
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
 from tests import readme_test
 from tests.mtf import t5_layouts_convert_test as layouts
 from tests.mtf import t5_vocabulary_convert_test as vocabulary
@@ -81,7 +82,7 @@ def _run(argv, folder):
   # own compiled both kernels again, a minute of CI).
   env = dict(os.environ)
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-  result = subprocess.run(argv, cwd=folder, env=env, capture_output=True,
+  result = forkserver.run(argv, cwd=folder, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
   assert result.returncode == 0, (
       f"{' '.join(argv)} failed:\n{result.stdout[-2000:]}\n"

@@ -21,10 +21,11 @@ import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
+
+from tests import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = ".venv/bin/"
@@ -107,7 +108,7 @@ def _run_in_order(commands, folder, keep_export=()):
       argv = argv[:2]
     elif program == "python":
       argv = [sys.executable] + command[1:]
-    result = subprocess.run(argv, cwd=folder, env=env, capture_output=True,
+    result = forkserver.run(argv, cwd=folder, env=env, capture_output=True,
                             text=True, timeout=600, check=False)
     assert result.returncode == 0, (
         f"{' '.join(command)} failed:\n{result.stdout[-2000:]}\n"

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests import forkserver
+
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
@@ -35,14 +37,14 @@ def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path,
                                                          data_flags):
   """The default task's path (masked LM, Adafactor), killed for real."""
   deterministic = data_flags + ["--deterministic"]
-  straight = subprocess.run(_command(tmp_path / "straight", deterministic),
+  straight = forkserver.run(_command(tmp_path / "straight", deterministic),
                             env=_ENV, capture_output=True, text=True,
                             timeout=300, check=False)
   assert straight.returncode == 0, straight.stderr[-3000:]
   assert "Held-out ln_ppl after training" in straight.stdout
 
   killed = tmp_path / "killed"
-  process = subprocess.Popen(_command(killed, deterministic), env=_ENV,
+  process = forkserver.Popen(_command(killed, deterministic), env=_ENV,
                              text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
   for line in process.stdout:
@@ -51,7 +53,7 @@ def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path,
       break
   process.wait(timeout=60)
   assert process.returncode == -signal.SIGKILL
-  rerun = subprocess.run(_command(killed, deterministic), env=_ENV,
+  rerun = forkserver.run(_command(killed, deterministic), env=_ENV,
                          capture_output=True, text=True, timeout=300,
                          check=False)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -65,7 +67,7 @@ def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path,
 
 
 def test_bad_flags_give_a_clear_error(tmp_path, data_flags):
-  result = subprocess.run(
+  result = forkserver.run(
       _command(tmp_path, data_flags, strategy="tpu"), env=_ENV,
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode != 0

@@ -2,11 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import forkserver
 from thattn import tasks
 from thattn.experiments import ablation
 
@@ -15,7 +15,7 @@ _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 def test_tiny_recall_grid_writes_table_plot_and_heatmaps(tmp_path):
   pytest.importorskip("matplotlib")
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.ablate", "--task=recall",
        "--heads=1,4", "--seeds=0,1", "--d_model=16", "--d_ff=32",
        "--num_layers=1", "--train_steps=8", "--batch_size=8",
@@ -33,7 +33,7 @@ def test_tiny_recall_grid_writes_table_plot_and_heatmaps(tmp_path):
   with open(tmp_path / "results.json") as f:
     assert len(json.load(f)) == 8
   # A rerun reuses the finished runs.
-  again = subprocess.run(result.args, capture_output=True, text=True,
+  again = forkserver.run(result.args, capture_output=True, text=True,
                          env=_ENV, timeout=600, check=True)
   assert "[1/8]" not in again.stdout
 

@@ -7,10 +7,11 @@ process per backend (KERAS_BACKEND set) and check what it prints.
 import importlib.util
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
+
+from tests import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
@@ -33,9 +34,11 @@ def run(backend, args, timeout=600, **env):
                  "TF_CPP_MIN_LOG_LEVEL": "3", **env}
   environment["XLA_FLAGS"] = " ".join(
       [TEST_XLA_FLAGS] + environment.get("XLA_FLAGS", "").split())
-  result = subprocess.run([sys.executable, *args], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=timeout,
-                          check=False)
+  # Forked from a server that imported Keras 3 on this framework (and
+  # nothing of thattn's, nor TensorFlow unless it is the framework).
+  result = forkserver.run([sys.executable, *args], cwd=ROOT,
+                          env=environment, capture_output=True, text=True,
+                          timeout=timeout, check=False, preload="keras3")
   assert result.returncode == 0, (
       f"{backend}: {' '.join(args)} failed:\n{result.stdout[-6000:]}\n"
       f"{result.stderr[-3000:]}")

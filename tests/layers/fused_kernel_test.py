@@ -11,7 +11,6 @@ tests/kernels.
 """
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -20,6 +19,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from tests import forkserver
 from thattn import layers
 from thattn.layers import chunked
 
@@ -336,7 +336,7 @@ def test_switched_off_by_environment(tmp_path):
       """)
   env = dict(os.environ, THATTN_FUSED_KERNELS="0",
              THATTN_CACHE_DIR=str(tmp_path))
-  result = subprocess.run([sys.executable, "-c", script], env=env,
+  result = forkserver.run([sys.executable, "-c", script], env=env,
                           capture_output=True, text=True, timeout=300,
                           check=False)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -2,12 +2,12 @@
 
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import tensorflow as tf
 
+from tests import forkserver
 from thattn import models
 from thattn.mtf import models as mtf_models
 
@@ -18,7 +18,7 @@ except ImportError:  # Bazel runs the test as a top-level module
 
 
 def _convert(*flags):
-  return subprocess.run([sys.executable, "-m", "thattn.bin.convert", *flags],
+  return forkserver.run([sys.executable, "-m", "thattn.bin.convert", *flags],
                         capture_output=True, text=True, timeout=300,
                         check=False,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))

@@ -4,11 +4,11 @@ written; and a killed conversion's staging folder removed by the next."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import forkserver
 from thattn import models
 from thattn.mtf import convert
 
@@ -37,7 +37,7 @@ def _refused(match, folder, unchanged, call=convert.mtf_to_thattn, **kwargs):
 def test_an_empty_mtf_model_dir_is_a_usage_error_naming_the_flag(
     tmp_path, unchanged):
   with unchanged(tmp_path):
-    result = subprocess.run(
+    result = forkserver.run(
         [sys.executable, "-m", "thattn.bin.convert", "--mtf_model_dir=",
          f"--model_dir={tmp_path / 'out'}"], capture_output=True, text=True,
         timeout=300, check=False, cwd=tmp_path,
@@ -162,7 +162,7 @@ def test_a_downloaded_gin_cannot_import_other_modules(mtf_dir, tmp_path):
       "import thattn_probe_imported\n"
       "from __gin__ import dynamic_registration\n"
       "import mesh_tensorflow.transformer.transformer_layers\n"))
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.convert", f"--mtf_model_dir={source}",
        f"--model_dir={tmp_path / 'out'}"], capture_output=True, text=True,
       timeout=600, check=False, cwd=tmp_path,

@@ -11,10 +11,11 @@ rules of `thattn.sharding` (the ones the DTensor path uses).
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tests import forkserver
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "mesh_script.py")
@@ -28,7 +29,7 @@ def _run_script():
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=os.pathsep.join(sys.path))
   # faulthandler: a native crash prints the Python stack it happened under.
-  return subprocess.run([sys.executable, "-X", "faulthandler", SCRIPT],
+  return forkserver.run([sys.executable, "-X", "faulthandler", SCRIPT],
                         capture_output=True, text=True, env=env, timeout=600,
                         check=False)
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
 from thattn.mtf import layout
 from thattn.mtf import models
 
@@ -100,7 +101,7 @@ MESH_TOLERANCE = 1e-5  # relative to the largest |logit|; float32 rounding
 def _run_mesh_script():
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=os.pathsep.join(sys.path))
-  return subprocess.Popen([sys.executable, os.path.abspath(__file__)],
+  return forkserver.Popen([sys.executable, os.path.abspath(__file__)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env)
 

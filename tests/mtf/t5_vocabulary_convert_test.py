@@ -11,7 +11,6 @@ scopes, dropout 0.1), built and saved by Mesh TensorFlow as T5 saves it.
 import io
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
+from tests import forkserver
 from tests.mtf import model_convert_test
 from tests.mtf import t5_layouts_convert_test as layouts
 from thattn import models
@@ -105,7 +105,7 @@ def test_fine_tunes_exports_and_serves_text(converted, tiny_bert_flags,
   _, thattn_dir, _ = converted
   train_files = tiny_bert_flags[0]
   run = tmp_path / "fine_tuned"
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
        f"--init_checkpoint={thattn_dir}", f"--model_dir={run}", train_files,
        "--train_steps=2", "--batch_size=2", "--sequence_length=32",
@@ -150,7 +150,7 @@ def test_thattns_own_vocabulary_on_padded_rows_fine_tunes(
                         sequence_length=32, log=lambda line: None)
   from_folder = tokenizers.load(str(tmp_path / "from_folder" / "tokenizer"))
   assert (from_folder.vocab_size, from_folder.token_count) == (1024, 1000)
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
        f"--init_checkpoint={tmp_path / 'thattn'}",
        f"--model_dir={tmp_path / 'fine_tuned'}", tiny_bert_flags[0],

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
 from tests.training import local_cluster
 from thattn import models
 from thattn import tasks
@@ -47,7 +48,7 @@ def _command(model_dir, data_flags, *extra):
 
 
 def _train(model_dir, data_flags, *extra):
-  result = subprocess.run(_command(model_dir, data_flags, *extra), env=_ENV,
+  result = forkserver.run(_command(model_dir, data_flags, *extra), env=_ENV,
                           capture_output=True, text=True, timeout=600,
                           check=False)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -139,7 +140,7 @@ def test_masked_lm_on_a_t5_encoder_equals_the_keras_backend(mlm_runs):
 
 
 def test_thattn_export_serves_the_mtf_masked_lm(mlm_runs, tmp_path):
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.export",
        f"--model_dir={mlm_runs['mtf']}", f"--export_dir={tmp_path / 's'}"],
       env=_ENV, capture_output=True, text=True, timeout=300, check=False)
@@ -181,7 +182,7 @@ def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(
 
 def test_thattn_export_serves_text(runs, tmp_path):
   mtf_dir, _ = runs["mtf"]
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-m", "thattn.bin.export", f"--model_dir={mtf_dir}",
        f"--export_dir={tmp_path / 'served'}"], env=_ENV, capture_output=True,
       text=True, timeout=300, check=False)
@@ -219,7 +220,7 @@ def test_sigkill_then_rerun_matches_an_uninterrupted_run(runs, data_flags,
                                                          tmp_path):
   mtf_dir, _ = runs["mtf"]
   killed = tmp_path / "killed"
-  process = subprocess.Popen(_command(killed, data_flags, "--backend=mtf",
+  process = forkserver.Popen(_command(killed, data_flags, "--backend=mtf",
                                       "--noexport"),
                              env=_ENV, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
@@ -275,7 +276,7 @@ def test_tasks_and_models_mtf_cannot_train_are_refused(tmp_path):
 def test_a_keras_model_dir_is_not_resumed_by_mtf(runs, data_flags):
   keras_dir, _ = runs["keras"]
   before = sorted(os.listdir(keras_dir))
-  result = subprocess.run(_command(keras_dir, data_flags, "--backend=mtf"),
+  result = forkserver.run(_command(keras_dir, data_flags, "--backend=mtf"),
                           env=_ENV, capture_output=True, text=True,
                           timeout=300, check=False)
   assert result.returncode != 0
@@ -291,7 +292,7 @@ def test_a_layout_the_mesh_cannot_hold_leaves_the_model_dir_as_it_was(
   model_dir = tmp_path / "run"
   model_dir.mkdir()
   with unchanged(model_dir):
-    result = subprocess.run(
+    result = forkserver.run(
         _command(model_dir, data_flags, "--backend=mtf", "--noexport",
                  "--mesh_shape=model:3", "--layout_rules=heads:model"),
         env=_ENV, capture_output=True, text=True, timeout=300, check=False)

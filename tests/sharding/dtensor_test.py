@@ -10,10 +10,11 @@ losses and gradients against the unsharded reference.
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tests import forkserver
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "dtensor_script.py")
@@ -85,7 +86,7 @@ def _run(devices, cases):
              "--mesh", MESHES[devices]]
   for case in cases:
     command += ["--case", case]
-  return subprocess.run(command, capture_output=True, text=True, env=env,
+  return forkserver.run(command, capture_output=True, text=True, env=env,
                         timeout=600, check=False)
 
 

@@ -20,7 +20,6 @@ by both, and no change outside this file.
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -28,6 +27,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from tests import forkserver
 from thattn import layers
 from thattn import models
 from thattn import tasks
@@ -163,7 +163,7 @@ class CopyServing(serving.Serving):
 def _run(binary, *flags):
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-  return subprocess.run(
+  return forkserver.run(
       [sys.executable, os.path.abspath(__file__), binary, *flags],
       capture_output=True, text=True, timeout=300, check=False, env=env)
 

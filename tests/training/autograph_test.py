@@ -9,12 +9,12 @@ life of a process.
 
 import json
 import os
-import subprocess
 import sys
 
 import tensorflow as tf
 import tf_keras
 
+from tests import forkserver
 from thattn import tracing
 
 _TRACER = """
@@ -35,7 +35,7 @@ train.run()
 
 def test_a_training_run_converts_none_of_thattns_functions(tiny_bert_flags,
                                                              tmp_path):
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-c", _TRACER, *tiny_bert_flags, "--train_steps=2",
        f"--model_dir={tmp_path / 'run'}"],
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,

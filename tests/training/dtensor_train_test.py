@@ -19,11 +19,11 @@ and asserted on here:
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import forkserver
 from thattn.data import corpus
 from thattn.data import tokenizers
 from thattn.training import options as options_lib
@@ -95,7 +95,7 @@ def runs(tmp_path_factory, data_dir):
   for name, command in commands.items():
     with open(root / f"{name}.out", "w") as out, \
         open(root / f"{name}.err", "w") as err:
-      processes[name] = subprocess.Popen(command, stdout=out, stderr=err,
+      processes[name] = forkserver.Popen(command, stdout=out, stderr=err,
                                          env=_ENV, text=True)
 
   @functools.lru_cache(maxsize=None)

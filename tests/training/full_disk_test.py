@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
+
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 _STEPS = 8
 _SIZE = "24m"
@@ -36,7 +38,7 @@ def _command(binary, *flags):
 
 
 def _run(binary, *flags):
-  return subprocess.run(_command(binary, *flags), env=_ENV,
+  return forkserver.run(_command(binary, *flags), env=_ENV,
                         capture_output=True, text=True, timeout=600,
                         check=False)
 
@@ -99,7 +101,7 @@ def test_a_run_that_fills_the_disk_stops_and_resumes_exactly(
   result = _run("train", f"--model_dir={straight}", *flags)
   assert result.returncode == 0, result.stderr[-3000:]
   run = disk / "run"
-  process = subprocess.Popen(_command("train", f"--model_dir={run}", *flags),
+  process = forkserver.Popen(_command("train", f"--model_dir={run}", *flags),
                              env=_ENV, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
   for line in process.stdout:
@@ -167,7 +169,7 @@ def test_a_full_cache_disk_is_named_and_leaves_nothing(disk, tmp_path):
   cache = disk / "cache"
   cache.mkdir()
   filler = _fill(disk)
-  result = subprocess.run(
+  result = forkserver.run(
       _command("train", f"--model_dir={tmp_path / 'run'}", "--train_steps=1",
                "--noexport"), env=dict(_ENV, THATTN_CACHE_DIR=str(cache)),
       capture_output=True, text=True, timeout=600, check=False)
@@ -186,7 +188,7 @@ def test_a_kernel_that_cannot_be_cached_falls_back_and_says_why(
   cache = disk / "cache"
   cache.mkdir()
   _fill(disk)
-  result = subprocess.run(
+  result = forkserver.run(
       _command("train", f"--model_dir={tmp_path / 'run'}", *tiny_bert_flags,
                "--train_steps=2"),
       env=dict(_ENV, THATTN_CACHE_DIR=str(cache)), capture_output=True,

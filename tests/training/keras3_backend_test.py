@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests import conftest
+from tests import forkserver
 from tests.training import local_cluster
 from thattn.training import run_lock
 
@@ -42,7 +43,7 @@ def _command(model_dir, flags, *extra):
 
 
 def _train(model_dir, flags, *extra):
-  result = subprocess.run(_command(model_dir, flags, *extra), env=_ENV,
+  result = forkserver.run(_command(model_dir, flags, *extra), env=_ENV,
                           capture_output=True, text=True, timeout=600,
                           check=False)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -88,7 +89,7 @@ def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
     runs, tiny_bert_flags, tmp_path, framework):
   """KERAS_BACKEND set by the user wins over the binary's JAX default."""
   pytest.importorskip(framework)
-  result = subprocess.run(
+  result = forkserver.run(
       _command(tmp_path / framework, tiny_bert_flags, "--backend=keras3"),
       env=dict(_ENV, KERAS_BACKEND=framework), capture_output=True,
       text=True, timeout=600, check=False)
@@ -140,7 +141,7 @@ def test_the_keras3_export_serves_text_as_the_keras_one(runs):
 def _kill_after_step_6_and_rerun(model_dir, flags, *extra):
   """Trains into model_dir, SIGKILLed after step 6 (checkpoint 4 saved);
   reruns the same command; returns the rerun's stdout."""
-  process = subprocess.Popen(
+  process = forkserver.Popen(
       _command(model_dir, flags, "--backend=keras3", "--log_every=1", *extra),
       env=_ENV, text=True, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL)
@@ -185,7 +186,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(tiny_bert_flags,
 
 def _refused(model_dir, flags, *extra):
   """A keras3 rerun that must fail: its error line (no traceback)."""
-  result = subprocess.run(_command(model_dir, flags, "--backend=keras3",
+  result = forkserver.run(_command(model_dir, flags, "--backend=keras3",
                                    *extra), env=_ENV, capture_output=True,
                           text=True, timeout=600, check=False)
   assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
@@ -244,7 +245,7 @@ def test_a_sharded_t5_run_equals_the_unsharded_one(t5_runs):
 
 
 def test_the_mesh_splits_the_heads_d_ff_vocab_and_their_slots():
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, os.path.join(_HERE, "keras3_mesh_script.py"),
        "batch:2,model:2"], env=dict(_ENV, KERAS_BACKEND="jax"),
       capture_output=True, text=True, timeout=300, check=False)

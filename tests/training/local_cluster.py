@@ -18,6 +18,8 @@ import time
 
 import tensorflow as tf
 
+from tests import forkserver
+
 
 def free_ports(count):
   """`count` distinct ports free on 127.0.0.1 just now."""
@@ -62,7 +64,7 @@ class LocalCluster:
     envs = envs or [{"TF_CONFIG": config}
                     for config in (configs or tf_configs(num_workers))]
     self.processes = [
-        subprocess.Popen(argv, env=dict(env or os.environ, **extra),
+        forkserver.Popen(argv, env=dict(env or os.environ, **extra),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
         for extra in envs]

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from tests import forkserver
+
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
@@ -33,7 +35,7 @@ def _command(binary, *flags):
 
 
 def _run(binary, *flags, timeout=300):
-  return subprocess.run(_command(binary, *flags), env=_ENV,
+  return forkserver.run(_command(binary, *flags), env=_ENV,
                         capture_output=True, text=True, timeout=timeout,
                         check=False)
 
@@ -116,7 +118,7 @@ def test_two_runs_racing_for_one_model_dir(tmp_path, data_flags):
   common = [f"--model_dir={run}", *data_flags, "--train_steps=150",
             "--checkpoint_every=50", "--log_every=50"]
   started = time.time()
-  processes = [subprocess.Popen(_command("train", *common, *extra), env=_ENV,
+  processes = [forkserver.Popen(_command("train", *common, *extra), env=_ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
                for extra in ([], ["--learning_rate=0.001"])]
@@ -218,7 +220,7 @@ def test_rerunning_a_finished_run_says_where_its_results_are(run_copy,
 def test_a_killed_lock_holder_leaves_no_stale_lock(tmp_path, data_flags):
   run = tmp_path / "run"
   common = [*data_flags, "--train_steps=400", "--deterministic"]
-  process = subprocess.Popen(_command("train", f"--model_dir={run}", *common),
+  process = forkserver.Popen(_command("train", f"--model_dir={run}", *common),
                              env=_ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
   for line in process.stdout:
@@ -260,7 +262,7 @@ def test_a_checkpoint_the_machine_refuses_stops_the_run_keeping_the_last(
             not {"checkpoints", "tokenizer"} & set(p.parts)]
   assert max(others) < min(data), (others, data)
   limit = (max(others) + min(data)) // 2  # the checkpoint alone exceeds it
-  refused = subprocess.run(
+  refused = forkserver.run(
       _command("train", f"--model_dir={run}", *data_flags,
                "--train_steps=4"), env=_ENV, capture_output=True, text=True,
       timeout=300, check=False, preexec_fn=_file_size_limit(limit))
@@ -325,7 +327,7 @@ def test_an_export_the_machine_refuses_leaves_its_target_as_it_was(
   full disk refuses the same write) ends in one line naming the target,
   which stays absent, with no staging folder left beside it."""
   export_dir = tmp_path / "export"
-  refused = subprocess.run(
+  refused = forkserver.run(
       _command("export", f"--model_dir={trained}",
                f"--export_dir={export_dir}"), env=_ENV, capture_output=True,
       text=True, timeout=300, check=False,
