@@ -1,7 +1,9 @@
 """thattn-train as a new user meets it: help, a quiet start, run names.
 
-Each case runs the binary in a fresh process, as a user would, without
-TF_CPP_MIN_LOG_LEVEL set (unless the case sets it).
+Each case runs the binary without TF_CPP_MIN_LOG_LEVEL set (unless the case
+sets it); what TensorFlow's start-up prints is checked on fresh processes,
+as a user starts them, the rest on processes forked with TensorFlow already
+imported (tests/forkserver.py).
 """
 
 import os
@@ -10,6 +12,8 @@ import sys
 
 import pytest
 
+from tests import forkserver
+
 
 def _env(**extra):
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -17,10 +21,12 @@ def _env(**extra):
   return env
 
 
-def _train(*flags, cwd=None, env=None):
-  return subprocess.run([sys.executable, "-m", "thattn.bin.train", *flags],
-                        capture_output=True, text=True, timeout=300,
-                        check=False, cwd=cwd, env=env or _env())
+def _train(*flags, cwd=None, env=None, fresh=False):
+  """The binary's run: in a fresh Python (`fresh`) or a forked one."""
+  launcher = subprocess if fresh else forkserver
+  return launcher.run([sys.executable, "-m", "thattn.bin.train", *flags],
+                      capture_output=True, text=True, timeout=300,
+                      check=False, cwd=cwd, env=env or _env())
 
 
 @pytest.mark.parametrize("help_flag", ["--help", "--helpshort"])
@@ -55,17 +61,19 @@ def test_runs_are_quiet_and_named_by_what_sets_them_apart(tmp_path,
                                                           data_flags):
   outputs = []
   for heads in (2, 4):
-    result = _train(*data_flags, f"--num_heads={heads}", cwd=tmp_path)
+    result = _train(*data_flags, f"--num_heads={heads}", cwd=tmp_path,
+                    fresh=heads == 2)
     assert result.returncode == 0, result.stderr[-3000:]
     outputs.append(result.stdout + result.stderr)
   runs = sorted(os.listdir(tmp_path / "thattn_runs"))
   assert len(runs) == 2, runs
   assert runs[0].startswith("mlm_bert_tiny_talking_heads_h2")
   assert runs[1].startswith("mlm_bert_tiny_talking_heads_h4")
+  # A fresh start says nothing of TensorFlow's own.
+  assert "cuInit" not in outputs[0]
+  assert "cuda drivers" not in outputs[0]
+  assert "oneDNN" not in outputs[0]
   for output in outputs:
-    assert "cuInit" not in output
-    assert "cuda drivers" not in output
-    assert "oneDNN" not in output
     # The model's parameters and the trained ones, each said plainly.
     assert "model parameters (backbone" in output
     assert "trained: " in output
@@ -73,6 +81,6 @@ def test_runs_are_quiet_and_named_by_what_sets_them_apart(tmp_path,
 
 def test_a_users_log_level_is_kept(tmp_path, data_flags):
   result = _train(*data_flags, cwd=tmp_path,
-                  env=_env(TF_CPP_MIN_LOG_LEVEL="0"))
+                  env=_env(TF_CPP_MIN_LOG_LEVEL="0"), fresh=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "oneDNN" in result.stderr  # TensorFlow's own start-up note

@@ -11,13 +11,13 @@ mesh of two logical CPUs.
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
 from tests.training import local_cluster
 from thattn.mtf import cluster as mtf_cluster
 
@@ -51,7 +51,7 @@ def data_flags(tiny_bert_flags):
 def one_process(tmp_path_factory, data_flags):
   """The one-process run on model:2 (two logical CPUs): the reference."""
   model_dir = tmp_path_factory.mktemp("one_process") / "run"
-  result = subprocess.run(_command(model_dir, data_flags),
+  result = forkserver.run(_command(model_dir, data_flags),
                           env=_env(model_dir.parent), capture_output=True,
                           text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -78,42 +78,12 @@ def _variables(model_dir):
           for name in reader.get_variable_to_shape_map()}
 
 
-def test_two_processes_equal_one_process_on_the_same_mesh(
-    tmp_path, data_flags, one_process):
-  model_dir = tmp_path / "run"
-  (chief, worker) = _cluster_run(model_dir, data_flags, tmp_path)
-  for code, stdout, stderr in (chief, worker):
-    assert code == 0, stdout[-2000:] + stderr[-3000:]
-  assert "worker 0 of the TF_CONFIG cluster" in chief[1]
-  assert "1 of the mesh's 2 devices" in worker[1]
-  assert "worker 1 served the chief's run" in worker[1]
-  # Heads and d_ff on `model`: most variables are split over the processes.
-  plan = [line for line in chief[1].splitlines() if "mesh model:2, " in line]
-  assert plan and int(plan[0].split("mesh model:2, ")[1].split()[0]) >= 20
-
-  reference = local_cluster.train_losses(one_process)
-  losses = local_cluster.train_losses(model_dir)
-  assert sorted(losses) == list(range(1, _STEPS + 1))
-  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
-                             [reference[s] for s in sorted(losses)],
-                             rtol=1e-6)
-  assert losses[_STEPS] < losses[1] - 0.5  # it trained
-  # The model's outputs before and after: the held-out loss.
-  mine, theirs = (local_cluster.summary(model_dir),
-                  local_cluster.summary(one_process))
-  for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after"):
-    np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-6)
-  # The checkpoint, written by the chief alone: the same variables.
-  trained, expected = _variables(model_dir), _variables(one_process)
-  assert sorted(trained) == sorted(expected)
-  for name, value in expected.items():
-    np.testing.assert_allclose(trained[name], value, rtol=1e-5, atol=1e-6,
-                               err_msg=name)
-  assert os.listdir(tmp_path / "tmp") == []
-
-
 def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
     tmp_path, data_flags, one_process):
+  """Two processes on one model:2 mesh, worker 1 SIGKILLed after step 3,
+  then both restarted: each step runs once, and the two runs together equal
+  the one-process run on the same mesh, step for step and weight for
+  weight."""
   model_dir = tmp_path / "run"
   configs = local_cluster.tf_configs(2)
   with local_cluster.LocalCluster(_command(model_dir, data_flags), 2,
@@ -131,10 +101,17 @@ def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
   assert "the cluster lost a task (worker 1 at localhost:" in stderr, (
       stderr[-3000:])
   killed_steps = _steps("".join(seen) + rest)
+  left_by_the_killed_worker = set(os.listdir(tmp_path / "tmp"))
 
   (chief, worker) = _cluster_run(model_dir, data_flags, tmp_path, configs)
   for code, stdout, stderr in (chief, worker):
     assert code == 0, stdout[-2000:] + stderr[-3000:]
+  assert "worker 0 of the TF_CONFIG cluster" in chief[1]
+  assert "1 of the mesh's 2 devices" in worker[1]
+  assert "worker 1 served the chief's run" in worker[1]
+  # Heads and d_ff on `model`: most variables are split over the processes.
+  plan = [line for line in chief[1].splitlines() if "mesh model:2, " in line]
+  assert plan and int(plan[0].split("mesh model:2, ")[1].split()[0]) >= 20
   resumed = int(chief[1].split("Resumed from ")[1].split(" at step ")[1]
                 .split(".")[0])
   assert resumed >= 3
@@ -143,13 +120,29 @@ def test_a_killed_worker_then_a_restart_loses_and_repeats_nothing(
   assert killed_steps == list(range(1, len(killed_steps) + 1))
   assert len(killed_steps) <= resumed
   assert _steps(chief[1]) == list(range(resumed + 1, _STEPS + 1))
-  assert (local_cluster.train_losses(model_dir)[_STEPS] ==
-          pytest.approx(local_cluster.train_losses(one_process)[_STEPS],
-                        rel=1e-6))
-  np.testing.assert_allclose(
-      local_cluster.summary(model_dir)["held_out_ln_ppl_after"],
-      local_cluster.summary(one_process)["held_out_ln_ppl_after"],
-      rtol=1e-6)
+
+  # The two runs' steps together: the one-process run's.
+  reference = local_cluster.train_losses(one_process)
+  losses = local_cluster.train_losses(model_dir)
+  assert sorted(losses) == list(range(1, _STEPS + 1))
+  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                             [reference[s] for s in sorted(losses)],
+                             rtol=1e-6)
+  assert losses[_STEPS] < losses[1] - 0.5  # it trained
+  # The model's outputs before (kept in the checkpoints) and after: the
+  # held-out loss.
+  mine, theirs = (local_cluster.summary(model_dir),
+                  local_cluster.summary(one_process))
+  for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after"):
+    np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-6)
+  # The checkpoint, written by the chief alone: the same variables.
+  trained, expected = _variables(model_dir), _variables(one_process)
+  assert sorted(trained) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_allclose(trained[name], value, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  # Temporary files of the finished run: gone.
+  assert set(os.listdir(tmp_path / "tmp")) <= left_by_the_killed_worker
 
 
 def test_a_worker_whose_chief_dies_stops_naming_it(tmp_path, data_flags):
@@ -173,7 +166,7 @@ def test_a_worker_without_its_chief_fails_in_bounded_time(tmp_path,
                                                           data_flags):
   config = local_cluster.tf_configs(2)[1]  # worker 0, the chief, never comes
   chief_address = json.loads(config)["cluster"]["worker"][0]
-  result = subprocess.run(
+  result = forkserver.run(
       _command(tmp_path / "run", data_flags, "--cluster_timeout=3"),
       env=dict(_env(tmp_path), TF_CONFIG=config), capture_output=True,
       text=True, timeout=120, check=False)
