@@ -16,30 +16,38 @@ import sys
 # start-up note differs (tests/bin/newcomer_test.py). Pin it on, before
 # TensorFlow is imported, so every machine measures the same way.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# Two pytest workers share the 2 cores, and each one's ops (and its
+# children's) are tiny: one thread inside an op is faster than a pool
+# fighting the other worker for the cores (measured: tests/models' files,
+# two at once, 10% less time). Inter-op threads stay, which DTensor's and
+# the clusters' collectives need. OMP_NUM_THREADS does the same for
+# PyTorch's and OpenBLAS's ops.
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn.data import corpus
 from thattn.data import tokenizers
 
-# The files that take longest (over 90 s of one worker each in a timed run
-# of the whole suite at 566ed89, longest first). `.ci/run` hands whole files
-# to two pytest-xdist workers in this order (--no-loadscope-reorder: xdist
-# would otherwise start with the files of most tests, leaving these few-test
-# long files for last, one worker busy and the other idle).
+# The files that take longest (over 35 s of one worker each in a timed run
+# of the whole suite at 2026-11-27's session, longest first). `.ci/run`
+# hands whole files to two pytest-xdist workers in this order
+# (--no-loadscope-reorder: xdist would otherwise start with the files of
+# most tests, leaving these few-test long files for last, one worker busy
+# and the other idle).
 LONGEST_FILES = (
-    "tests/training/keras3_backend_test.py", "tests/keras3/backends_test.py",
-    "tests/readme_test.py", "tests/mtf/train_backend_test.py",
-    "tests/docs_test.py", "tests/training/model_dir_test.py",
+    "tests/keras3/backends_test.py", "tests/training/keras3_backend_test.py",
+    "tests/mtf/train_backend_test.py", "tests/training/dtensor_train_test.py",
+    "tests/training/multi_worker_test.py", "tests/readme_test.py",
     "tests/mtf/processes_test.py",
     "tests/training/multi_client_dtensor_test.py",
-    "tests/training/dtensor_train_test.py",
-    "tests/training/multi_worker_test.py", "tests/keras3/pallas_test.py",
-    "tests/training/full_disk_test.py", "tests/benchmarks_smoke_test.py",
-    "tests/models/t5_test.py", "tests/kernels/build_test.py",
-    "tests/sharding/dtensor_test.py", "tests/models/generation_test.py",
-    "tests/keras3/interop_test.py", "tests/keras3/models_test.py",
-    "tests/export_test.py")
+    "tests/training/model_dir_test.py", "tests/docs_test.py",
+    "tests/models/generation_test.py", "tests/benchmarks_smoke_test.py",
+    "tests/export_test.py", "tests/keras3/pallas_test.py",
+    "tests/training/trainer_test.py", "tests/sharding/dtensor_test.py",
+    "tests/layers/fused_kernel_test.py", "tests/kernels/build_test.py",
+    "tests/keras3/models_test.py", "tests/models/parameter_count_test.py")
 
 
 def pytest_collection_modifyitems(items):

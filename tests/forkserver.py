@@ -63,9 +63,11 @@ CompletedProcess = subprocess.CompletedProcess
 
 # Environment variables read when the preloaded modules are imported:
 # Keras 3's framework, TensorFlow's C++ log level (cached at its first log
-# line) and oneDNN (chosen at import).
+# line), oneDNN (chosen at import) and OpenBLAS's threads (started when
+# NumPy loads it).
 _IMPORT_TIME_VARIABLES = ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL",
-                          "TF_ENABLE_ONEDNN_OPTS")
+                          "TF_ENABLE_ONEDNN_OPTS", "OMP_NUM_THREADS",
+                          "OPENBLAS_NUM_THREADS")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STATUS_SIZE = forkserver_main.STATUS.size
 
