@@ -332,7 +332,7 @@ class Popen:
   def communicate(self, input=None, timeout=None):  # pylint: disable=redefined-builtin
     """Reads stdout and stderr to their ends (in threads, so neither pipe
     fills and blocks the child), then waits."""
-    if self.stdin is not None:
+    if self.stdin is not None and not self.stdin.closed:
       if input:
         self.stdin.write(input)
       self.stdin.close()
@@ -340,7 +340,7 @@ class Popen:
     readers = []
     for name in ("stdout", "stderr"):
       stream = getattr(self, name)
-      if stream is not None:
+      if stream is not None and not stream.closed:  # read by an earlier call
         reader = threading.Thread(target=lambda n=name, s=stream: (
             results.__setitem__(n, s.read())), daemon=True)
         reader.start()

@@ -68,7 +68,9 @@ def test_a_child_is_a_process_of_its_own_that_signals_reach(tmp_path):
   assert child.poll() is None
   child.send_signal(signal.SIGKILL)
   assert child.wait(timeout=30) == -signal.SIGKILL
-  child.stdout.close()
+  assert child.communicate() == ("", None)
+  # Again, as a fixture's teardown may after the test's own call.
+  assert child.communicate() == (None, None)
   # Atexit functions run and output is flushed at a normal exit.
   result = forkserver.run(
       [sys.executable, "-c",

@@ -213,7 +213,7 @@ def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
     result = _run("train", "--task=toy_t5_copy", f"--model_dir={model_dir}",
                   f"--backend={backend}", "--train_steps=8", "--batch_size=4",
                   "--warmup_steps=1", "--learning_rate=0.03", "--eval_steps=2",
-                  "--eval_every=4", "--log_every=4", "--deterministic",
+                  "--eval_every=4", "--log_every=1", "--deterministic",
                   "--noexport")
     assert result.returncode == 0, result.stderr[-3000:]
     with open(model_dir / "summary.json") as f:
@@ -222,15 +222,23 @@ def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
   (keras_losses, keras, keras_out), (mtf_losses, mtf, mtf_out) = (
       runs["keras"], runs["mtf"])
   assert "Mesh TensorFlow aligned Unitransformer" in mtf_out
-  assert sorted(mtf_losses) == sorted(keras_losses) == [4, 8]
+  assert sorted(mtf_losses) == sorted(keras_losses) == list(range(1, 9))
+  # Step 1: the same weights on the same batch. Later steps carry the two
+  # implementations' rounding through Adafactor, which scales each update
+  # by its own gradient's RMS, so rounding-level gradients take full-size
+  # steps (measured: 8.3e-4 in one clean-clone run, under 1e-4 in
+  # others); a wrong conversion or batch moves the loss by far more.
+  np.testing.assert_allclose(mtf_losses[1], keras_losses[1], rtol=1e-5)
   for step, loss in keras_losses.items():
-    np.testing.assert_allclose(mtf_losses[step], loss, rtol=1e-4)
+    np.testing.assert_allclose(mtf_losses[step], loss, rtol=3e-3,
+                               err_msg=f"step {step}")
   assert keras_losses[8] < keras_losses[4]
   assert set(keras) == set(mtf) and mtf["backend"] == "mtf"
   # The task's metric, on mtf's trained weights converted back.
   assert abs(mtf["held_out_accuracy"] - keras["held_out_accuracy"]) < 0.05
   assert _line_formats(keras_out) == _line_formats(mtf_out)
-  assert len(_line_formats(mtf_out)) == 5  # before, 4, eval at 4, 8, after
+  # Before, 8 steps, the evaluation at step 4, after.
+  assert len(_line_formats(mtf_out)) == 11
 
 
 def test_unknown_and_duplicate_task_names_are_refused():
