@@ -16,12 +16,13 @@ import sys
 # start-up note differs (tests/bin/newcomer_test.py). Pin it on, before
 # TensorFlow is imported, so every machine measures the same way.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-# TensorFlow's thread pools keep their defaults: with one intra-op thread
-# (10% faster on tests/models' files) Mesh TensorFlow's training was not
-# reproducible run to run (tests/mtf/train_backend_test.py: a killed and
-# resumed run ended 1.4e-6 away from the straight one, and the Keras and
-# mtf backends 0.03 apart after 8 Adafactor steps, in one of two
-# clean-clone runs).
+# TensorFlow's thread pools keep their defaults. One intra-op thread per
+# process (10% faster on tests/models' files) was tried: in one of two
+# clean-clone runs with it, Mesh TensorFlow's training was not
+# reproducible (tests/mtf/train_backend_test.py: a killed and resumed run
+# ended 1.4e-6 away from the straight one, the Keras and mtf backends 0.03
+# apart after 8 Adafactor steps), which it has always been with the
+# defaults. Not diagnosed further.
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -29,7 +30,7 @@ from thattn.data import corpus
 from thattn.data import tokenizers
 
 # The files that take longest (over 35 s of one worker each in a timed run
-# of the whole suite at 2026-11-27's session, longest first). `.ci/run`
+# of the whole suite at 5b69133, longest first). `.ci/run`
 # hands whole files to two pytest-xdist workers in this order
 # (--no-loadscope-reorder: xdist would otherwise start with the files of
 # most tests, leaving these few-test long files for last, one worker busy
