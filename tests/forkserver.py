@@ -124,15 +124,7 @@ def _server_key(program, env, preload):
   module = what[0] if kind == "entry" else what if kind == "module" else ""
   if module.startswith("thattn.bin."):
     from thattn.bin import cli  # pylint: disable=g-import-not-at-top
-    saved = dict(os.environ)
-    try:
-      os.environ.clear()
-      os.environ.update(env)
-      cli.choose_keras3_framework(argv)
-      env = dict(os.environ)
-    finally:
-      os.environ.clear()
-      os.environ.update(saved)
+    cli.choose_keras3_framework(argv, environ=env)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   return (preload,) + tuple((name, env.get(name))
                             for name in _IMPORT_TIME_VARIABLES)

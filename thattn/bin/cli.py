@@ -38,23 +38,26 @@ _QUIET_LEVEL = "3"
 KERAS3_FRAMEWORKS = ("jax", "tensorflow")
 
 
-def choose_keras3_framework(argv):
+def choose_keras3_framework(argv, environ=None):
   """Sets KERAS_BACKEND for a `--backend=keras3` command line: JAX where
   it is installed, else TensorFlow; a KERAS_BACKEND the user set wins.
 
   Called before TensorFlow is imported: importing TensorFlow loads Keras
   3's backend module, which fixes the framework for the process.
+  `environ`: the environment to read and set (default: os.environ; the
+  tests' fork server asks what a command's process would choose).
   Returns the framework chosen, or None (another backend, or the user's).
   """
+  environ = os.environ if environ is None else environ
   args = list(argv[1:])
   keras3 = "--backend=keras3" in args or any(
       first == "--backend" and second == "keras3"
       for first, second in zip(args, args[1:]))
-  if not keras3 or "KERAS_BACKEND" in os.environ:
+  if not keras3 or "KERAS_BACKEND" in environ:
     return None
   framework = next(name for name in KERAS3_FRAMEWORKS
                    if name == "tensorflow" or importlib.util.find_spec(name))
-  os.environ["KERAS_BACKEND"] = framework
+  environ["KERAS_BACKEND"] = framework
   return framework
 
 
