@@ -138,6 +138,117 @@ def test_the_keras3_export_serves_text_as_the_keras_one(runs):
                              rtol=0, atol=1e-3 * scale)
 
 
+# Keras 3.15.1 has no test of a mixed-precision run's losses against
+# float32's; the closest is keras/src/metrics/metric_test.py
+# (test_dtype_arg): a mean under DTypePolicy("mixed_float16") against its
+# float NumPy value, atol=1e-3. A step's loss is such a mean (over the
+# masked positions), so its tolerance (measured here: at most 1.6e-4).
+MIXED_PRECISION_ATOL = 1e-3
+
+
+def test_keras3_in_bfloat16_tracks_the_float32_run(runs, tiny_bert_flags,
+                                                   tmp_path):
+  """--mixed_precision=bfloat16: the same seed's run, computing in bfloat16
+  on float32 weights, takes the float32 run's steps within Keras 3's
+  mixed-precision tolerance, but not bit for bit."""
+  stdout = _train(tmp_path / "bf16", tiny_bert_flags, "--backend=keras3",
+                  "--mixed_precision=bfloat16")
+  # The run's own description, read from the Keras 3 model it trains.
+  assert ("Keras 3 on jax, mixed_bfloat16 (bfloat16 compute, float32 "
+          "weights)") in stdout, stdout
+  want = local_cluster.train_losses(str(runs["keras3"][0]))
+  got = local_cluster.train_losses(str(tmp_path / "bf16"))
+  assert sorted(got) == sorted(want) == list(range(1, _STEPS + 1))
+  for step, loss in want.items():
+    np.testing.assert_allclose(got[step], loss, rtol=0,
+                               atol=MIXED_PRECISION_ATOL,
+                               err_msg=f"step {step}")
+  assert [got[step] for step in want] != list(want.values())
+  after = "held_out_ln_ppl_after"
+  np.testing.assert_allclose(local_cluster.summary(str(tmp_path / "bf16"))[
+      after], local_cluster.summary(str(runs["keras3"][0]))[after], rtol=0,
+                             atol=MIXED_PRECISION_ATOL)
+  # Weights and optimizer state are kept (and saved) in float32.
+  reader = tf.train.load_checkpoint(str(tmp_path / "bf16" / "checkpoints" /
+                                        f"ckpt-{_STEPS}"))
+  dtypes = reader.get_variable_to_dtype_map()
+  assert {dtype for dtype in dtypes.values() if dtype.is_floating} == {
+      tf.float32}
+  assert any(name.startswith("keras3_state/") and dtype == tf.float32
+             for name, dtype in dtypes.items())
+
+
+def _tiny_task_loss(mixed_precision):
+  """A tiny BERT's TaskLoss and Steps (thattn.keras3, on this process's
+  Keras 3 framework), made as the backend makes them for
+  `mixed_precision`, and a batch."""
+  from thattn import models  # pylint: disable=g-import-not-at-top
+  from thattn.training import keras3_backend  # pylint: disable=g-import-not-at-top
+  from thattn.training import keras3_steps  # pylint: disable=g-import-not-at-top
+  from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top
+  options = options_lib.TrainOptions(backend="keras3", warmup_steps=1,
+                                     mixed_precision=mixed_precision)
+  config = models.model_config("bert_tiny", vocab_size=64, d_model=16,
+                               d_ff=32, num_layers=1, dropout_rate=0.0)
+  with keras3_steps.dtype_policy(mixed_precision):
+    layer = keras3_steps.TaskLoss("mlm", config)
+    for weight in layer.backbone.get_layer("pooler").weights:
+      weight.trainable = False  # as the backend leaves it: MLM never reads it
+    steps = keras3_steps.Steps(layer, keras3_backend.make_optimizer(options))
+  rng = np.random.default_rng(0)
+  batch = {"input_word_ids": rng.integers(0, 64, (2, 8)),
+           "input_mask": np.ones((2, 8)), "input_type_ids": np.zeros((2, 8)),
+           "masked_lm_positions": rng.integers(0, 8, (2, 3)),
+           "masked_lm_ids": rng.integers(0, 64, (2, 3)),
+           "masked_lm_weights": np.ones((2, 3))}
+  return layer, steps, batch
+
+
+@pytest.mark.parametrize("mixed_precision", ["bfloat16", "float16"])
+def test_mixed_precision_computes_in_half_on_float32_weights(
+    mixed_precision):
+  import keras  # pylint: disable=g-import-not-at-top
+  before = keras.config.dtype_policy().name
+  layer, _, _ = _tiny_task_loss(mixed_precision)
+  model = layer.backbone
+  assert model.dtype_policy.name == f"mixed_{mixed_precision}"
+  assert model.get_layer("block_0").attention.compute_dtype == mixed_precision
+  assert layer.head.compute_dtype == mixed_precision
+  assert {output.dtype for output in model.outputs} == {mixed_precision}
+  assert {v.dtype for v in layer.trainable_variables} == {"float32"}
+  assert layer.dtype_policy.name == "float32"  # the loss itself
+  assert keras.config.dtype_policy().name == before == "float32"
+
+
+def test_a_float16_step_whose_gradients_overflow_is_skipped_and_counted():
+  """Keras 3's LossScaleOptimizer skips such a step but leaves its step
+  count behind; the run counts it, as tf_keras's does, so the step stays
+  the data's and the schedule's."""
+  import keras  # pylint: disable=g-import-not-at-top
+  layer, steps, batch = _tiny_task_loss("float16")
+  optimizer = steps.optimizer
+  assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+  numpy = lambda: [keras.ops.convert_to_numpy(v.value)
+                   for v in layer.trainable_variables]
+  initial = numpy()
+  optimizer.dynamic_scale.assign(float("inf"))  # every gradient overflows
+  steps.reload()
+  losses = [steps.train_step(batch) for _ in range(2)]
+  steps.sync()
+  assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 2
+  for got, want in zip(numpy(), initial):
+    np.testing.assert_array_equal(got, want)
+  optimizer.dynamic_scale.assign(2.0**15)  # tf_keras's initial scale
+  steps.reload()
+  losses.append(steps.train_step(batch))
+  steps.sync()
+  assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 3
+  assert float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)) == 2.0**15
+  assert any(not np.array_equal(got, want)
+             for got, want in zip(numpy(), initial))
+  assert np.isfinite(losses).all() and losses[0] == losses[1] == losses[2]
+
+
 def _kill_after_step_6_and_rerun(model_dir, flags, *extra):
   """Trains into model_dir, SIGKILLed after step 6 (checkpoint 4 saved);
   reruns the same command; returns the rerun's stdout."""
@@ -297,7 +408,6 @@ def test_a_keras3_t5_run_converts_to_mesh_tensorflow(t5_runs, tmp_path):
 @pytest.mark.parametrize("options, message", [
     (dict(strategy="mirrored"),
      "--strategy=mirrored does not apply with --backend=keras3"),
-    (dict(mixed_precision="bfloat16"), "it trains in float32"),
     (dict(tpu="grpc://tpu"), "--tpu=grpc://tpu does not apply"),
     (dict(layout_rules="key_heads:model"),
      "needs --mesh_shape with --backend=keras3"),

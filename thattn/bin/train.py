@@ -140,7 +140,10 @@ flags.DEFINE_enum("backend", options_lib.KERAS, list(options_lib.BACKENDS),
                   "model_dir that thattn-convert takes to Keras "
                   "(thattn.mtf.training).")
 flags.DEFINE_enum("mixed_precision", "off", list(options_lib.MIXED_PRECISION),
-                  "Compute dtype (variables stay float32).")
+                  "Compute dtype (variables stay float32); float16 adds "
+                  "dynamic loss scaling. --backend=keras and keras3 (Keras "
+                  "3's mixed_<dtype> dtype policy); --backend=mtf trains in "
+                  "float32.")
 flags.DEFINE_integer("seed", 0, "Seed of initialization and data.")
 flags.DEFINE_bool("deterministic", False, "Deterministic ops, so that a "
                   "killed and rerun training matches an uninterrupted one.")

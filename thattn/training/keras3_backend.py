@@ -20,6 +20,12 @@ What it shares with the Keras backend, so that the two agree step for step:
   Adafactor and inverse-square-root schedule in keras.ops; or Keras's Adam),
   and the loss (`keras3_steps.TaskLoss`).
 
+Mixed precision (`--mixed_precision`): the Keras 3 model is made under
+Keras 3's dtype policy `mixed_<dtype>` (`keras3_steps.dtype_policy`),
+float32 weights and a bfloat16 or float16 computation, as run.py makes
+the twin under tf_keras's; float16 adds Keras 3's `LossScaleOptimizer`
+(`make_optimizer`; `keras3_steps` says how a step uses it).
+
 Checkpoints. A save writes the Keras 3 weights back into the tf_keras twin
 and saves with `tf.train.CheckpointManager` in `model_dir/checkpoints`, as
 the Keras backend does: `backbone` and `head` as tf_keras objects, so
@@ -55,12 +61,17 @@ FRAMEWORKS = ("jax", "tensorflow", "torch")
 
 def make_optimizer(options):
   """The Keras 3 optimizer of `options`, as `optimizer_lib.make_optimizer`
-  makes the tf_keras one."""
+  makes the tf_keras one (float16: in Keras 3's `LossScaleOptimizer`, the
+  dynamic loss scale that tf_keras's starts from too, 2**15)."""
   schedule = keras3_optimizers.InverseSqrtSchedule(
       **optimizer_lib.schedule_arguments(options))
   if options.optimizer == "adafactor":
-    return keras3_optimizers.Adafactor(schedule)
-  return keras.optimizers.Adam(schedule)
+    optimizer = keras3_optimizers.Adafactor(schedule)
+  else:
+    optimizer = keras.optimizers.Adam(schedule)
+  if options.mixed_precision == "float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
 
 
 def _state_key(kind, index, variable):
@@ -114,7 +125,8 @@ class Keras3Backend(backend_lib.Backend):
     # Keras backend's.
     keras.utils.set_random_seed(self.options.seed)
     task.build()
-    with self._layout():
+    with keras3_steps.dtype_policy(self.options.mixed_precision), (
+        self._layout()):
       self.loss_layer = self._task_loss()
       self._pair_with_twin()
       self.steps = keras3_steps.Steps(
@@ -249,7 +261,19 @@ class Keras3Backend(backend_lib.Backend):
         self.task, self.options,
         [tuple(v.shape) for v in self.loss_layer.trainable_variables],
         self.mesh.describe() if self.mesh else _devices(),
-        engine=f"Keras 3 on {self.framework}")
+        engine=f"Keras 3 on {self.framework}{_precision(self.loss_layer)}")
+
+
+def _precision(loss_layer):
+  """For the log: ", <policy> (<compute> compute, <dtype> weights)" when
+  the model is not in float32 (read from the model itself)."""
+  model = loss_layer.backbone
+  if model.dtype_policy.name == "float32":
+    return ""
+  weights = sorted({keras.backend.standardize_dtype(v.dtype)
+                    for v in loss_layer.trainable_variables})
+  return (f", {model.dtype_policy.name} ({model.compute_dtype} compute, "
+          f"{'/'.join(weights)} weights)")
 
 
 def _devices():

@@ -22,7 +22,18 @@ the optimizer's update) and one eval step (total, count) on NumPy batches:
 - TensorFlow: a `tf.function` with a gradient tape; PyTorch: eager autograd
   (Keras 3's own trainers do the same per backend). Their variables are
   always current.
+
+Mixed precision: the model and head compute in the dtype policy they are
+made under (`dtype_policy`), the loss in float32. Each step
+differentiates `optimizer.scale_loss(loss)`, as Keras 3's trainers do: the
+loss itself, but under a `keras.optimizers.LossScaleOptimizer` (float16)
+the loss times its dynamic scale; that optimizer unscales the gradients
+and skips a step whose gradients are not finite. A skipped step still
+counts in `optimizer.iterations` (the run's step and the schedule's), as
+in tf_keras's LossScaleOptimizer, where Keras 3's leaves it behind.
 """
+
+import contextlib
 
 import keras
 from keras import ops
@@ -35,6 +46,27 @@ from thattn.models import config as config_lib
 TASKS = ("mlm", "span_corruption")
 _BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 _MASKED = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+
+
+@contextlib.contextmanager
+def dtype_policy(mixed_precision):
+  """The scope a run's `TaskLoss` is made in: for `--mixed_precision=<dtype>`
+  ("bfloat16" or "float16"; "off": float32) Keras 3's global dtype policy
+  `mixed_<dtype>`, float32 variables and a bfloat16 or float16
+  computation; the previous global policy is restored after.
+
+  A Keras 3 layer reads the global policy once, when it is made (its
+  `dtype_policy`), so the model keeps it for the whole run and nothing
+  else in the process sees it. (run.py sets tf_keras's policy, for the
+  tf_keras twin, around the run the same way.)
+  """
+  previous = keras.config.dtype_policy()
+  if mixed_precision != "off":
+    keras.config.set_dtype_policy(f"mixed_{mixed_precision}")
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(previous)
 
 
 def masked_cross_entropy(targets, logits, weights):
@@ -56,6 +88,10 @@ class TaskLoss(keras.layers.Layer):
   """
 
   def __init__(self, task_name, config, pad_id=0, **kwargs):
+    # float32 whatever the global dtype policy: the loss is computed in
+    # float32 (as Keras keeps a model's last layer), its model and head in
+    # the policy they are made under (see the module).
+    kwargs.setdefault("dtype", "float32")
     super().__init__(name="task_loss", **kwargs)
     if task_name not in TASKS:
       raise ValueError(f"--backend=keras3 trains the tasks {', '.join(TASKS)}"
@@ -117,6 +153,12 @@ class Steps:
     self.batch_layout = batch_layout
     self.backend = keras.backend.backend()
     optimizer.build(task_loss.trainable_variables)
+    # Where the step count is in optimizer.variables, if a step can be
+    # skipped (see the module); else None.
+    self._iterations_index = None
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+      self._iterations_index = [id(v) for v in optimizer.variables].index(
+          id(optimizer.iterations))
     if self.backend == "jax":
       self._init_jax()
     elif self.backend == "tensorflow":
@@ -150,12 +192,20 @@ class Steps:
       def loss_of(values):
         (total, count), updated = loss_layer.stateless_call(
             values, non_trainable, batch, training=True)
-        return mean_loss(total, count), updated
+        loss = mean_loss(total, count)
+        with keras.StatelessScope(state_mapping=list(zip(
+            optimizer.variables, optimizer_values))):  # the current scale
+          return optimizer.scale_loss(loss), (loss, updated)
 
-      (loss, non_trainable), grads = jax.value_and_grad(
+      (_, (loss, non_trainable)), grads = jax.value_and_grad(
           loss_of, has_aux=True)(trainable)
+      counted = list(optimizer_values)
       trainable, optimizer_values = optimizer.stateless_apply(
           optimizer_values, grads, trainable)
+      if self._iterations_index is not None:  # a skipped step counts too
+        optimizer_values = list(optimizer_values)
+        optimizer_values[self._iterations_index] = (
+            counted[self._iterations_index] + 1)
       state = (trainable, non_trainable, optimizer_values)
       if shardings is not None:  # outputs laid out as the inputs: one compile
         state = jax.tree.map(jax.lax.with_sharding_constraint, state,
@@ -206,12 +256,18 @@ class Steps:
     def train(batch):
       with tf.GradientTape() as tape:
         loss = mean_loss(*layer(batch, training=True))
+        scaled = optimizer.scale_loss(loss)
       variables = layer.trainable_variables
       # Embedding lookups give IndexedSlices; Adafactor's second moments
       # need the dense gradient (tf_keras's Adafactor densifies them too).
       gradients = [tf.convert_to_tensor(gradient)
-                   for gradient in tape.gradient(loss, variables)]
-      optimizer.apply(gradients, variables)
+                   for gradient in tape.gradient(scaled, variables)]
+      if self._iterations_index is None:
+        optimizer.apply(gradients, variables)
+      else:  # a skipped step counts too
+        step = tf.identity(optimizer.iterations.value)
+        optimizer.apply(gradients, variables)
+        optimizer.iterations.assign(step + 1)
       return loss
 
     train = tf.function(train, autograph=False)
@@ -226,8 +282,14 @@ class Steps:
     for variable in variables:
       variable.value.grad = None
     loss = mean_loss(*layer(self.inputs(batch), training=True))
-    loss.backward()
-    self.optimizer.apply([v.value.grad for v in variables], variables)
+    self.optimizer.scale_loss(loss).backward()
+    gradients = [v.value.grad for v in variables]
+    if self._iterations_index is None:
+      self.optimizer.apply(gradients, variables)
+    else:  # a skipped step counts too
+      step = int(ops.convert_to_numpy(self.optimizer.iterations))
+      self.optimizer.apply(gradients, variables)
+      self.optimizer.iterations.assign(step + 1)
     return float(ops.convert_to_numpy(loss))
 
   def _torch_eval(self, batch):

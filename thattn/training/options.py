@@ -93,9 +93,6 @@ class TrainOptions:
     self._refuse_for_backend([
         (f"--strategy={self.strategy}", self.strategy != "default",
          "Keras 3 lays a run out with --mesh_shape (keras.distribution)"),
-        (f"--mixed_precision={self.mixed_precision}",
-         self.mixed_precision != "off",
-         "it trains in float32 (mixed precision is not built for it yet)"),
         (f"--tpu={self.tpu}", bool(self.tpu),
          "it runs on the devices of KERAS_BACKEND's framework")])
 
