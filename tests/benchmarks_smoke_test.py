@@ -100,3 +100,33 @@ def test_pallas_kernel_programs_grow_linearly_in_the_heads(tmp_path):
     # Linear: 2x the operations for 2x the heads (constant parts make it a
     # little less); written-out h_k h + h h_v mixes made it about 3.5x.
     assert size[8, program] < 2.3 * size[4, program], (program, size)
+
+
+def test_model_steps_benchmark_quick_run_writes_its_tables(tmp_path):
+  """benchmarks/model_steps.py is meant for a GPU; here its tiny sizes run
+  on the CPU with XLA's attention (the cuDNN rows say why they are empty),
+  so its plain-JAX and KerasHub anchors and thattn's models stay runnable
+  between GPU sessions."""
+  result = forkserver.run(
+      [sys.executable, str(ROOT / "benchmarks" / "model_steps.py"),
+       "--quick", "--out", str(tmp_path)],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               TF_CPP_MIN_LOG_LEVEL="2",
+               XLA_FLAGS=processes.TEST_XLA_FLAGS))  # its plumbing, not speed
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "results.json").read_text())
+  rows = report["fwd_bwd"]["16"]
+  timed = {name for name, row in rows.items() if row.get("ms", 0) > 0}
+  assert {"JAX reference (XLA)", "thattn MHA", "KerasHub BertBackbone",
+          "thattn TH h=4", "thattn MHA, key lengths unverified"} <= timed, rows
+  assert rows["JAX reference (cuDNN)"] == {"error": "no cuDNN on this device"}
+  assert all(row["warnings"] == 0 for name, row in rows.items()
+             if name.startswith("thattn"))
+  assert rows["thattn MHA"]["calls"]["scatter"] == "f32[128,32]"
+  assert {name for name, row in report["train"]["16"].items()
+          if row.get("ms", 0) > 0} == {"thattn BERT MHA", "thattn T5 TH h=4"}
+  assert set(report["embedding_gradients"]) == {
+      "token types, 2 x d", "T5 buckets, 32 x h, n x n ids",
+      "words, random ids", "words, half padding (id 0)"}
+  assert "| 16 | thattn MHA |" in (tmp_path / "results.md").read_text()

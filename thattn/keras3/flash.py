@@ -27,6 +27,14 @@ Talking heads' core is not a dot-product attention (P_l and P_w mix the
 heads around the softmax), so there `flash_attention` chooses thattn's own
 fused kernels (`thattn.keras3.fused`).
 
+On JAX on an NVIDIA GPU, thattn does not go through keras.ops.
+dot_product_attention, which hands BERT's padding mask to cuDNN in a form
+cuDNN refuses and then logs the failure and falls back: it calls cuDNN
+through JAX itself, with the masks as key lengths and `is_causal`, where
+`thattn.keras3.cudnn.obstacle` finds nothing cuDNN cannot take, and
+otherwise keeps its keras.ops core, chosen before the call (True: a
+ValueError naming the obstacle).
+
 One difference from the keras.ops core: a query row whose keys are all
 masked gets uniform weights on the keras.ops core and on the TensorFlow and
 JAX backends' dot_product_attention, but not always on PyTorch's in
@@ -35,6 +43,8 @@ float16 (measured: finite, not uniform). Such rows carry no information.
 
 import keras
 from keras import ops
+
+from thattn.keras3 import cudnn
 
 SCORES_REFUSED = (
     "Returning attention scores is not supported when flash attention is "
@@ -103,6 +113,9 @@ def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
           f"got key_dim={query.shape[-1]} and value_dim={value.shape[-1]}; "
           "pass flash_attention=None or False.")
     return None
+  if cudnn.available():
+    return _cudnn_core(layer, query, key, value, mask, bias, causal_offset,
+                       flash)
   is_causal = (causal_offset is not None and mask is None and
                isinstance(causal_offset, int) and causal_offset == 0)
   if causal_offset is not None and not is_causal:
@@ -113,3 +126,18 @@ def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
   return ops.dot_product_attention(query, key, value, bias=bias, mask=mask,
                                    scale=1.0, is_causal=is_causal,
                                    flash_attention=flash)
+
+
+def _cudnn_core(layer, query, key, value, mask, bias, causal_offset, flash):
+  """JAX on an NVIDIA GPU: cuDNN's attention with the masks in forms it
+  takes (`thattn.keras3.cudnn`), or None (the keras.ops core) where it
+  cannot take them; `flash=True` then raises, naming why."""
+  reason = cudnn.obstacle(query, key, value, bias, mask, causal_offset,
+                          cudnn.max_head_dim())
+  if reason is None:
+    return cudnn.attention(query, key, value, bias, mask, causal_offset)
+  if flash:
+    raise ValueError(f"{layer.name}: flash_attention=True, but {reason}. "
+                     "Pass flash_attention=None to compute it with "
+                     "keras.ops instead.")
+  return None

@@ -8,7 +8,9 @@ kernel that keeps neither L nor W, where one applies:
 - JAX backend: `thattn.keras3.jax_kernel`, the same computation as XLA FFI
   custom calls on CPU, for dense P_l and P_w, an optional mask, float32 (no
   bias, no dynamic projections, no head groups).
-- JAX on a GPU or TPU, or anywhere with THATTN_PALLAS=interpret:
+- JAX on a GPU or TPU (by default where `thattn.keras3.kernel_choice`'s
+  measurements found it faster than keras.ops, or keras.ops would not
+  fit), or anywhere with THATTN_PALLAS=interpret:
   `thattn.keras3.pallas_kernel`, the Pallas kernel, which goes further and
   computes the whole core O = attend(Q, K, V) tile by tile (FlashAttention's
   memory), for dense P_l and/or P_w, masks, causal masking and a position
@@ -138,8 +140,10 @@ def pallas_context(layer, query_state, memory_state, mask, bias,
 
   `mask` is the layer's non-causal mask ([b or 1, 1, n or 1, m] boolean, or
   None); causal masking is `causal_offset` (None: none). `layer.
-  fused_kernel` decides as for the CPU kernels: None uses the kernel
-  wherever it applies, False never, True always (ValueError naming why not).
+  fused_kernel`: None uses the kernel where it applies and
+  `thattn.keras3.kernel_choice` finds it the faster path (or keras.ops
+  would not fit); under THATTN_PALLAS=interpret wherever it applies; False
+  never; True always (ValueError naming why not).
   """
   mode = pallas_mode()
   if mode is None or layer.fused_kernel is False:
@@ -154,6 +158,12 @@ def pallas_context(layer, query_state, memory_state, mask, bias,
       raise ValueError(f"{layer.name}: {switch}=True, but {reason}. "
                        f"Pass {switch}=None to use keras.ops instead.")
     return None
+  if layer.fused_kernel is None and mode != "interpret":
+    from thattn.keras3 import kernel_choice  # pylint: disable=g-import-not-at-top
+    query, key = query_state["query"], memory_state["key"]
+    if not kernel_choice.use_kernel_by_default(
+        query.shape[0], layer.num_heads, query.shape[1], key.shape[1]):
+      return None  # keras.ops measured faster here, and it fits
   from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
   if mask is not None:
     length = query_state["query"].shape[1]

@@ -6,6 +6,7 @@ from keras import ops
 from thattn import attention_spec
 from thattn import validation
 from thattn.keras3 import attention_math
+from thattn.keras3 import lookups
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -39,17 +40,29 @@ class RelativePositionBias(keras.layers.Layer):
     self.embeddings = self.add_weight(
         name="relative_attention_bias",
         shape=(self.num_buckets, self.num_heads),
-        initializer=self.embeddings_initializer)
+        initializer=self.embeddings_initializer,
+        # float32 under a mixed policy too: the bias is computed in float32
+        # (models.embeddings.TokenEmbedding says why tables are not
+        # autocast).
+        autocast=False)
     self.logical_axes[self.embeddings.path] = attention_spec.RELATIVE_BIAS_AXES
 
   def call(self, query_length, memory_length, query_offset=0):
-    query_positions = ops.arange(query_length, dtype="int32") + query_offset
-    relative = (ops.expand_dims(ops.arange(memory_length, dtype="int32"), 0)
-                - ops.expand_dims(query_positions, 1))
+    # B[0, :, i, j] depends on j - i only, so the bias is a Toeplitz matrix
+    # of the n + m - 1 distances' rows: look those up (by selection, whose
+    # gradient is a reduction) and lay them out by reshapes. A gather of
+    # the n * m buckets would have a scatter-add of n * m rows into
+    # num_buckets as its gradient (thattn.keras3.lookups says why not).
+    span = query_length + memory_length  # n + m - 1 distances, 1 padding
+    # distance[k] = j - (i + query_offset) for k = j - i + n - 1.
+    distance = (ops.arange(span, dtype="int32") - (query_length - 1) -
+                query_offset)
     buckets = attention_math.relative_position_bucket(
-        relative, self.bidirectional, self.num_buckets, self.max_distance)
-    bias = ops.take(ops.cast(self.embeddings, "float32"), buckets, axis=0)
-    return ops.expand_dims(ops.transpose(bias, (2, 0, 1)), 0)  # [1,h,n,m]
+        distance, self.bidirectional, self.num_buckets, self.max_distance)
+    per_distance = ops.transpose(lookups.select_rows(
+        ops.cast(self.embeddings, "float32"), buckets))  # [h, n + m]
+    return ops.expand_dims(
+        toeplitz(per_distance, query_length, memory_length), 0)
 
   def get_config(self):
     config = super().get_config()
@@ -62,3 +75,23 @@ class RelativePositionBias(keras.layers.Layer):
             keras.saving.serialize_keras_object(self.embeddings_initializer),
     })
     return config
+
+
+def toeplitz(rows, query_length, memory_length):
+  """T[h, i, j] = rows[h, j - i + n - 1] for rows [h, n + m], n =
+  query_length, m = memory_length (rows' last entry unused).
+
+  By reshapes and slices only: row i of T starts at rows' n - 1 - i, so in
+  the rows repeated n times and flattened, T's entries lie at n - 1 + i *
+  (n + m - 1) + j, rows of stride n + m - 1 >= m.
+  """
+  heads = rows.shape[0]
+  span = query_length + memory_length
+  stride = span - 1
+  flat = ops.reshape(
+      ops.tile(ops.expand_dims(rows, 1), (1, query_length, 1)),
+      (heads, query_length * span))
+  start = query_length - 1
+  laid_out = ops.reshape(flat[:, start:start + query_length * stride],
+                         (heads, query_length, stride))
+  return laid_out[:, :, :memory_length]

@@ -42,7 +42,10 @@ def _embed(config, word_ids, type_ids):
     x = embeddings.PositionEmbedding(
         config.max_position_embeddings, initializer=_initializer(config),
         name="position_embedding")(x)
-  types = keras.layers.Embedding(
+  # thattn's TokenEmbedding rather than keras.layers.Embedding: it looks
+  # the few token types up by selection, whose gradient has no scatter-add
+  # (thattn.keras3.lookups); the weight's name and shape are the same.
+  types = embeddings.TokenEmbedding(
       config.type_vocab_size, width,
       embeddings_initializer=_initializer(config),
       name="type_embeddings")(type_ids)

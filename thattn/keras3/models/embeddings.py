@@ -13,6 +13,7 @@ from keras import ops
 from thattn import dims
 from thattn import validation
 from thattn.keras3 import initializers
+from thattn.keras3 import lookups
 
 # logits[b, n, t] = einsum(X[b, n, d], E[t, d]): t indexes the vocabulary.
 EMBEDDING_LOGITS = "bnd,td->bnt"
@@ -49,7 +50,16 @@ class TokenEmbedding(keras.layers.Layer):
   def build(self, input_shape=None):
     self.embeddings = self.add_weight(
         name="embeddings", shape=(self.vocab_size, self.width),
-        initializer=initializers.fresh(self.embeddings_initializer))
+        initializer=initializers.fresh(self.embeddings_initializer),
+        # Read in float32 under a mixed policy too. Autocast would gather
+        # from a bfloat16 copy, and the gradient would be a bfloat16
+        # scatter-add into [t, d], which rounds every row it sums and which
+        # GPUs serialize where rows collide (the padding id): about 75 ms
+        # of a BERT-base step on an H200 (benchmarks/RESULTS.md, "Keras 3
+        # models on a GPU"). The variable's own flag, since a layer's
+        # `autocast = False` (keras.layers.Embedding's way) does not hold
+        # when the layer is the first mixed one called (Keras 3.15).
+        autocast=False)
 
   @property
   def logical_axes(self):
@@ -58,7 +68,7 @@ class TokenEmbedding(keras.layers.Layer):
   def call(self, inputs, mode="embed"):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
-      return ops.cast(ops.take(self.embeddings, inputs, axis=0),
+      return ops.cast(lookups.lookup(self.embeddings, inputs),
                       self.compute_dtype)
     # float32 logits, so the softmax and the loss never run in float16.
     scaled = ops.cast(inputs, "float32") * self.logits_scale
