@@ -318,7 +318,6 @@ def train_step(sizes, family, attention, heads, batch, length):
   """One `--backend=keras3` train step of thattn's model (Steps), and its
   batch."""
   from thattn.keras3 import optimizers  # pylint: disable=g-import-not-at-top
-  from thattn.keras3 import models  # pylint: disable=g-import-not-at-top,unused-import
   from thattn.models import presets  # pylint: disable=g-import-not-at-top
   from thattn.training import keras3_steps  # pylint: disable=g-import-not-at-top
   overrides = dict(sizes["model"], attention=attention, dropout_rate=0.0)

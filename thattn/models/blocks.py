@@ -23,6 +23,7 @@ from thattn import tracing
 from thattn import validation
 from thattn.layers import base
 from thattn.layers import initializers
+from thattn.models import wiring
 
 
 def _serialize_initializer(initializer):
@@ -232,7 +233,7 @@ class PostNormBlock(tf_keras.layers.Layer):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PreNormBlock(tf_keras.layers.Layer):
+class PreNormBlock(wiring.PreNormWiring, tf_keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Args:
@@ -279,46 +280,10 @@ class PreNormBlock(tf_keras.layers.Layer):
       _build_sublayer(layer, input_shape)
     super().build(input_shape)
 
-  def initial_cache(self, batch_size, max_length, memory=None):
-    """Empty self-attention cache; the cross-attention memory, projected."""
-    cache = {"self_attention":
-                 self.self_attention.initial_cache(batch_size, max_length)}
-    if self.cross_attention is not None:
-      if memory is None:
-        raise ValueError(f"{self.name}: a decoder block's cache needs the "
-                         "encoder output as `memory`.")
-      cache["cross_attention"] = self.cross_attention.memory_cache(memory)
-    return cache
-
-  @tracing.unconverted
-  def call(self, inputs, memory=None, attention_mask=None, memory_mask=None,
-           position_bias=None, training=None, cache=None, decode_step=None):
-    x = inputs
-    new_cache = {}
-    h = self.self_attention_norm(x)
-    if cache is None:
-      y = self.self_attention(h, h, attention_mask=attention_mask,
-                              use_causal_mask=self.causal,
-                              position_bias=position_bias, training=training)
-    else:
-      y, new_cache["self_attention"] = self.self_attention(
-          h, h, attention_mask=attention_mask, position_bias=position_bias,
-          training=training, cache=cache["self_attention"],
-          decode_step=decode_step)
-    x += self._dropout(y, training=training)
-    if self.cross_attention is not None:
-      h = self.cross_attention_norm(x)
-      if cache is None:
-        y = self.cross_attention(h, memory, attention_mask=memory_mask,
-                                 training=training)
-      else:  # the memory was projected once, into the cache
-        y, new_cache["cross_attention"] = self.cross_attention(
-            h, None, attention_mask=memory_mask, training=training,
-            cache=cache["cross_attention"])
-      x += self._dropout(y, training=training)
-    y = self.feed_forward(self.feed_forward_norm(x), training=training)
-    x += self._dropout(y, training=training)
-    return x if cache is None else (x, new_cache)
+  # The call and the decoding cache are thattn.models.wiring's, written
+  # once for both front ends; AutoGraph must not convert the call (it
+  # branches in Python on whether a cache is given).
+  call = tracing.unconverted(wiring.PreNormWiring.call)
 
   def get_config(self):
     config = super().get_config()

@@ -25,12 +25,11 @@ input N(0, 1/d_model), with 1/sqrt(d_k) folded into P_q; the feed-forward
 output N(0, 1/d_ff). (Mesh TensorFlow starts P_o at N(0, 1/(h d_v)); that is
 the same whenever h d_v = d_model.)
 
-`run_decoder` is the one description of the decoder: the builder calls it on
-Keras symbolic tensors, and `thattn.models.generation` calls it with the
-attention layers' caches, one step at a time.
+`run_decoder` (thattn.models.wiring, shared with the Keras 3 model) is the
+one description of the decoder: the builder calls it on Keras symbolic
+tensors, and `thattn.models.generation` calls it with the attention layers'
+caches, one step at a time.
 """
-
-import collections
 
 import tensorflow as tf
 import tf_keras
@@ -39,14 +38,17 @@ from thattn.layers import relative_position
 from thattn.models import blocks
 from thattn.models import config as config_lib
 from thattn.models import embeddings
+from thattn.models import wiring
 
-PAD_ID = 0
-DECODER_START_ID = 0
-EOS_ID = 1
+PAD_ID = wiring.PAD_ID
+DECODER_START_ID = wiring.DECODER_START_ID
+EOS_ID = wiring.EOS_ID
 
-DecoderLayers = collections.namedtuple(
-    "DecoderLayers", ["embedding", "embedding_dropout", "position_bias",
-                      "blocks", "final_norm", "final_dropout", "lm_head"])
+DecoderLayers = wiring.DecoderLayers
+# The decoder's computation, and finding its layers in a built model, are
+# written once for both front ends (thattn.models.wiring).
+run_decoder = wiring.run_decoder
+decoder_layers = wiring.decoder_layers
 
 
 def _normal(stddev):
@@ -93,7 +95,7 @@ def _lm_head(config, embedding):
 
 
 def _logits(lm_head, x):
-  if isinstance(lm_head, embeddings.TokenEmbedding):
+  if isinstance(lm_head, embeddings.TokenEmbedding):  # tied
     return lm_head(x, mode="logits")
   return lm_head(x)
 
@@ -126,37 +128,6 @@ def _make_decoder_layers(config, embedding):
                                 name="decoder_final_norm"),
       final_dropout=dropout("decoder_output"),
       lm_head=_lm_head(config, embedding))
-
-
-def run_decoder(parts, tokens, memory, memory_mask, training=None,
-                caches=None, decode_step=None, max_length=None):
-  """Decoder tokens [b, n] -> float32 logits [b, n, vocab].
-
-  With `caches` (one per block, from `PreNormBlock.initial_cache`), the
-  tokens are decoding steps `decode_step, decode_step + 1, ...` of at most
-  `max_length`, `memory` is unused (it is in the caches), and the result is
-  `(logits, new_caches)`.
-  """
-  x = parts.embedding(tokens)
-  x = parts.embedding_dropout(x, training=training)
-  if caches is None:
-    bias = parts.position_bias(x)
-  else:
-    bias = parts.position_bias(x, memory_length=max_length,
-                               query_offset=decode_step)
-  new_caches = []
-  for index, block in enumerate(parts.blocks):
-    if caches is None:
-      x = block(x, memory=memory, memory_mask=memory_mask,
-                position_bias=bias, training=training)
-    else:
-      x, cache = block(x, memory_mask=memory_mask, position_bias=bias,
-                       training=training, cache=caches[index],
-                       decode_step=decode_step)
-      new_caches.append(cache)
-  x = parts.final_dropout(parts.final_norm(x), training=training)
-  logits = _logits(parts.lm_head, x)
-  return logits if caches is None else (logits, new_caches)
 
 
 def _run_encoder(config, embedding, tokens):
@@ -212,22 +183,6 @@ def build_t5(config, name=None):
   logits = tf_keras.layers.Activation("linear", dtype="float32",
                                       name="logits")(logits)
   return tf_keras.Model(inputs, logits, name=name or "t5")
-
-
-def decoder_layers(model):
-  """The `DecoderLayers` of a model from `build_t5` (or its reload)."""
-  count = sum(layer.name.startswith("decoder_block_") for layer in model.layers)
-  names = [layer.name for layer in model.layers]
-  lm_head = "lm_head" if "lm_head" in names else "token_embedding"
-  return DecoderLayers(
-      embedding=model.get_layer("token_embedding"),
-      embedding_dropout=model.get_layer("decoder_embedding_dropout"),
-      position_bias=model.get_layer("decoder_position_bias"),
-      blocks=[model.get_layer(f"decoder_block_{index}")
-              for index in range(count)],
-      final_norm=model.get_layer("decoder_final_norm"),
-      final_dropout=model.get_layer("decoder_output"),
-      lm_head=model.get_layer(lm_head))
 
 
 def encoder_model(model):

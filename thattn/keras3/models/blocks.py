@@ -21,6 +21,7 @@ from keras import ops
 from thattn import dims
 from thattn import validation
 from thattn.keras3 import initializers
+from thattn.models import wiring
 
 ACTIVATIONS = {
     "relu": keras.ops.relu,
@@ -203,12 +204,13 @@ class PostNormBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PreNormBlock(keras.layers.Layer):
+class PreNormBlock(wiring.PreNormWiring, keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Call: block(x, memory=None, attention_mask=None, memory_mask=None,
-  position_bias=None, training=None), as thattn.models.PreNormBlock (without
-  its decoding caches).
+  position_bias=None, training=None, cache=None, decode_step=None), and
+  `initial_cache`, as thattn.models.PreNormBlock (the same code:
+  `thattn.models.wiring.PreNormWiring`).
   """
 
   def __init__(self, self_attention, feed_forward, cross_attention=None,
@@ -239,21 +241,9 @@ class PreNormBlock(keras.layers.Layer):
       if layer is not None and not layer.built:
         layer.build(input_shape)
 
-  def call(self, inputs, memory=None, attention_mask=None, memory_mask=None,
-           position_bias=None, training=None):
-    x = inputs
-    h = self.self_attention_norm(x)
-    y = self.self_attention(h, h, attention_mask=attention_mask,
-                            use_causal_mask=self.causal,
-                            position_bias=position_bias, training=training)
-    x = x + self._dropout(y, training=training)
-    if self.cross_attention is not None:
-      h = self.cross_attention_norm(x)
-      y = self.cross_attention(h, memory, attention_mask=memory_mask,
-                               training=training)
-      x = x + self._dropout(y, training=training)
-    y = self.feed_forward(self.feed_forward_norm(x), training=training)
-    return x + self._dropout(y, training=training)
+  # call(inputs, memory=None, attention_mask=None, memory_mask=None,
+  # position_bias=None, training=None, cache=None, decode_step=None) and
+  # initial_cache are thattn.models.wiring's, shared with thattn.models.
 
   def compute_output_shape(self, input_shape, *args, **kwargs):
     return input_shape

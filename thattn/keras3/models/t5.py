@@ -6,7 +6,8 @@ inputs `encoder_input_tokens` and/or `decoder_input_tokens` (by
 `config.stacks`), int32 [batch, length], token 0 padding the encoder input
 and starting the decoder's; output float32 logits [batch, length, vocab].
 The computation, the dropout placement and the initializers are the ones in
-thattn.models.t5's docstring. (Step-by-step decoding is tf_keras-only.)
+thattn.models.t5's docstring; the decoder is `thattn.models.wiring.
+run_decoder`, shared with it, and `generation.T5Generator` decodes with it.
 """
 
 import keras
@@ -15,8 +16,9 @@ from thattn.keras3 import relative_position
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
 from thattn.models import config as config_lib
+from thattn.models import wiring
 
-PAD_ID = 0
+PAD_ID = wiring.PAD_ID
 
 
 def _normal(stddev):
@@ -50,14 +52,14 @@ def _position_bias(config, attention_name, bidirectional, name):
       name=name)
 
 
-def _logits(config, embedding, x):
+def _lm_head(config, embedding):
   """The tied embedding, or (untied) a float32 Dense `lm_head`."""
   if config.tie_embeddings:
-    return embedding(x, mode="logits")
+    return embedding
   return keras.layers.Dense(
       config.vocab_size, use_bias=False,
       kernel_initializer=_normal(config.d_model ** -0.5), dtype="float32",
-      name="lm_head")(x)
+      name="lm_head")
 
 
 def _dropout(config, name):
@@ -82,26 +84,33 @@ def _run_encoder(config, embedding, tokens):
   return _dropout(config, "encoder_output")(x), mask
 
 
-def _run_decoder(config, embedding, tokens, memory, memory_mask):
+def _make_decoder_layers(config, embedding):
+  """The decoder's layers; without enc-dec attention in a decoder-only
+  model."""
   cross = config.stacks == "encoder_decoder"
-  x = _dropout(config, "decoder_embedding_dropout")(embedding(tokens))
-  bias = _position_bias(config, "decoder_self_attention", False,
-                        "decoder_position_bias")(x)
-  for index in range(config.decoder_layers):
-    block = blocks.PreNormBlock(
-        self_attention=_attention(
-            config, config.layer_attention("decoder_self_attention", index),
-            "self_attention"),
-        cross_attention=_attention(
-            config,
-            config.layer_attention("encoder_decoder_attention", index),
-            "cross_attention") if cross else None,
-        feed_forward=_feed_forward(config), causal=True,
-        dropout_rate=config.dropout_rate,
-        epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
-    x = block(x, memory=memory, memory_mask=memory_mask, position_bias=bias)
-  x = blocks.RMSNorm(config.layer_norm_epsilon, name="decoder_final_norm")(x)
-  return _logits(config, embedding, _dropout(config, "decoder_output")(x))
+  layer_blocks = [
+      blocks.PreNormBlock(
+          self_attention=_attention(
+              config, config.layer_attention("decoder_self_attention", index),
+              "self_attention"),
+          cross_attention=_attention(
+              config,
+              config.layer_attention("encoder_decoder_attention", index),
+              "cross_attention") if cross else None,
+          feed_forward=_feed_forward(config), causal=True,
+          dropout_rate=config.dropout_rate,
+          epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
+      for index in range(config.decoder_layers)]
+  return wiring.DecoderLayers(
+      embedding=embedding,
+      embedding_dropout=_dropout(config, "decoder_embedding_dropout"),
+      position_bias=_position_bias(config, "decoder_self_attention", False,
+                                   "decoder_position_bias"),
+      blocks=layer_blocks,
+      final_norm=blocks.RMSNorm(config.layer_norm_epsilon,
+                                name="decoder_final_norm"),
+      final_dropout=_dropout(config, "decoder_output"),
+      lm_head=_lm_head(config, embedding))
 
 
 def build_t5(config, name=None):
@@ -122,9 +131,12 @@ def build_t5(config, name=None):
     memory, memory_mask = _run_encoder(config, embedding,
                                        inputs["encoder_input_tokens"])
   if config.stacks == "encoder":
-    logits = _logits(config, embedding, memory)
+    lm_head = _lm_head(config, embedding)
+    logits = (embedding(memory, mode="logits") if lm_head is embedding else
+              lm_head(memory))
   else:
-    logits = _run_decoder(config, embedding, inputs["decoder_input_tokens"],
-                          memory, memory_mask)
+    logits = wiring.run_decoder(_make_decoder_layers(config, embedding),
+                                inputs["decoder_input_tokens"], memory,
+                                memory_mask)
   logits = keras.layers.Identity(dtype="float32", name="logits")(logits)
   return keras.Model(inputs, logits, name=name or "t5")

@@ -1,0 +1,136 @@
+"""T5 decoding in Keras 3, with the attention layers' caches, on any backend.
+
+`T5Generator(model, max_length=...)(encoder_input_tokens)` decodes greedily
+from a T5 of `thattn.keras3.models` and returns `{"tokens": int32 [batch,
+max_length], "scores": float32 [batch]}`, as `thattn.models.T5Generator`
+does for tf_keras (method "greedy"): the tokens without the start token,
+padding after the end token, and the sum of their log-probabilities up to
+and including the end token.
+
+The encoder runs once; each decoder block keeps its self-attention cache,
+written one position per step, and its cross-attention memory projected
+once; each step is `thattn.models.wiring.run_decoder`, the code both front
+ends' models are built from. The loop is `keras.ops.fori_loop` over the
+steps, compiled whole per backend:
+
+- JAX: `jax.jit` of a pure function of the model's variable values (under
+  `keras.StatelessScope`), one compile for the whole decode per input
+  shape, not one per step;
+- TensorFlow: eagerly (the loop a `tf.while_loop`; wrap the generator in
+  a `tf.function` to trace it);
+- PyTorch: a Python loop under `torch.no_grad()`.
+
+Sampling and beam search stay tf_keras-only for now (`thattn.models.
+generation`).
+"""
+
+import keras
+from keras import ops
+
+from thattn import validation
+from thattn.keras3.models import embeddings
+from thattn.models import wiring
+
+class T5Generator:
+  """Greedy decoding from a T5 model of `thattn.keras3.models`.
+
+  Args:
+    model: the functional model of `build_t5` / `create_model("t5_...")`,
+      with an encoder and a decoder (`stacks="encoder_decoder"`).
+    max_length: decoding steps, the length of the returned tokens.
+    eos_id: the token that ends a sequence (T5's 1).
+  """
+
+  def __init__(self, model, *, max_length, eos_id=wiring.EOS_ID):
+    validation.positive_int("max_length", max_length)
+    names = [layer.name for layer in model.layers]
+    if "encoder_output" not in names or "decoder_output" not in names:
+      raise ValueError(
+          f"T5Generator needs a T5 with an encoder and a decoder "
+          f"(stacks='encoder_decoder'); {model.name!r} has layers {names}.")
+    self.model = model
+    self.max_length = max_length
+    self.eos_id = eos_id
+    self._decoder = wiring.decoder_layers(model)
+    self._encoder = keras.Model(
+        model.input["encoder_input_tokens"],
+        model.get_layer("encoder_output").output,
+        name=f"{model.name}_encoder")
+    self._compiled = None
+    self.jitted = None  # JAX: the jax.jit of the decode, once compiled
+
+  def __call__(self, encoder_input_tokens):
+    """{"tokens": [batch, max_length], "scores": [batch]}."""
+    tokens = ops.convert_to_tensor(encoder_input_tokens, "int32")
+    if self._compiled is None:
+      self._compiled = self._compile()
+    return self._compiled(tokens)
+
+  def decode(self, encoder_tokens):
+    """The whole decode on tensors (traced once by `__call__`)."""
+    memory = self._encoder(encoder_tokens, training=False)
+    memory_mask = embeddings.padding_mask(encoder_tokens, wiring.PAD_ID)
+    batch = ops.shape(encoder_tokens)[0]
+    caches = [block.initial_cache(batch, self.max_length, memory)
+              for block in self._decoder.blocks]
+    state = (ops.full((batch,), wiring.DECODER_START_ID, "int32"),
+             ops.zeros((batch,), "bool"), ops.zeros((batch,), "float32"),
+             ops.zeros((batch, self.max_length), "int32"), caches)
+
+    def step(index, state):
+      tokens, finished, scores, outputs, caches = state
+      logits, caches = wiring.run_decoder(
+          self._decoder, ops.expand_dims(tokens, 1), None, memory_mask,
+          training=False, caches=caches, decode_step=index,
+          max_length=self.max_length)
+      log_probs = ops.log_softmax(ops.cast(logits[:, 0], "float32"),
+                                  axis=-1)
+      chosen = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+      tokens = ops.where(finished, wiring.PAD_ID, chosen)
+      token_scores = ops.take_along_axis(
+          log_probs, ops.expand_dims(tokens, 1), axis=1)[:, 0]
+      scores = scores + ops.where(finished, 0.0, token_scores)
+      finished = ops.logical_or(finished, ops.equal(tokens, self.eos_id))
+      # Written by a one-hot sum: static shapes, a traced step.
+      outputs = outputs + ops.expand_dims(tokens, 1) * ops.one_hot(
+          index, self.max_length, dtype="int32")
+      return tokens, finished, scores, outputs, caches
+
+    _, _, scores, outputs, _ = ops.fori_loop(0, self.max_length, step, state)
+    return {"tokens": outputs, "scores": scores}
+
+  def _compile(self):
+    backend = keras.backend.backend()
+    if backend == "jax":
+      return self._compile_jax()
+    if backend == "tensorflow":
+      # Eager: keras.ops.fori_loop is a tf.while_loop run step by step.
+      # (A tf.function would need TensorFlow imported here, which the
+      # Keras 3 models never do themselves: tests/architecture_test.py.)
+      return self.decode
+    import torch  # pylint: disable=g-import-not-at-top
+
+    def decode_without_gradients(tokens):
+      with torch.no_grad():
+        return self.decode(tokens)
+    return decode_without_gradients
+
+  def _compile_jax(self):
+    import jax  # pylint: disable=g-import-not-at-top
+    variables = list(self.model.variables)
+
+    def pure(values, tokens):
+      with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+        return self.decode(tokens)
+
+    self.jitted = jax.jit(pure)
+    # The variables' current values on each call: a changed weight needs
+    # no new compile.
+    return lambda tokens: self.jitted([v.value for v in variables], tokens)
+
+
+def generate(model, encoder_input_tokens, *, max_length, **options):
+  """Decodes `encoder_input_tokens` greedily; see `T5Generator` (keep one
+  generator to decode many batches: each one compiles once)."""
+  return T5Generator(model, max_length=max_length, **options)(
+      encoder_input_tokens)
