@@ -23,7 +23,7 @@ from thattn import tracing
 from thattn import validation
 from thattn.layers import base
 from thattn.layers import initializers
-from thattn.models import wiring
+from thattn.models import block_wiring
 
 
 def _serialize_initializer(initializer):
@@ -107,10 +107,10 @@ class RMSNorm(tf_keras.layers.Layer):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class FeedForward(tf_keras.layers.Layer):
-  """Position-wise feed-forward network.
+class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
+  """Position-wise feed-forward network (the computation is
+  `thattn.models.block_wiring.FeedForwardWiring`'s):
 
-  Computation (per position):
       H[f]  = act(X[d] W_i[d, f] (+ b_i))          plain
       H[f]  = act(X[d] W_i[d, f]) * X[d] W_g[d, f]  gated (T5.1.1's gated-GELU)
       Y[d]  = dropout(H[f]) W_o[f, d] (+ b_o)
@@ -119,90 +119,34 @@ class FeedForward(tf_keras.layers.Layer):
   there (its block drops out the output instead).
   """
 
-  def __init__(self, d_ff, activation="relu", gated=False, use_bias=False,
-               dropout_rate=0.0, kernel_initializer="glorot_uniform",
-               output_initializer=None, **kwargs):
-    super().__init__(**kwargs)
-    activation_function(activation)  # fails early on an unknown name
-    self.d_ff = d_ff
-    self.activation = activation
-    self.gated = gated
-    self.use_bias = use_bias
-    self.dropout_rate = dropout_rate
-    self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
-    self.output_initializer = tf_keras.initializers.get(
-        output_initializer or kernel_initializer)
-    self._dropout = tf_keras.layers.Dropout(dropout_rate,
-                                            dtype=self.dtype_policy)
-
-  def _dense(self, units, initializer, name):
-    return tf_keras.layers.Dense(
-        units, use_bias=self.use_bias,
-        kernel_initializer=initializers.fresh(initializer),
-        dtype=self.dtype_policy, name=name)
+  # The front end's glue for thattn.models.block_wiring.FeedForwardWiring.
+  _framework = tf_keras
+  _activation_of = staticmethod(activation_function)
+  _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
-    d_model = input_shape[-1]
-    self.input_dense = self._dense(self.d_ff, self.kernel_initializer,
-                                   "input")
-    self.gate_dense = (self._dense(self.d_ff, self.kernel_initializer, "gate")
-                       if self.gated else None)
-    self.output_dense = self._dense(d_model, self.output_initializer,
-                                    "output")
-    hidden_shape = tf.TensorShape(input_shape)[:-1].concatenate([self.d_ff])
-    for layer, shape in ((self.input_dense, input_shape),
-                         (self.gate_dense, input_shape),
-                         (self.output_dense, hidden_shape)):
-      _build_sublayer(layer, shape)
+    for layer, shape in self.make_dense_layers(input_shape[-1]):
+      if layer is not None:
+        _build_sublayer(layer, shape(tf.TensorShape(input_shape).as_list()))
     super().build(input_shape)
 
-  @property
-  def logical_axes(self):
-    axes = {}
-    for layer, kernel_axes in ((self.input_dense, (dims.D_MODEL, dims.D_FF)),
-                               (self.gate_dense, (dims.D_MODEL, dims.D_FF)),
-                               (self.output_dense, (dims.D_FF, dims.D_MODEL))):
-      if layer is not None:
-        axes[layer.kernel.name] = kernel_axes
-        if layer.use_bias:
-          axes[layer.bias.name] = kernel_axes[-1:]
-    return axes
-
-  @tracing.unconverted
-  def call(self, inputs, training=None):
-    hidden = activation_function(self.activation)(self.input_dense(inputs))
-    if self.gate_dense is not None:
-      hidden *= self.gate_dense(inputs)
-    hidden = self._dropout(hidden, training=training)
-    return self.output_dense(hidden)
+  call = tracing.unconverted(block_wiring.FeedForwardWiring.call)
 
   def get_config(self):
     config = super().get_config()
     config.update(
-        d_ff=self.d_ff, activation=self.activation, gated=self.gated,
-        use_bias=self.use_bias, dropout_rate=self.dropout_rate,
+        self.options_config(),
         kernel_initializer=_serialize_initializer(self.kernel_initializer),
         output_initializer=_serialize_initializer(self.output_initializer))
     return config
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PostNormBlock(tf_keras.layers.Layer):
-  """BERT's Transformer layer: residual, then LayerNorm (post-LN)."""
+class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
+  """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
+  is `thattn.models.block_wiring.PostNormWiring`'s."""
 
-  def __init__(self, attention, feed_forward, dropout_rate=0.0,
-               epsilon=1e-12, **kwargs):
-    super().__init__(**kwargs)
-    self.attention = attention
-    self.feed_forward = feed_forward
-    self.dropout_rate = dropout_rate
-    self.epsilon = epsilon
-    self.attention_norm = tf_keras.layers.LayerNormalization(
-        epsilon=epsilon, dtype=self.dtype_policy, name="attention_norm")
-    self.feed_forward_norm = tf_keras.layers.LayerNormalization(
-        epsilon=epsilon, dtype=self.dtype_policy, name="feed_forward_norm")
-    self._dropout = tf_keras.layers.Dropout(dropout_rate,
-                                            dtype=self.dtype_policy)
+  _framework = tf_keras  # for thattn.models.block_wiring.PostNormWiring
 
   def build(self, input_shape):
     for layer in (self.attention, self.attention_norm, self.feed_forward,
@@ -210,22 +154,12 @@ class PostNormBlock(tf_keras.layers.Layer):
       _build_sublayer(layer, input_shape)
     super().build(input_shape)
 
-  @tracing.unconverted
-  def call(self, inputs, attention_mask=None, position_bias=None,
-           training=None):
-    x = inputs
-    y = self.attention(x, x, attention_mask=attention_mask,
-                       position_bias=position_bias, training=training)
-    x = self.attention_norm(x + self._dropout(y, training=training))
-    y = self.feed_forward(x, training=training)
-    return self.feed_forward_norm(x + self._dropout(y, training=training))
+  call = tracing.unconverted(block_wiring.PostNormWiring.call)
 
   def get_config(self):
-    config = super().get_config()
-    config.update(attention=tf_keras.layers.serialize(self.attention),
-                  feed_forward=tf_keras.layers.serialize(self.feed_forward),
-                  dropout_rate=self.dropout_rate, epsilon=self.epsilon)
-    return config
+    return dict(super().get_config(), **block_wiring.block_config(
+        self, tf_keras.layers.serialize, ("attention", "feed_forward"),
+        dropout_rate=self.dropout_rate, epsilon=self.epsilon))
 
   @classmethod
   def from_config(cls, config):
@@ -233,7 +167,7 @@ class PostNormBlock(tf_keras.layers.Layer):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PreNormBlock(wiring.PreNormWiring, tf_keras.layers.Layer):
+class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Args:
@@ -254,22 +188,9 @@ class PreNormBlock(wiring.PreNormWiring, tf_keras.layers.Layer):
     `decode_step=t`; the block then returns `(y, cache)`.
   """
 
-  def __init__(self, self_attention, feed_forward, cross_attention=None,
-               causal=False, dropout_rate=0.0, epsilon=1e-6, **kwargs):
-    super().__init__(**kwargs)
-    self.self_attention = self_attention
-    self.feed_forward = feed_forward
-    self.cross_attention = cross_attention
-    self.causal = causal
-    self.dropout_rate = dropout_rate
-    self.epsilon = epsilon
-    norm = lambda name: RMSNorm(epsilon, dtype=self.dtype_policy, name=name)
-    self.self_attention_norm = norm("self_attention_norm")
-    self.cross_attention_norm = (norm("cross_attention_norm")
-                                 if cross_attention is not None else None)
-    self.feed_forward_norm = norm("feed_forward_norm")
-    self._dropout = tf_keras.layers.Dropout(dropout_rate,
-                                            dtype=self.dtype_policy)
+  # The front end's glue for thattn.models.block_wiring.PreNormWiring.
+  _framework = tf_keras
+  _rms_norm = RMSNorm
 
   def build(self, input_shape):
     # The cross-attention memory (the encoder output) has the same width
@@ -283,18 +204,14 @@ class PreNormBlock(wiring.PreNormWiring, tf_keras.layers.Layer):
   # The call and the decoding cache are thattn.models.wiring's, written
   # once for both front ends; AutoGraph must not convert the call (it
   # branches in Python on whether a cache is given).
-  call = tracing.unconverted(wiring.PreNormWiring.call)
+  call = tracing.unconverted(block_wiring.PreNormWiring.call)
 
   def get_config(self):
-    config = super().get_config()
-    config.update(
-        self_attention=tf_keras.layers.serialize(self.self_attention),
-        feed_forward=tf_keras.layers.serialize(self.feed_forward),
-        cross_attention=(None if self.cross_attention is None else
-                         tf_keras.layers.serialize(self.cross_attention)),
+    return dict(super().get_config(), **block_wiring.block_config(
+        self, tf_keras.layers.serialize,
+        ("self_attention", "feed_forward", "cross_attention"),
         causal=self.causal, dropout_rate=self.dropout_rate,
-        epsilon=self.epsilon)
-    return config
+        epsilon=self.epsilon))
 
   @classmethod
   def from_config(cls, config):

@@ -1,21 +1,16 @@
 """`create_model(preset, **overrides)`: a preset or a config to a model."""
 
-from thattn.models import bert
-from thattn.models import config as config_lib
+from thattn.models import front_end
 from thattn.models import presets
-from thattn.models import t5
+from thattn.models import wiring
 
 # The config of a preset with overrides: plain Python, in presets.
 model_config = presets.model_config
 
 
 def build_model(config, name=None):
-  """The functional model of a `BertConfig` or `T5Config`."""
-  if isinstance(config, config_lib.T5Config):
-    return t5.build_t5(config, name=name)
-  if isinstance(config, config_lib.BertConfig):
-    return bert.build_bert(config, name=name)
-  raise ValueError(f"Expected a BertConfig or T5Config, got {config!r}.")
+  """The functional tf_keras model of a `BertConfig` or `T5Config`."""
+  return wiring.build_model(config, front_end.TF_KERAS, name)
 
 
 def create_model(preset, **overrides):
@@ -29,5 +24,4 @@ def create_model(preset, **overrides):
   `create_model("t5_base", encoder_self_attention="talking_heads")`.
   The model is named after the preset.
   """
-  config = model_config(preset, **overrides)
-  return build_model(config, name=preset if isinstance(preset, str) else None)
+  return wiring.create_model(preset, front_end.TF_KERAS, **overrides)

@@ -1,26 +1,28 @@
-"""How thattn's T5 layers and decoder compute, written once for both front
-ends.
+"""How thattn's models are wired, written once for both front ends.
 
 Plain Python over layers a front end supplies: tf_keras layers
-(`thattn.models`) or Keras 3 layers (`thattn.keras3.models`). Nothing here
-imports a framework, so the Keras 3 models on JAX or PyTorch run it without
-TensorFlow. Each front end keeps only its layer classes and its framework's
-glue (serialization, building, its Model class).
+(`thattn.models`) or Keras 3 layers (`thattn.keras3.models`), described by
+a `FrontEnd` (`thattn.models.front_end.TF_KERAS`, `thattn.keras3.models.
+front_end.KERAS3`). Nothing here imports a framework, so the Keras 3 models
+on JAX or PyTorch build without TensorFlow. Each front end keeps only its
+layer classes and its framework's glue (serialization, building, its Model
+class); the blocks' computations are `thattn.models.block_wiring`'s.
 
-- `PreNormWiring`: T5's pre-norm layer (mixed into each front end's
-  `PreNormBlock`), with RMSNorm:
-      x = x + dropout(self_attention(norm(x), norm(x)))
-      x = x + dropout(cross_attention(norm(x), memory))    (decoder only)
-      x = x + dropout(feed_forward(norm(x)))
-  and its incremental decoding with the attention layers' caches.
-- `DecoderLayers` / `run_decoder`: the decoder stack, which both builders
-  call on Keras symbolic tensors and both generators call one step at a
-  time with the caches.
+- `build_bert`, `build_t5`, `build_model`, `create_model`: which layers a
+  BERT, ALBERT or T5 is made of, in what order, with which names,
+  initializer scales and options (the order fixes the weights' order, so
+  both front ends' models exchange weights by `set_weights`);
+- `DecoderLayers` / `run_decoder`: the T5 decoder stack, which both
+  builders call on Keras symbolic tensors and both generators call one
+  step at a time with the caches;
 - `decoder_layers(model)`: a built (or reloaded) T5's decoder layers, by
   their names.
 """
 
 import collections
+
+from thattn.models import config as config_lib
+from thattn.models import presets
 
 # T5's special tokens: 0 pads the encoder input and starts the decoder's; 1
 # ends a sequence.
@@ -31,55 +33,6 @@ EOS_ID = 1
 DecoderLayers = collections.namedtuple(
     "DecoderLayers", ["embedding", "embedding_dropout", "position_bias",
                       "blocks", "final_norm", "final_dropout", "lm_head"])
-
-
-class PreNormWiring:
-  """T5's pre-norm Transformer layer, for a Layer that has the attributes
-  `self_attention_norm`, `self_attention`, `cross_attention_norm` and
-  `cross_attention` (None in an encoder), `feed_forward_norm`,
-  `feed_forward`, `_dropout` and `causal`."""
-
-  def initial_cache(self, batch_size, max_length, memory=None):
-    """Empty self-attention cache; the cross-attention memory, projected."""
-    cache = {"self_attention":
-                 self.self_attention.initial_cache(batch_size, max_length)}
-    if self.cross_attention is not None:
-      if memory is None:
-        raise ValueError(f"{self.name}: a decoder block's cache needs the "
-                         "encoder output as `memory`.")
-      cache["cross_attention"] = self.cross_attention.memory_cache(memory)
-    return cache
-
-  def call(self, inputs, memory=None, attention_mask=None, memory_mask=None,
-           position_bias=None, training=None, cache=None, decode_step=None):
-    # x = x + ..., never x += ...: a PyTorch tensor would be changed in
-    # place, the caller's input with it.
-    x = inputs
-    new_cache = {}
-    h = self.self_attention_norm(x)
-    if cache is None:
-      y = self.self_attention(h, h, attention_mask=attention_mask,
-                              use_causal_mask=self.causal,
-                              position_bias=position_bias, training=training)
-    else:
-      y, new_cache["self_attention"] = self.self_attention(
-          h, h, attention_mask=attention_mask, position_bias=position_bias,
-          training=training, cache=cache["self_attention"],
-          decode_step=decode_step)
-    x = x + self._dropout(y, training=training)
-    if self.cross_attention is not None:
-      h = self.cross_attention_norm(x)
-      if cache is None:
-        y = self.cross_attention(h, memory, attention_mask=memory_mask,
-                                 training=training)
-      else:  # the memory was projected once, into the cache
-        y, new_cache["cross_attention"] = self.cross_attention(
-            h, None, attention_mask=memory_mask, training=training,
-            cache=cache["cross_attention"])
-      x = x + self._dropout(y, training=training)
-    y = self.feed_forward(self.feed_forward_norm(x), training=training)
-    x = x + self._dropout(y, training=training)
-    return x if cache is None else (x, new_cache)
 
 
 def logits(parts, x):
@@ -136,3 +89,284 @@ def decoder_layers(model):
       final_norm=model.get_layer("decoder_final_norm"),
       final_dropout=model.get_layer("decoder_output"),
       lm_head=model.get_layer(lm_head))
+
+
+# ---- the builders ------------------------------------------------------------
+# Each front end describes its layers in a `FrontEnd`; the builders below
+# wire them into BERT, ALBERT and T5, the same layers with the same names,
+# created in the same order (which fixes the weights' order), whichever
+# front end it is.
+
+FrontEnd = collections.namedtuple("FrontEnd", [
+    "name",  # AttentionConfig.make_layer's front_end: "tf_keras" / "keras3"
+    "Input",  # (name) -> an int32 [batch, length] model input
+    "Model",  # (inputs, outputs, name) -> the functional model
+    "named_output",  # (tensor, name, dtype=None) -> the output, so named
+    # (stddev) -> a fresh initializer (unseeded tf-keras initializers
+    # repeat their draws when one instance is shared).
+    "truncated_normal", "random_normal",
+    # Layer classes, with the keyword arguments both front ends' take:
+    "Add", "Dense", "Dropout", "LayerNormalization",
+    "TokenEmbedding", "TypeEmbedding", "PositionEmbedding", "Pooler",
+    "RelativePositionBias", "StackPositionBias",
+    "FeedForward", "PostNormBlock", "PreNormBlock", "RMSNorm",
+    "padding_mask",  # (tokens, pad_id, name) -> boolean [b, 1, m]
+])
+
+
+# The layers a front end takes from its framework itself.
+_FRAMEWORK_LAYERS = ("Add", "Dense", "Dropout", "LayerNormalization")
+
+
+def front_end(name, framework, modules, **parts):
+  """A `FrontEnd` from a framework's Keras module (`tf_keras` or `keras`:
+  its layers Add, Dense, Dropout, LayerNormalization and its TruncatedNormal
+  and RandomNormal initializers), thattn's modules of that front end (the
+  classes named as in `FrontEnd`, found in the first module that has them:
+  blocks, embeddings, relative_position), and the remaining `parts`."""
+  classes = {field: getattr(framework.layers, field)
+             for field in _FRAMEWORK_LAYERS}
+  for field in FrontEnd._fields:
+    if field in parts or field in classes:
+      continue
+    for module in modules:
+      if hasattr(module, field):
+        classes[field] = getattr(module, field)
+        break
+  initializers = framework.initializers
+  return FrontEnd(
+      name=name,
+      truncated_normal=lambda stddev: initializers.TruncatedNormal(
+          stddev=stddev),
+      random_normal=lambda stddev: initializers.RandomNormal(stddev=stddev),
+      **classes, **parts)
+
+
+def _check_config(config, kind, builder):
+  if not isinstance(config, kind):
+    raise ValueError(f"{builder} needs a {kind.__name__}, got {config!r}.")
+
+
+def _bert_block(front, config, name):
+  initializer = lambda: front.truncated_normal(config.initializer_range)
+  return front.PostNormBlock(
+      attention=config.attention.make_layer(
+          config.d_model, name="attention", dropout_rate=config.dropout_rate,
+          use_bias=config.use_bias, kernel_initializer=initializer(),
+          front_end=front.name),
+      feed_forward=front.FeedForward(
+          config.d_ff, activation=config.activation, use_bias=config.use_bias,
+          kernel_initializer=initializer(), name="feed_forward"),
+      dropout_rate=config.dropout_rate, epsilon=config.layer_norm_epsilon,
+      name=name)
+
+
+def _bert_embed(front, config, word_ids, type_ids):
+  """dropout(LayerNorm(E[ids] (+ P[:n]) + T[type ids])), then ALBERT's
+  E -> d_model projection."""
+  # A fresh initializer per weight: unseeded tf-keras initializers repeat.
+  initializer = lambda: front.truncated_normal(config.initializer_range)
+  width = config.embedding_size or config.d_model
+  x = front.TokenEmbedding(config.vocab_size, width,
+                           embeddings_initializer=initializer(),
+                           name="word_embeddings")(word_ids)
+  if config.position_embedding == "absolute":
+    x = front.PositionEmbedding(config.max_position_embeddings,
+                                initializer=initializer(),
+                                name="position_embedding")(x)
+  types = front.TypeEmbedding(config.type_vocab_size, width,
+                              embeddings_initializer=initializer(),
+                              name="type_embeddings")(type_ids)
+  x = front.Add(name="embedding_sum")([x, types])
+  x = front.LayerNormalization(epsilon=config.layer_norm_epsilon,
+                               name="embedding_norm")(x)
+  x = front.Dropout(config.dropout_rate, name="embedding_dropout")(x)
+  if width != config.d_model:  # ALBERT's factorized embedding
+    x = front.Dense(config.d_model, kernel_initializer=initializer(),
+                    name="embedding_projection")(x)
+  return x
+
+
+def build_bert(config, front, name=None):
+  """The BERT or ALBERT encoder with its pooler, for a `BertConfig`, of
+  `front`'s layers (the computation: thattn.models.bert's docstring)."""
+  _check_config(config, config_lib.BertConfig, "build_bert")
+  inputs = {key: front.Input(key)
+            for key in ("input_word_ids", "input_mask", "input_type_ids")}
+  x = _bert_embed(front, config, inputs["input_word_ids"],
+                  inputs["input_type_ids"])
+  mask = front.padding_mask(inputs["input_mask"], None, "attention_mask")
+  bias = None
+  if config.position_embedding == "relative":
+    bias = front.StackPositionBias(
+        front.RelativePositionBias(
+            config.attention.num_heads, bidirectional=True,
+            num_buckets=config.relative_num_buckets,
+            max_distance=config.relative_max_distance,
+            name="relative_position_bias"),
+        name="position_bias")(x)
+  if config.share_layers:
+    shared = _bert_block(front, config, "shared_block")
+    layer_blocks = [shared] * config.num_layers
+  else:
+    layer_blocks = [_bert_block(front, config, f"block_{index}")
+                    for index in range(config.num_layers)]
+  for block in layer_blocks:
+    x = block(x, attention_mask=mask, position_bias=bias)
+  pooled = front.Pooler(
+      config.d_model,
+      kernel_initializer=front.truncated_normal(config.initializer_range),
+      name="pooler")(x)
+  # Named outputs: a SavedModel's serving signature returns them by name.
+  outputs = {key: front.named_output(tensor, key)
+             for key, tensor in (("sequence_output", x),
+                                 ("pooled_output", pooled))}
+  return front.Model(inputs, outputs, name or config.family)
+
+
+def _t5_attention(front, config, attention_config, name):
+  return attention_config.make_layer(
+      config.d_model, name=name, dropout_rate=config.dropout_rate,
+      use_bias=False,
+      kernel_initializer=front.random_normal(config.d_model ** -0.5),
+      front_end=front.name)
+
+
+def _t5_feed_forward(front, config):
+  return front.FeedForward(
+      config.d_ff, activation=config.activation,
+      gated=config.gated_feed_forward, use_bias=False,
+      dropout_rate=config.dropout_rate,
+      kernel_initializer=front.random_normal(config.d_model ** -0.5),
+      output_initializer=front.random_normal(config.d_ff ** -0.5),
+      name="feed_forward")
+
+
+def _t5_position_bias(front, config, attention_name, bidirectional, name):
+  # Every self-attention layer of a stack has this num_heads (T5Config
+  # checks it), so layer 0's stands for the stack.
+  num_heads = config.layer_attention(attention_name, 0).num_heads
+  return front.StackPositionBias(
+      front.RelativePositionBias(
+          num_heads, bidirectional=bidirectional,
+          num_buckets=config.relative_num_buckets,
+          max_distance=config.relative_max_distance,
+          name="relative_position_bias"),
+      name=name)
+
+
+def _t5_lm_head(front, config, embedding):
+  """The tied embedding, or (untied) a float32 Dense, so that the logits
+  and the loss stay in float32."""
+  if config.tie_embeddings:
+    return embedding
+  return front.Dense(
+      config.vocab_size, use_bias=False,
+      kernel_initializer=front.random_normal(config.d_model ** -0.5),
+      dtype="float32", name="lm_head")
+
+
+def make_decoder_layers(front, config, embedding):
+  """The T5 decoder's layers (`DecoderLayers`); without enc-dec attention
+  in a decoder-only model."""
+  cross = config.stacks == "encoder_decoder"
+  layer_blocks = [
+      front.PreNormBlock(
+          self_attention=_t5_attention(
+              front, config,
+              config.layer_attention("decoder_self_attention", index),
+              "self_attention"),
+          cross_attention=_t5_attention(
+              front, config,
+              config.layer_attention("encoder_decoder_attention", index),
+              "cross_attention") if cross else None,
+          feed_forward=_t5_feed_forward(front, config), causal=True,
+          dropout_rate=config.dropout_rate,
+          epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
+      for index in range(config.decoder_layers)]
+  return DecoderLayers(
+      embedding=embedding,
+      embedding_dropout=front.Dropout(config.dropout_rate,
+                                      name="decoder_embedding_dropout"),
+      position_bias=_t5_position_bias(front, config,
+                                      "decoder_self_attention", False,
+                                      "decoder_position_bias"),
+      blocks=layer_blocks,
+      final_norm=front.RMSNorm(config.layer_norm_epsilon,
+                               name="decoder_final_norm"),
+      final_dropout=front.Dropout(config.dropout_rate, name="decoder_output"),
+      lm_head=_t5_lm_head(front, config, embedding))
+
+
+def _t5_encoder(front, config, embedding, tokens):
+  """Encoder tokens -> (its output M, the padding mask [b, 1, m])."""
+  mask = front.padding_mask(tokens, PAD_ID, "encoder_mask")
+  x = front.Dropout(config.dropout_rate,
+                    name="encoder_embedding_dropout")(embedding(tokens))
+  bias = _t5_position_bias(front, config, "encoder_self_attention", True,
+                           "encoder_position_bias")(x)
+  for index in range(config.num_layers):
+    block = front.PreNormBlock(
+        self_attention=_t5_attention(
+            front, config,
+            config.layer_attention("encoder_self_attention", index),
+            "self_attention"),
+        feed_forward=_t5_feed_forward(front, config),
+        dropout_rate=config.dropout_rate, epsilon=config.layer_norm_epsilon,
+        name=f"encoder_block_{index}")
+    x = block(x, attention_mask=mask, position_bias=bias)
+  x = front.RMSNorm(config.layer_norm_epsilon, name="encoder_final_norm")(x)
+  return front.Dropout(config.dropout_rate, name="encoder_output")(x), mask
+
+
+def build_t5(config, front, name=None):
+  """The T5 model with its LM head for a `T5Config`, by `config.stacks`, of
+  `front`'s layers (the computation: thattn.models.t5's docstring).
+
+  "encoder_decoder": inputs `encoder_input_tokens` and
+  `decoder_input_tokens`; "decoder" (a language model): the decoder alone,
+  on `decoder_input_tokens` (the tokens shifted right); "encoder": the
+  encoder and the LM head, on `encoder_input_tokens`. Logits [b, n, vocab].
+  """
+  _check_config(config, config_lib.T5Config, "build_t5")
+  inputs = {key: front.Input(key)
+            for key, stack in (("encoder_input_tokens", "decoder"),
+                               ("decoder_input_tokens", "encoder"))
+            if config.stacks != stack}
+  embedding = front.TokenEmbedding(
+      config.vocab_size, config.d_model,
+      embeddings_initializer=front.random_normal(1.0),
+      logits_scale=config.d_model ** -0.5 if config.tie_embeddings else 1.0,
+      name="token_embedding")
+  memory = memory_mask = None
+  if "encoder_input_tokens" in inputs:
+    memory, memory_mask = _t5_encoder(front, config, embedding,
+                                      inputs["encoder_input_tokens"])
+  if config.stacks == "encoder":
+    lm_head = _t5_lm_head(front, config, embedding)
+    result = (embedding(memory, mode="logits") if lm_head is embedding else
+              lm_head(memory))
+  else:
+    result = run_decoder(make_decoder_layers(front, config, embedding),
+                         inputs["decoder_input_tokens"], memory, memory_mask)
+  # Named "logits" in a SavedModel's serving signature.
+  return front.Model(inputs, front.named_output(result, "logits", "float32"),
+                     name or "t5")
+
+
+def build_model(config, front, name=None):
+  """The functional model of a `BertConfig` or `T5Config`, of `front`'s
+  layers."""
+  if isinstance(config, config_lib.T5Config):
+    return build_t5(config, front, name)
+  if isinstance(config, config_lib.BertConfig):
+    return build_bert(config, front, name)
+  raise ValueError(f"Expected a BertConfig or T5Config, got {config!r}.")
+
+
+def create_model(preset, front, **overrides):
+  """`front`'s model of `preset` (a name or a config) with overrides, named
+  after the preset."""
+  config = presets.model_config(preset, **overrides)
+  return build_model(config, front,
+                     name=preset if isinstance(preset, str) else None)

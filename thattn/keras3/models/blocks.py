@@ -21,7 +21,7 @@ from keras import ops
 from thattn import dims
 from thattn import validation
 from thattn.keras3 import initializers
-from thattn.models import wiring
+from thattn.models import block_wiring
 
 ACTIVATIONS = {
     "relu": keras.ops.relu,
@@ -74,75 +74,24 @@ class RMSNorm(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class FeedForward(keras.layers.Layer):
-  """Position-wise feed-forward network (thattn.models.blocks.FeedForward):
+class FeedForward(block_wiring.FeedForwardWiring, keras.layers.Layer):
+  """Position-wise feed-forward network (thattn.models.blocks.FeedForward;
+  the computation is `thattn.models.block_wiring.FeedForwardWiring`'s)."""
 
-      H[f] = act(X[d] W_i[d, f] (+ b_i))           plain
-      H[f] = act(X[d] W_i[d, f]) * X[d] W_g[d, f]   gated (T5.1.1)
-      Y[d] = dropout(H[f]) W_o[f, d] (+ b_o)
-  """
-
-  def __init__(self, d_ff, activation="relu", gated=False, use_bias=False,
-               dropout_rate=0.0, kernel_initializer="glorot_uniform",
-               output_initializer=None, **kwargs):
-    super().__init__(**kwargs)
-    activation_function(activation)  # fails early on an unknown name
-    self.d_ff = d_ff
-    self.activation = activation
-    self.gated = gated
-    self.use_bias = use_bias
-    self.dropout_rate = dropout_rate
-    self.kernel_initializer = keras.initializers.get(kernel_initializer)
-    self.output_initializer = keras.initializers.get(
-        output_initializer or kernel_initializer)
-    self._dropout = keras.layers.Dropout(dropout_rate,
-                                         dtype=self.dtype_policy)
-
-  def _dense(self, units, initializer, name):
-    return keras.layers.Dense(units, use_bias=self.use_bias,
-                              kernel_initializer=initializers.fresh(initializer),
-                              dtype=self.dtype_policy, name=name)
+  # The front end's glue for thattn.models.block_wiring.FeedForwardWiring.
+  _framework = keras
+  _activation_of = staticmethod(activation_function)
+  _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
-    d_model = input_shape[-1]
-    self.input_dense = self._dense(self.d_ff, self.kernel_initializer,
-                                   "input")
-    self.gate_dense = (self._dense(self.d_ff, self.kernel_initializer, "gate")
-                       if self.gated else None)
-    self.output_dense = self._dense(d_model, self.output_initializer,
-                                    "output")
-    hidden_shape = tuple(input_shape[:-1]) + (self.d_ff,)
-    for layer, shape in ((self.input_dense, input_shape),
-                         (self.gate_dense, input_shape),
-                         (self.output_dense, hidden_shape)):
+    for layer, shape in self.make_dense_layers(input_shape[-1]):
       if layer is not None:
-        layer.build(shape)
-
-  @property
-  def logical_axes(self):
-    axes = {}
-    for layer, kernel_axes in ((self.input_dense, (dims.D_MODEL, dims.D_FF)),
-                               (self.gate_dense, (dims.D_MODEL, dims.D_FF)),
-                               (self.output_dense, (dims.D_FF, dims.D_MODEL))):
-      if layer is not None:
-        axes[layer.kernel.path] = kernel_axes
-        if layer.use_bias:
-          axes[layer.bias.path] = kernel_axes[-1:]
-    return axes
-
-  def call(self, inputs, training=None):
-    hidden = activation_function(self.activation)(self.input_dense(inputs))
-    if self.gate_dense is not None:
-      hidden = hidden * self.gate_dense(inputs)
-    hidden = self._dropout(hidden, training=training)
-    return self.output_dense(hidden)
+        layer.build(shape(input_shape))
 
   def get_config(self):
     config = super().get_config()
     serialize = keras.saving.serialize_keras_object
-    config.update(d_ff=self.d_ff, activation=self.activation,
-                  gated=self.gated, use_bias=self.use_bias,
-                  dropout_rate=self.dropout_rate,
+    config.update(self.options_config(),
                   kernel_initializer=serialize(self.kernel_initializer),
                   output_initializer=serialize(self.output_initializer))
     return config
@@ -154,22 +103,11 @@ def _build_attention(layer, input_shape, memory_shape=None):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PostNormBlock(keras.layers.Layer):
-  """BERT's Transformer layer: residual, then LayerNorm (post-LN)."""
+class PostNormBlock(block_wiring.PostNormWiring, keras.layers.Layer):
+  """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
+  is `thattn.models.block_wiring.PostNormWiring`'s."""
 
-  def __init__(self, attention, feed_forward, dropout_rate=0.0,
-               epsilon=1e-12, **kwargs):
-    super().__init__(**kwargs)
-    self.attention = attention
-    self.feed_forward = feed_forward
-    self.dropout_rate = dropout_rate
-    self.epsilon = epsilon
-    self.attention_norm = keras.layers.LayerNormalization(
-        epsilon=epsilon, dtype=self.dtype_policy, name="attention_norm")
-    self.feed_forward_norm = keras.layers.LayerNormalization(
-        epsilon=epsilon, dtype=self.dtype_policy, name="feed_forward_norm")
-    self._dropout = keras.layers.Dropout(dropout_rate,
-                                         dtype=self.dtype_policy)
+  _framework = keras  # for thattn.models.block_wiring.PostNormWiring
 
   def build(self, input_shape):
     _build_attention(self.attention, input_shape)
@@ -178,25 +116,14 @@ class PostNormBlock(keras.layers.Layer):
       if not layer.built:
         layer.build(input_shape)
 
-  def call(self, inputs, attention_mask=None, position_bias=None,
-           training=None):
-    x = inputs
-    y = self.attention(x, x, attention_mask=attention_mask,
-                       position_bias=position_bias, training=training)
-    x = self.attention_norm(x + self._dropout(y, training=training))
-    y = self.feed_forward(x, training=training)
-    return self.feed_forward_norm(x + self._dropout(y, training=training))
-
   def compute_output_shape(self, input_shape, *args, **kwargs):
     return input_shape
 
   def get_config(self):
-    config = super().get_config()
-    serialize = keras.saving.serialize_keras_object
-    config.update(attention=serialize(self.attention),
-                  feed_forward=serialize(self.feed_forward),
-                  dropout_rate=self.dropout_rate, epsilon=self.epsilon)
-    return config
+    return dict(super().get_config(), **block_wiring.block_config(
+        self, keras.saving.serialize_keras_object,
+        ("attention", "feed_forward"), dropout_rate=self.dropout_rate,
+        epsilon=self.epsilon))
 
   @classmethod
   def from_config(cls, config):
@@ -204,31 +131,18 @@ class PostNormBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PreNormBlock(wiring.PreNormWiring, keras.layers.Layer):
+class PreNormBlock(block_wiring.PreNormWiring, keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Call: block(x, memory=None, attention_mask=None, memory_mask=None,
   position_bias=None, training=None, cache=None, decode_step=None), and
   `initial_cache`, as thattn.models.PreNormBlock (the same code:
-  `thattn.models.wiring.PreNormWiring`).
+  `thattn.models.block_wiring.PreNormWiring`).
   """
 
-  def __init__(self, self_attention, feed_forward, cross_attention=None,
-               causal=False, dropout_rate=0.0, epsilon=1e-6, **kwargs):
-    super().__init__(**kwargs)
-    self.self_attention = self_attention
-    self.feed_forward = feed_forward
-    self.cross_attention = cross_attention
-    self.causal = causal
-    self.dropout_rate = dropout_rate
-    self.epsilon = epsilon
-    norm = lambda name: RMSNorm(epsilon, dtype=self.dtype_policy, name=name)
-    self.self_attention_norm = norm("self_attention_norm")
-    self.cross_attention_norm = (norm("cross_attention_norm")
-                                 if cross_attention is not None else None)
-    self.feed_forward_norm = norm("feed_forward_norm")
-    self._dropout = keras.layers.Dropout(dropout_rate,
-                                         dtype=self.dtype_policy)
+  # The front end's glue for thattn.models.block_wiring.PreNormWiring.
+  _framework = keras
+  _rms_norm = RMSNorm
 
   def build(self, input_shape, *args, **kwargs):
     # The memory (the encoder output) has the decoder's width in every
@@ -249,16 +163,11 @@ class PreNormBlock(wiring.PreNormWiring, keras.layers.Layer):
     return input_shape
 
   def get_config(self):
-    config = super().get_config()
-    serialize = keras.saving.serialize_keras_object
-    config.update(
-        self_attention=serialize(self.self_attention),
-        feed_forward=serialize(self.feed_forward),
-        cross_attention=(None if self.cross_attention is None else
-                         serialize(self.cross_attention)),
+    return dict(super().get_config(), **block_wiring.block_config(
+        self, keras.saving.serialize_keras_object,
+        ("self_attention", "feed_forward", "cross_attention"),
         causal=self.causal, dropout_rate=self.dropout_rate,
-        epsilon=self.epsilon)
-    return config
+        epsilon=self.epsilon))
 
   @classmethod
   def from_config(cls, config):

@@ -1,0 +1,31 @@
+"""The Keras 3 layers the shared wiring builds thattn's models from.
+
+`KERAS3` is a `thattn.models.wiring.FrontEnd`: thattn.keras3's attention,
+this package's blocks and embeddings, and keras.layers. Where it differs
+from tf_keras's (`thattn.models.front_end.TF_KERAS`): the token types are
+thattn's `TokenEmbedding`, read in float32 and looked up by selection
+(`thattn.keras3.lookups` says why), and the padding mask is a function of
+the tokens, not a layer.
+"""
+
+import keras
+
+from thattn.keras3 import relative_position
+from thattn.keras3.models import blocks
+from thattn.keras3.models import embeddings
+from thattn.models import wiring
+
+
+def _padding_mask(tokens, pad_id, name):
+  del name  # not a layer: nothing to name
+  return embeddings.padding_mask(tokens, pad_id)
+
+
+KERAS3 = wiring.front_end(
+    "keras3", keras, (blocks, embeddings, relative_position),
+    Input=lambda name: keras.Input((None,), dtype="int32", name=name),
+    Model=lambda inputs, outputs, name: keras.Model(inputs, outputs,
+                                                    name=name),
+    named_output=lambda tensor, name, dtype=None: keras.layers.Identity(
+        dtype=dtype, name=name)(tensor),
+    padding_mask=_padding_mask, TypeEmbedding=embeddings.TokenEmbedding)
