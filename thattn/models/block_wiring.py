@@ -19,6 +19,32 @@ here imports a framework.
 """
 
 from thattn import dims
+from thattn import validation
+
+
+def activations(relu, gelu):
+  """`activation_function(name)` for the names of config.ACTIVATIONS, from
+  a framework's relu(x) and gelu(x, approximate): "gelu" is BERT's exact
+  (erf) form, "gelu_approximate" the tanh form of ALBERT v2 and T5.1.1. A
+  name not among them raises ValueError."""
+  table = {"relu": relu,
+           "gelu": lambda x: gelu(x, approximate=False),
+           "gelu_approximate": lambda x: gelu(x, approximate=True)}
+
+  def activation_function(name):
+    validation.one_of("activation", name, tuple(table))
+    return table[name]
+  return activation_function
+
+
+def deserialize_layers(config, names, deserialize):
+  """`config` with its sublayers named in `names` deserialized by the front
+  end's `deserialize` (those already layers or None kept)."""
+  config = dict(config)
+  for name in names:
+    if isinstance(config.get(name), dict):
+      config[name] = deserialize(config[name])
+  return config
 
 
 def variable_key(variable):
@@ -101,7 +127,26 @@ class FeedForwardWiring:
     return self.output_dense(hidden)
 
 
-class PostNormWiring:
+class BlockConfig:
+  """get_config / from_config of a block that holds other layers: its
+  `_SUBLAYERS` serialized by the front end's `_serialize` (a class
+  attribute, with `_deserialize`), and its `_FIELDS`."""
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({name: getattr(self, name) for name in self._FIELDS})
+    for name in self._SUBLAYERS:
+      layer = getattr(self, name)
+      config[name] = None if layer is None else self._serialize(layer)
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    return cls(**deserialize_layers(config, cls._SUBLAYERS,
+                                    cls._deserialize))
+
+
+class PostNormWiring(BlockConfig):
   """BERT's Transformer layer, residual then LayerNorm (post-LN), mixed
   into a front end's Layer class with its `_framework` (tf_keras or keras)
   as a class attribute:
@@ -109,6 +154,9 @@ class PostNormWiring:
       x = LayerNorm(x + dropout(attention(x, x)))
       x = LayerNorm(x + dropout(feed_forward(x)))
   """
+
+  _SUBLAYERS = ("attention", "feed_forward")
+  _FIELDS = ("dropout_rate", "epsilon")
 
   def __init__(self, attention, feed_forward, dropout_rate=0.0,
                epsilon=1e-12, **kwargs):
@@ -134,20 +182,13 @@ class PostNormWiring:
     return self.feed_forward_norm(x + self._dropout(y, training=training))
 
 
-def block_config(block, serialize, layers, **fields):
-  """A block's config: `fields`, and its sublayers named in `layers`
-  serialized by the front end's `serialize` (None stays None)."""
-  config = dict(fields)
-  for name in layers:
-    layer = getattr(block, name)
-    config[name] = None if layer is None else serialize(layer)
-  return config
-
-
-class PreNormWiring:
+class PreNormWiring(BlockConfig):
   """T5's pre-norm Transformer layer, mixed into a front end's Layer class
   with `_framework` (tf_keras or keras) and `_rms_norm` (its RMSNorm class)
   as class attributes. `cross_attention` is None in an encoder."""
+
+  _SUBLAYERS = ("self_attention", "feed_forward", "cross_attention")
+  _FIELDS = ("causal", "dropout_rate", "epsilon")
 
   def __init__(self, self_attention, feed_forward, cross_attention=None,
                causal=False, dropout_rate=0.0, epsilon=1e-6, **kwargs):

@@ -20,7 +20,6 @@ import tf_keras
 
 from thattn import dims
 from thattn import tracing
-from thattn import validation
 from thattn.layers import base
 from thattn.layers import initializers
 from thattn.models import block_wiring
@@ -49,27 +48,9 @@ def _build_sublayer(layer, input_shape, memory_shape=None):
       layer.build(input_shape)
 
 
-def _deserialize_layers(config, names):
-  config = dict(config)
-  for name in names:
-    if isinstance(config.get(name), dict):
-      config[name] = tf_keras.layers.deserialize(config[name])
-  return config
-
-
 # The functions behind thattn.models.config.ACTIVATIONS, for the blocks here
 # and the task heads (thattn.tasks.mlm).
-_ACTIVATIONS = {
-    "relu": tf.nn.relu,
-    "gelu": lambda x: tf.nn.gelu(x, approximate=False),
-    "gelu_approximate": lambda x: tf.nn.gelu(x, approximate=True),
-}
-
-
-def activation_function(name):
-  """The function an activation name of config.ACTIVATIONS stands for."""
-  validation.one_of("activation", name, tuple(_ACTIVATIONS))
-  return _ACTIVATIONS[name]
+activation_function = block_wiring.activations(tf.nn.relu, tf.nn.gelu)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -146,7 +127,10 @@ class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
   """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
   is `thattn.models.block_wiring.PostNormWiring`'s."""
 
-  _framework = tf_keras  # for thattn.models.block_wiring.PostNormWiring
+  # The front end's glue for thattn.models.block_wiring.PostNormWiring.
+  _framework = tf_keras
+  _serialize = staticmethod(tf_keras.layers.serialize)
+  _deserialize = staticmethod(tf_keras.layers.deserialize)
 
   def build(self, input_shape):
     for layer in (self.attention, self.attention_norm, self.feed_forward,
@@ -155,15 +139,6 @@ class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
     super().build(input_shape)
 
   call = tracing.unconverted(block_wiring.PostNormWiring.call)
-
-  def get_config(self):
-    return dict(super().get_config(), **block_wiring.block_config(
-        self, tf_keras.layers.serialize, ("attention", "feed_forward"),
-        dropout_rate=self.dropout_rate, epsilon=self.epsilon))
-
-  @classmethod
-  def from_config(cls, config):
-    return cls(**_deserialize_layers(config, ("attention", "feed_forward")))
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -191,6 +166,8 @@ class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
   # The front end's glue for thattn.models.block_wiring.PreNormWiring.
   _framework = tf_keras
   _rms_norm = RMSNorm
+  _serialize = staticmethod(tf_keras.layers.serialize)
+  _deserialize = staticmethod(tf_keras.layers.deserialize)
 
   def build(self, input_shape):
     # The cross-attention memory (the encoder output) has the same width
@@ -201,19 +178,7 @@ class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
       _build_sublayer(layer, input_shape)
     super().build(input_shape)
 
-  # The call and the decoding cache are thattn.models.wiring's, written
+  # The call and the decoding cache are thattn.models.block_wiring's, written
   # once for both front ends; AutoGraph must not convert the call (it
   # branches in Python on whether a cache is given).
   call = tracing.unconverted(block_wiring.PreNormWiring.call)
-
-  def get_config(self):
-    return dict(super().get_config(), **block_wiring.block_config(
-        self, tf_keras.layers.serialize,
-        ("self_attention", "feed_forward", "cross_attention"),
-        causal=self.causal, dropout_rate=self.dropout_rate,
-        epsilon=self.epsilon))
-
-  @classmethod
-  def from_config(cls, config):
-    return cls(**_deserialize_layers(
-        config, ("self_attention", "feed_forward", "cross_attention")))

@@ -19,29 +19,13 @@ import keras
 from keras import ops
 
 from thattn import dims
-from thattn import validation
 from thattn.keras3 import initializers
 from thattn.models import block_wiring
 
-ACTIVATIONS = {
-    "relu": keras.ops.relu,
-    "gelu": lambda x: keras.ops.gelu(x, approximate=False),
-    "gelu_approximate": lambda x: keras.ops.gelu(x, approximate=True),
-}
-
-
-def activation_function(name):
-  """The function an activation name of thattn.models.config stands for."""
-  validation.one_of("activation", name, tuple(ACTIVATIONS))
-  return ACTIVATIONS[name]
-
-
-def _deserialize_layers(config, names):
-  config = dict(config)
-  for name in names:
-    if isinstance(config.get(name), dict):
-      config[name] = keras.saving.deserialize_keras_object(config[name])
-  return config
+# The functions behind thattn.models.config.ACTIVATIONS, for the blocks
+# here and the masked-LM head.
+activation_function = block_wiring.activations(keras.ops.relu,
+                                               keras.ops.gelu)
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -107,7 +91,10 @@ class PostNormBlock(block_wiring.PostNormWiring, keras.layers.Layer):
   """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
   is `thattn.models.block_wiring.PostNormWiring`'s."""
 
-  _framework = keras  # for thattn.models.block_wiring.PostNormWiring
+  # The front end's glue for thattn.models.block_wiring.PostNormWiring.
+  _framework = keras
+  _serialize = staticmethod(keras.saving.serialize_keras_object)
+  _deserialize = staticmethod(keras.saving.deserialize_keras_object)
 
   def build(self, input_shape):
     _build_attention(self.attention, input_shape)
@@ -118,16 +105,6 @@ class PostNormBlock(block_wiring.PostNormWiring, keras.layers.Layer):
 
   def compute_output_shape(self, input_shape, *args, **kwargs):
     return input_shape
-
-  def get_config(self):
-    return dict(super().get_config(), **block_wiring.block_config(
-        self, keras.saving.serialize_keras_object,
-        ("attention", "feed_forward"), dropout_rate=self.dropout_rate,
-        epsilon=self.epsilon))
-
-  @classmethod
-  def from_config(cls, config):
-    return cls(**_deserialize_layers(config, ("attention", "feed_forward")))
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -143,6 +120,8 @@ class PreNormBlock(block_wiring.PreNormWiring, keras.layers.Layer):
   # The front end's glue for thattn.models.block_wiring.PreNormWiring.
   _framework = keras
   _rms_norm = RMSNorm
+  _serialize = staticmethod(keras.saving.serialize_keras_object)
+  _deserialize = staticmethod(keras.saving.deserialize_keras_object)
 
   def build(self, input_shape, *args, **kwargs):
     # The memory (the encoder output) has the decoder's width in every
@@ -157,19 +136,7 @@ class PreNormBlock(block_wiring.PreNormWiring, keras.layers.Layer):
 
   # call(inputs, memory=None, attention_mask=None, memory_mask=None,
   # position_bias=None, training=None, cache=None, decode_step=None) and
-  # initial_cache are thattn.models.wiring's, shared with thattn.models.
+  # initial_cache are thattn.models.block_wiring's, shared with thattn.models.
 
   def compute_output_shape(self, input_shape, *args, **kwargs):
     return input_shape
-
-  def get_config(self):
-    return dict(super().get_config(), **block_wiring.block_config(
-        self, keras.saving.serialize_keras_object,
-        ("self_attention", "feed_forward", "cross_attention"),
-        causal=self.causal, dropout_rate=self.dropout_rate,
-        epsilon=self.epsilon))
-
-  @classmethod
-  def from_config(cls, config):
-    return cls(**_deserialize_layers(
-        config, ("self_attention", "feed_forward", "cross_attention")))
