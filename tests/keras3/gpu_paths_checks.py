@@ -31,7 +31,7 @@ from thattn.keras3 import lookups
 from thattn.keras3 import models
 from thattn.keras3 import pallas_kernel
 from thattn.keras3 import relative_position
-from thattn.keras3.models import bert as bert_lib
+from thattn.keras3.models import embeddings
 from thattn.keras3 import attention_math
 
 TINY_BERT = dict(vocab_size=50, d_model=32, num_layers=2, d_ff=64,
@@ -308,7 +308,7 @@ def test_on_a_gpu_the_layer_takes_keras_ops_by_default(monkeypatch):
 def test_embedding_tables_are_read_in_float32_under_mixed_bfloat16(
     mixed_bfloat16):
   del mixed_bfloat16
-  table = bert_lib.embeddings.TokenEmbedding(2, 4)
+  table = embeddings.TokenEmbedding(2, 4)
   table.build()
   ids = jnp.asarray([[0, 1, 1]])
   with keras.src.backend.AutocastScope("bfloat16"):
