@@ -32,6 +32,7 @@ from thattn.keras3 import models
 from thattn.keras3 import pallas_kernel
 from thattn.keras3 import relative_position
 from thattn.keras3.models import embeddings
+from thattn.training import keras3_steps
 from thattn.keras3 import attention_math
 
 TINY_BERT = dict(vocab_size=50, d_model=32, num_layers=2, d_ff=64,
@@ -42,10 +43,8 @@ TINY_T5 = dict(vocab_size=50, d_model=32, num_layers=2, d_ff=64,
 
 @pytest.fixture
 def mixed_bfloat16():
-  previous = keras.config.dtype_policy()
-  keras.config.set_dtype_policy("mixed_bfloat16")
-  yield
-  keras.config.set_dtype_policy(previous)
+  with keras3_steps.dtype_policy("bfloat16"):  # as --mixed_precision sets it
+    yield
 
 
 def _spec(shape, dtype):

@@ -89,18 +89,19 @@ class FeedForwardWiring:
         kernel_initializer=self._fresh(initializer),
         dtype=self.dtype_policy, name=name)
 
-  def make_dense_layers(self, d_model):
-    """W_i, W_g (gated only) and W_o, each with its shape to build with
-    (a function of the input's shape)."""
+  def make_dense_layers(self, input_shape):
+    """W_i, W_g (gated only) and W_o, each with the shape (a list) to
+    build it for."""
     kernel, output = self.kernel_initializer, self.output_initializer
     self.input_dense = self._dense(self.d_ff, kernel, "input")
     self.gate_dense = (self._dense(self.d_ff, kernel, "gate")
                        if self.gated else None)
-    self.output_dense = self._dense(d_model, output, "output")
-    hidden = lambda shape: tuple(shape)[:-1] + (self.d_ff,)
-    same = lambda shape: tuple(shape)
-    return ((self.input_dense, same), (self.gate_dense, same),
-            (self.output_dense, hidden))
+    self.output_dense = self._dense(input_shape[-1], output, "output")
+    hidden_shape = list(input_shape[:-1]) + [self.d_ff]
+    return [(layer, shape) for layer, shape in
+            ((self.input_dense, list(input_shape)),
+             (self.gate_dense, list(input_shape)),
+             (self.output_dense, hidden_shape)) if layer is not None]
 
   def options_config(self):
     return dict(d_ff=self.d_ff, activation=self.activation,

@@ -106,9 +106,9 @@ class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
   _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
-    for layer, shape in self.make_dense_layers(input_shape[-1]):
-      if layer is not None:
-        _build_sublayer(layer, shape(tf.TensorShape(input_shape).as_list()))
+    for layer, shape in self.make_dense_layers(
+        tf.TensorShape(input_shape).as_list()):
+      _build_sublayer(layer, shape)
     super().build(input_shape)
 
   call = tracing.unconverted(block_wiring.FeedForwardWiring.call)

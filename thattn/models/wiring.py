@@ -35,12 +35,12 @@ DecoderLayers = collections.namedtuple(
                       "blocks", "final_norm", "final_dropout", "lm_head"])
 
 
-def logits(parts, x):
+def logits(lm_head, embedding, x):
   """float32 logits [b, n, vocab]: the tied embedding's (when `lm_head` is
   the embedding layer itself) or the untied `lm_head`'s."""
-  if parts.lm_head is parts.embedding:
-    return parts.embedding(x, mode="logits")
-  return parts.lm_head(x)
+  if lm_head is embedding:
+    return embedding(x, mode="logits")
+  return lm_head(x)
 
 
 def run_decoder(parts, tokens, memory, memory_mask, training=None,
@@ -70,7 +70,7 @@ def run_decoder(parts, tokens, memory, memory_mask, training=None,
                        decode_step=decode_step)
       new_caches.append(cache)
   x = parts.final_dropout(parts.final_norm(x), training=training)
-  result = logits(parts, x)
+  result = logits(parts.lm_head, parts.embedding, x)
   return result if caches is None else (result, new_caches)
 
 
@@ -343,9 +343,8 @@ def build_t5(config, front, name=None):
     memory, memory_mask = _t5_encoder(front, config, embedding,
                                       inputs["encoder_input_tokens"])
   if config.stacks == "encoder":
-    lm_head = _t5_lm_head(front, config, embedding)
-    result = (embedding(memory, mode="logits") if lm_head is embedding else
-              lm_head(memory))
+    result = logits(_t5_lm_head(front, config, embedding), embedding,
+                    memory)
   else:
     result = run_decoder(make_decoder_layers(front, config, embedding),
                          inputs["decoder_input_tokens"], memory, memory_mask)

@@ -68,9 +68,8 @@ class FeedForward(block_wiring.FeedForwardWiring, keras.layers.Layer):
   _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
-    for layer, shape in self.make_dense_layers(input_shape[-1]):
-      if layer is not None:
-        layer.build(shape(input_shape))
+    for layer, shape in self.make_dense_layers(input_shape):
+      layer.build(tuple(shape))
 
   def get_config(self):
     config = super().get_config()
