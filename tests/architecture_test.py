@@ -176,14 +176,15 @@ def test_the_keras3_layers_import_no_tf_keras():
 # The plain-Python part of thattn.models that the Keras 3 models share.
 _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.wiring",
-                         "thattn.models.block_wiring")
+                         "thattn.models.block_wiring",
+                         "thattn.models.task_wiring")
 
 
 def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
   """thattn.keras3.models runs on JAX and PyTorch: keras, thattn.keras3,
   rank-0 modules and the configs, presets and wiring (the models' and
-  blocks' wiring, written once for both front ends) of thattn.models,
-  which themselves import no framework."""
+  blocks' and tasks' wiring, written once for both front ends) of
+  thattn.models, which themselves import no framework."""
   offenders = []
   for path in _modules():
     owner = _owner_package(path)

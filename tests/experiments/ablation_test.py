@@ -13,16 +13,35 @@ from thattn.experiments import ablation
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def test_tiny_recall_grid_writes_table_plot_and_heatmaps(tmp_path):
-  pytest.importorskip("matplotlib")
+_GRID = ["--task=recall", "--heads=1,4", "--d_model=16", "--d_ff=32",
+         "--num_layers=1", "--train_steps=8", "--batch_size=8",
+         "--sequence_length=8", "--warmup_steps=2", "--eval_steps=1"]
+
+
+def _ablate(out_dir, *flags):
   result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.ablate", "--task=recall",
-       "--heads=1,4", "--seeds=0,1", "--d_model=16", "--d_ff=32",
-       "--num_layers=1", "--train_steps=8", "--batch_size=8",
-       "--sequence_length=8", "--warmup_steps=2", "--eval_steps=1",
-       f"--out_dir={tmp_path}"],
+      [sys.executable, "-m", "thattn.bin.ablate", *_GRID, *flags,
+       f"--out_dir={out_dir}"],
       capture_output=True, text=True, env=_ENV, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+@pytest.fixture(scope="module")
+def keras_grid(tmp_path_factory):
+  """(out_dir, result) of a tiny recall grid on the Keras backend."""
+  pytest.importorskip("matplotlib")
+  out_dir = tmp_path_factory.mktemp("keras_grid")
+  return out_dir, _ablate(out_dir, "--seeds=0,1")
+
+
+def _results(out_dir):
+  with open(out_dir / "results.json") as f:
+    return json.load(f)
+
+
+def test_tiny_recall_grid_writes_table_plot_and_heatmaps(keras_grid):
+  tmp_path, result = keras_grid
   table = (tmp_path / "table.md").read_text()
   assert table.count("\n") == 2 + 2 * 2  # header, rule, variant x heads
   assert "| talking_heads | 4 | 4 |" in table
@@ -30,12 +49,28 @@ def test_tiny_recall_grid_writes_table_plot_and_heatmaps(tmp_path):
   for name in ("ln_ppl_vs_heads.png", "heatmaps_h1.png", "heatmaps_h4.png",
                "results.json"):
     assert (tmp_path / name).stat().st_size > 0
-  with open(tmp_path / "results.json") as f:
-    assert len(json.load(f)) == 8
+  assert len(_results(tmp_path)) == 8
   # A rerun reuses the finished runs.
   again = forkserver.run(result.args, capture_output=True, text=True,
                          env=_ENV, timeout=600, check=True)
   assert "[1/8]" not in again.stdout
+
+
+def test_the_grid_on_keras3_matches_the_keras_grid(keras_grid, tmp_path):
+  """--backend=keras3 (JAX): every run of seed 0 as the Keras backend's,
+  held-out ln(PPL) and accuracy, and the heatmaps from its checkpoints."""
+  pytest.importorskip("jax")
+  _ablate(tmp_path, "--seeds=0", "--backend=keras3")
+  want = {r["run"]: r for r in _results(keras_grid[0]) if r["seed"] == 0}
+  got = {r["run"]: r for r in _results(tmp_path)}
+  assert sorted(got) == sorted(want) and len(got) == 4
+  for name, run in got.items():
+    assert run["backend"] == "keras3" and want[name]["backend"] == "keras"
+    for key in ("held_out_ln_ppl_before", "held_out_ln_ppl_after",
+                "held_out_accuracy"):
+      assert abs(run[key] - want[name][key]) <= 1e-4 * abs(want[name][key]), (
+          name, key, run[key], want[name][key])
+  assert (tmp_path / "heatmaps_h4.png").stat().st_size > 0
 
 
 def test_rows_count_parameters_and_multiplies_from_complexity():

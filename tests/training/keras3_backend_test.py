@@ -420,12 +420,18 @@ def test_options_keras3_cannot_train_are_refused(options, message):
     options_lib.TrainOptions(backend="keras3", **options)
 
 
-def test_tasks_keras3_cannot_train_are_refused_by_name():
+def test_every_built_in_task_trains_on_keras3_and_others_are_refused():
   from thattn import tasks  # pylint: disable=g-import-not-at-top
   from thattn.training import backend as backend_lib  # pylint: disable=g-import-not-at-top
   keras3 = backend_lib.get("keras3")
-  keras3.check_task(tasks.get("span_corruption"), None)
+  built_in = ("mlm", "span_corruption", "classification", "squad", "recall")
+  for name in built_in:
+    keras3.check_task(tasks.get(name), None)
+
+  class Unknown(tasks.Task):  # a user's task, not registered: no Keras 3 loss
+    name = "my_task"
+
   with pytest.raises(ValueError, match="--backend=keras3 trains the tasks "
-                     "mlm, span_corruption; --task=classification trains "
+                     f"{', '.join(built_in)}; --task=my_task trains "
                      "with --backend=keras"):
-    keras3.check_task(tasks.get("classification"), None)
+    keras3.check_task(Unknown, None)

@@ -9,6 +9,11 @@ learned P_l, P_w and P_l x P_w. Rerunning skips finished runs.
 
     thattn-ablate --out_dir=docs/ablation
     thattn-ablate --task=recall --heads=1,2,4,8 --out_dir=/tmp/recall
+    thattn-ablate --backend=keras3 --out_dir=/tmp/jax  # Keras 3, on JAX
+
+`--backend=keras3` trains every run as `thattn-train --backend=keras3`
+does (Keras 3 models, on KERAS_BACKEND: JAX where it is installed), from
+the same initial weights and batches as `--backend=keras`.
 """
 
 import os
@@ -16,6 +21,7 @@ import sys
 
 from thattn.bin import cli
 
+cli.choose_keras3_framework(sys.argv)  # before TensorFlow loads Keras 3
 cli.quiet_tensorflow()  # before anything imports TensorFlow
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -53,6 +59,11 @@ flags.DEFINE_float("learning_rate", None, "Peak learning rate; default "
                    f"{optimizer_lib.DEFAULT_LEARNING_RATES}.")
 flags.DEFINE_integer("warmup_steps", 100, "Warmup steps.")
 flags.DEFINE_integer("eval_steps", 20, "Held-out batches per evaluation.")
+flags.DEFINE_enum("backend", options_lib.KERAS,
+                  [options_lib.KERAS, options_lib.KERAS3],
+                  "keras: tf-keras models. keras3: Keras 3 models on "
+                  "KERAS_BACKEND, JAX by default where installed (as "
+                  "thattn-train --backend=keras3).")
 flags.DEFINE_string("train_files", None, "mlm: text files (glob) instead of "
                     "the embedded corpus.")
 
@@ -72,6 +83,7 @@ def main(argv):
         sequence_length=FLAGS.sequence_length, optimizer=FLAGS.optimizer,
         learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
         eval_steps=FLAGS.eval_steps, log_every=FLAGS.train_steps,
+        backend=FLAGS.backend,
         checkpoint_every=FLAGS.train_steps)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     results = ablation.run_grid(

@@ -131,7 +131,7 @@ flags.DEFINE_integer("d_ff", None, "Feed-forward width; default: the "
 # Devices and reproducibility.
 flags.DEFINE_enum("backend", options_lib.KERAS, list(options_lib.BACKENDS),
                   "keras: tf-keras models (every task). keras3: Keras 3 "
-                  "models (mlm, span_corruption) on KERAS_BACKEND, JAX by "
+                  "models (every task) on KERAS_BACKEND, JAX by "
                   "default where installed (thattn.training.keras3_backend)."
                   " mtf: the T5 model "
                   "built and trained in Mesh TensorFlow "

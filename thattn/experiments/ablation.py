@@ -15,6 +15,10 @@ and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
 - `heatmaps_h<h>.png`: the learned P_l, P_w and P_l x P_w of the first
   talking-heads layer (seed 0), as in the paper's Figure 1.
 
+`options.backend` may be keras or keras3 (Keras 3 models, on the
+framework KERAS_BACKEND names; `thattn-ablate --backend=keras3`): the two
+train every run from the same initial weights and batches.
+
 The plots need matplotlib (`pip install 'thattn[plot]'`); without it the
 table and results are still written.
 """
@@ -96,7 +100,7 @@ def run_grid(*, out_dir, grid=GridOptions(), options=None, data=None,
         summary = _finished(model_dir, options.train_steps)
         if summary is None:
           log(f"[{len(results) + 1}/{total}] {name}")
-          tf_keras.backend.clear_session()
+          _clear_sessions(options)
           summary = trainer.train(
               model_dir=model_dir, task=grid.task,
               model=_model(grid, variant, heads), data=data,
@@ -110,6 +114,15 @@ def run_grid(*, out_dir, grid=GridOptions(), options=None, data=None,
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   return results
+
+
+def _clear_sessions(options):
+  """Each run starts from a fresh Keras state (layer names, and for Keras 3
+  its seed generators' count), as its own thattn-train process would."""
+  tf_keras.backend.clear_session()
+  if options.backend == options_lib.KERAS3:
+    import keras  # pylint: disable=g-import-not-at-top
+    keras.backend.clear_session()
 
 
 def _finished(model_dir, train_steps):

@@ -30,7 +30,7 @@ def _serialize_initializer(initializer):
       tf_keras.initializers.get(initializer))
 
 
-def _build_sublayer(layer, input_shape, memory_shape=None):
+def build_sublayer(layer, input_shape, memory_shape=None):
   """Builds a sublayer in its own name scope, as its first call would.
 
   Blocks build their sublayers in `build`, so that loading a TF-format
@@ -108,7 +108,7 @@ class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
   def build(self, input_shape):
     for layer, shape in self.make_dense_layers(
         tf.TensorShape(input_shape).as_list()):
-      _build_sublayer(layer, shape)
+      build_sublayer(layer, shape)
     super().build(input_shape)
 
   call = tracing.unconverted(block_wiring.FeedForwardWiring.call)
@@ -135,7 +135,7 @@ class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
   def build(self, input_shape):
     for layer in (self.attention, self.attention_norm, self.feed_forward,
                   self.feed_forward_norm):
-      _build_sublayer(layer, input_shape)
+      build_sublayer(layer, input_shape)
     super().build(input_shape)
 
   call = tracing.unconverted(block_wiring.PostNormWiring.call)
@@ -175,7 +175,7 @@ class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
     for layer in (self.self_attention_norm, self.self_attention,
                   self.cross_attention_norm, self.cross_attention,
                   self.feed_forward_norm, self.feed_forward):
-      _build_sublayer(layer, input_shape)
+      build_sublayer(layer, input_shape)
     super().build(input_shape)
 
   # The call and the decoding cache are thattn.models.block_wiring's, written

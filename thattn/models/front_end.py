@@ -4,6 +4,9 @@
 this package's blocks and embeddings, tf_keras's own layers, and
 tf_keras's Embedding for BERT's token types (as in the released BERT).
 `thattn.keras3.models.front_end.KERAS3` is the same for Keras 3.
+
+`TF_KERAS_OPS` is the `thattn.models.task_wiring.TaskOps` of the task
+heads and losses, in TensorFlow.
 """
 
 import tensorflow as tf
@@ -12,6 +15,7 @@ import tf_keras
 from thattn.layers import relative_position
 from thattn.models import blocks
 from thattn.models import embeddings
+from thattn.models import task_wiring
 from thattn.models import wiring
 
 TF_KERAS = wiring.front_end(
@@ -25,3 +29,17 @@ TF_KERAS = wiring.front_end(
     padding_mask=lambda tokens, pad_id, name: embeddings.PaddingMask(
         pad_id, name=name)(tokens),
     TypeEmbedding=tf_keras.layers.Embedding)
+
+
+def _cross_entropy(labels, logits):
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=logits)
+
+
+TF_KERAS_OPS = task_wiring.TaskOps(
+    cast=tf.cast, sum=tf.reduce_sum, ones_like=tf.ones_like,
+    arange=tf.range, length=lambda x: tf.shape(x)[1],
+    pad_right_shift=lambda x: tf.pad(x[:, :-1], [[0, 0], [1, 0]]),
+    cross_entropy=_cross_entropy,
+    gather_positions=lambda x, positions: tf.gather(x, positions,
+                                                    batch_dims=1))

@@ -57,6 +57,8 @@ import numpy as np
 import tensorflow as tf
 
 from thattn import models
+from thattn.models import front_end
+from thattn.models import task_wiring
 
 _REGISTRY = {}
 
@@ -166,10 +168,8 @@ def masked_cross_entropy(targets, logits, weights):
   Returned apart, so that a mean over several batches or replicas weighs
   every position alike: ln(PPL) = total / count.
   """
-  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=tf.cast(targets, tf.int32), logits=tf.cast(logits, tf.float32))
-  weights = tf.cast(weights, tf.float32)
-  return tf.reduce_sum(losses * weights), tf.reduce_sum(weights)
+  return task_wiring.masked_cross_entropy(front_end.TF_KERAS_OPS, targets,
+                                          logits, weights)
 
 
 def sizes(rows):

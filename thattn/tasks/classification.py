@@ -18,60 +18,44 @@ from thattn import tracing
 from thattn.data import bert_inputs
 from thattn.data import errors
 from thattn.data import glue
+from thattn.models import blocks
+from thattn.models import front_end
+from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class ClassificationHead(tf_keras.layers.Layer):
-  """Logits [b, num_classes] from a pooled output [b, d].
+class ClassificationHead(task_wiring.ClassificationHeadWiring,
+                         tf_keras.layers.Layer):
+  """Logits [b, num_classes] from a pooled output [b, d] (the computation
+  is `thattn.models.task_wiring.ClassificationHeadWiring`'s).
 
   inner_dim > 0 adds a Dense+tanh pooler first, for backbones without one
   (T5's encoder, after taking position 0). num_classes=1 is regression and
   returns [b].
   """
 
-  def __init__(self, num_classes, *, inner_dim=0, dropout_rate=0.1,
-               kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    if num_classes < 1:
-      raise ValueError(f"num_classes must be positive, got {num_classes}.")
-    self.num_classes = num_classes
-    self.inner_dim = inner_dim
-    self.dropout_rate = dropout_rate
-    self.kernel_initializer = kernel_initializer
-    self.dense = (tf_keras.layers.Dense(
-        inner_dim, activation="tanh", kernel_initializer=kernel_initializer,
-        name="pooler_dense") if inner_dim else None)
-    self.dropout = tf_keras.layers.Dropout(dropout_rate)
-    self.out_proj = tf_keras.layers.Dense(
-        num_classes, kernel_initializer=kernel_initializer, name="logits")
+  # The front end's glue for task_wiring.ClassificationHeadWiring.
+  _framework = tf_keras
+  _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  @tracing.unconverted
-  def call(self, pooled_output, training=None):
-    x = pooled_output
-    if self.dense is not None:
-      x = self.dense(x)
-    logits = self.out_proj(self.dropout(x, training=training))
-    return logits[:, 0] if self.num_classes == 1 else logits
-
-  def get_config(self):
-    return dict(super().get_config(), num_classes=self.num_classes,
-                inner_dim=self.inner_dim, dropout_rate=self.dropout_rate,
-                kernel_initializer=self.kernel_initializer)
+  call = tracing.unconverted(task_wiring.ClassificationHeadWiring.call)
 
 
 def classification_loss(labels, logits):
   """Mean cross-entropy over the batch (nats)."""
-  return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
-      labels, logits, from_logits=True))
+  total, count = task_wiring.classification_loss(
+      front_end.TF_KERAS_OPS, logits, labels, regression=False)
+  return total / count
 
 
 def regression_loss(labels, predictions):
   """Mean squared error."""
-  labels = tf.cast(labels, predictions.dtype)
-  return tf.reduce_mean(tf.square(predictions - labels))
+  total, count = task_wiring.classification_loss(
+      front_end.TF_KERAS_OPS, predictions, labels, regression=True)
+  return total / count
 
 
 def accuracy(labels, predictions):
@@ -164,18 +148,13 @@ class Classification(finetune.FinetuneTask):
     self.head(self.backbone.output["pooled_output"])
 
   def _predict(self, batch, training=False):
-    return self.head(self._outputs(batch, training)["pooled_output"],
-                     training=training)
+    return task_wiring.classification_outputs(self.backbone, self.head, batch,
+                                              training)
 
   def loss(self, batch, training):
-    outputs = tf.cast(self._predict(batch, training), tf.float32)
-    labels = batch["labels"]
-    if self.glue_task.is_regression:
-      losses = tf.square(outputs - tf.cast(labels, tf.float32))
-    else:
-      losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.cast(labels, tf.int32), logits=outputs)
-    return tf.reduce_sum(losses), tf.cast(tf.size(losses), tf.float32)
+    return task_wiring.classification_loss(
+        front_end.TF_KERAS_OPS, self._predict(batch, training),
+        batch["labels"], self.glue_task.is_regression)
 
   def extra_eval_metrics(self, num_steps, devices):
     predict = tf.function(

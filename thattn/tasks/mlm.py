@@ -31,20 +31,22 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from thattn import dims
 from thattn import models
 from thattn import tracing
 from thattn.data import batches
 from thattn.models import blocks
 from thattn.models import embeddings
+from thattn.models import front_end
+from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class MaskedLMHead(tf_keras.layers.Layer):
+class MaskedLMHead(task_wiring.MaskedLMHeadWiring, tf_keras.layers.Layer):
   """Logits [b, p, t] (float32) at the masked positions; see the module.
+  The computation is `thattn.models.task_wiring.MaskedLMHeadWiring`'s.
 
   Args:
     embedding: the backbone's `TokenEmbedding` (its `word_embeddings`
@@ -54,51 +56,14 @@ class MaskedLMHead(tf_keras.layers.Layer):
     initializer_range: stddev of the truncated-normal transform kernel.
   """
 
-  def __init__(self, embedding, activation="gelu", initializer_range=0.02,
-               layer_norm_epsilon=1e-12, **kwargs):
-    super().__init__(**kwargs)
-    if not isinstance(embedding, embeddings.TokenEmbedding):
-      raise ValueError(f"embedding must be a TokenEmbedding, got "
-                       f"{embedding!r}.")
-    blocks.activation_function(activation)  # fails early on an unknown name
-    self.embedding = embedding
-    self.activation = activation
-    self.initializer_range = initializer_range
-    self.layer_norm_epsilon = layer_norm_epsilon
-    self.transform = tf_keras.layers.Dense(
-        embedding.width, kernel_initializer=tf_keras.initializers
-        .TruncatedNormal(stddev=initializer_range), name="transform")
-    self.norm = tf_keras.layers.LayerNormalization(epsilon=layer_norm_epsilon,
-                                                   name="transform_norm")
+  # The front end's glue for task_wiring.MaskedLMHeadWiring.
+  _framework = tf_keras
+  _ops = front_end.TF_KERAS_OPS
+  _activation_of = staticmethod(blocks.activation_function)
+  _TokenEmbedding = embeddings.TokenEmbedding
+  _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  def build(self, input_shape):
-    with tf.name_scope(self.transform.name):
-      self.transform.build(input_shape)
-    with tf.name_scope(self.norm.name):
-      self.norm.build(input_shape[:-1] + [self.embedding.width])
-    self.output_bias = self.add_weight(
-        "output_bias", [self.embedding.vocab_size], initializer="zeros")
-    super().build(input_shape)
-
-  @property
-  def logical_axes(self):
-    # The bias follows the tied table's vocab axis, so a vocab rule shards
-    # both alike; the transform (d_model -> embedding width) stays whole.
-    return {self.output_bias.name: (dims.VOCAB,)}
-
-  @tracing.unconverted
-  def call(self, sequence_output, positions):
-    hidden = tf.gather(sequence_output, positions, batch_dims=1)
-    activation = blocks.activation_function(self.activation)
-    hidden = self.norm(activation(self.transform(hidden)))
-    logits = self.embedding(hidden, mode="logits")
-    return logits + tf.cast(self.output_bias, tf.float32)
-
-  def get_config(self):
-    # The tied embedding is a live layer, not a config value.
-    return dict(super().get_config(), activation=self.activation,
-                initializer_range=self.initializer_range,
-                layer_norm_epsilon=self.layer_norm_epsilon)
+  call = tracing.unconverted(task_wiring.MaskedLMHeadWiring.call)
 
 
 @base.register
@@ -162,18 +127,8 @@ class MaskedLM(text.TextTask):
                                shuffle=train)
 
   def loss(self, batch, training):
-    if self._t5_encoder:
-      logits = tf.gather(self.backbone(
-          {"encoder_input_tokens": batch["input_word_ids"]},
-          training=training), batch["masked_lm_positions"], batch_dims=1)
-      return base.masked_cross_entropy(batch["masked_lm_ids"], logits,
-                                       batch["masked_lm_weights"])
-    outputs = self.backbone({key: batch[key] for key in serving.BERT_INPUTS},
-                            training=training)
-    logits = self.head(outputs["sequence_output"],
-                       batch["masked_lm_positions"])
-    return base.masked_cross_entropy(batch["masked_lm_ids"], logits,
-                                     batch["masked_lm_weights"])
+    return task_wiring.masked_lm_loss(front_end.TF_KERAS_OPS, self.backbone,
+                                      self.head, batch, training)
 
   def inputs_and_targets(self, batch):
     """The masked tokens, and the original tokens at the masked positions

@@ -16,6 +16,8 @@ from thattn import layers
 from thattn import models
 from thattn import validation
 from thattn.data import recall
+from thattn.models import front_end
+from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import serving
 
@@ -61,9 +63,8 @@ class Recall(base.Task):
     return data if num_steps is None else data.take(num_steps)
 
   def loss(self, batch, training):
-    tokens, targets, weights = batch
-    return base.masked_cross_entropy(
-        targets, self.backbone(tokens, training=training), weights)
+    return task_wiring.recall_loss(front_end.TF_KERAS_OPS, self.backbone,
+                                   batch, training)
 
   @property
   def tokens_per_step(self):

@@ -14,6 +14,8 @@ import tensorflow as tf
 
 from thattn import models
 from thattn.data import batches
+from thattn.models import front_end
+from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
@@ -55,16 +57,9 @@ class SpanCorruption(text.TextTask):
         num_steps=num_steps, shuffle=train)
 
   def loss(self, batch, training):
-    targets = batch["targets"]
-    # Teacher forcing: the decoder reads the targets shifted right, after
-    # the start token 0.
-    decoder_inputs = tf.pad(targets[:, :-1], [[0, 0], [1, 0]])
-    logits = self.backbone({"encoder_input_tokens": batch["inputs"],
-                            "decoder_input_tokens": decoder_inputs},
-                           training=training)
-    weights = tf.cast(tf.not_equal(targets, self.tokenizer.special.pad),
-                      tf.float32)
-    return base.masked_cross_entropy(targets, logits, weights)
+    return task_wiring.span_corruption_loss(
+        front_end.TF_KERAS_OPS, self.backbone, batch, training,
+        pad_id=self.tokenizer.special.pad)
 
   def inputs_and_targets(self, batch):
     # mtf's Bitransformer shifts the targets right itself, as loss() does.

@@ -19,6 +19,9 @@ from thattn import models
 from thattn import tracing
 from thattn.data import errors
 from thattn.data import squad as squad_data
+from thattn.models import blocks
+from thattn.models import front_end
+from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
@@ -28,44 +31,32 @@ _MAX_ANSWER_TOKENS = 30
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class SpanHead(tf_keras.layers.Layer):
-  """(start_logits, end_logits) [b, n] from a sequence output [b, n, d].
+class SpanHead(task_wiring.SpanHeadWiring, tf_keras.layers.Layer):
+  """(start_logits, end_logits) [b, n] from a sequence output [b, n, d]
+  (the computation is `thattn.models.task_wiring.SpanHeadWiring`'s).
 
   With a boolean mask [b, n], positions where it is False get -1e9 logits.
   """
 
-  def __init__(self, kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.kernel_initializer = kernel_initializer
-    self.dense = tf_keras.layers.Dense(2, kernel_initializer=kernel_initializer,
-                                       name="span_logits")
+  # The front end's glue for task_wiring.SpanHeadWiring.
+  _framework = tf_keras
+  _ops = front_end.TF_KERAS_OPS
+  _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  @tracing.unconverted
-  def call(self, sequence_output, mask=None):
-    logits = self.dense(sequence_output)
-    if mask is not None:
-      logits += (1.0 - tf.cast(mask, logits.dtype))[..., None] * -1e9
-    return logits[..., 0], logits[..., 1]
-
-  def get_config(self):
-    return dict(super().get_config(),
-                kernel_initializer=self.kernel_initializer)
+  call = tracing.unconverted(task_wiring.SpanHeadWiring.call)
 
 
 def answer_mask(features):
   """Positions that may start or end an answer: [CLS] and the context."""
-  mask = tf.logical_and(tf.equal(features["input_type_ids"], 1),
-                        tf.equal(features["input_mask"], 1))
-  first = tf.one_hot(0, tf.shape(mask)[1], on_value=True, off_value=False)
-  return tf.logical_or(mask, first[None, :])
+  return task_wiring.answer_mask(front_end.TF_KERAS_OPS, features)
 
 
 def span_loss(start_positions, end_positions, start_logits, end_logits):
   """Mean over the batch of (CE(start) + CE(end)) / 2, in nats."""
-  loss = tf_keras.losses.sparse_categorical_crossentropy
-  return tf.reduce_mean(
-      loss(start_positions, start_logits, from_logits=True) +
-      loss(end_positions, end_logits, from_logits=True)) / 2
+  total, count = task_wiring.span_loss(front_end.TF_KERAS_OPS,
+                                       start_positions, end_positions,
+                                       start_logits, end_logits)
+  return total / count
 
 
 def predict(examples, infos, start_logits, end_logits, *,
@@ -118,16 +109,12 @@ class Squad(finetune.FinetuneTask):
     self.head(self.backbone.output["sequence_output"])
 
   def _logits(self, batch, training=False):
-    start, end = self.head(self._outputs(batch, training)["sequence_output"],
-                           mask=answer_mask(batch))
-    return tf.cast(start, tf.float32), tf.cast(end, tf.float32)
+    return task_wiring.span_logits(front_end.TF_KERAS_OPS, self.backbone,
+                                   self.head, batch, training)
 
   def loss(self, batch, training):
-    start, end = self._logits(batch, training)
-    loss = span_loss(batch["start_positions"], batch["end_positions"],
-                     start, end)
-    count = tf.cast(tf.shape(start)[0], tf.float32)
-    return loss * count, count
+    return task_wiring.squad_loss(front_end.TF_KERAS_OPS, self.backbone,
+                                  self.head, batch, training)
 
   def extra_eval_metrics(self, num_steps, devices):
     starts, ends = self._eval_outputs(

@@ -7,7 +7,8 @@ task's model as a Keras 3 model (`thattn.keras3.models`, on whatever
 framework `keras.backend.backend()` is: JAX by default in `thattn-train`
 where JAX is installed, else TensorFlow; PyTorch too), with the step of
 `thattn.training.keras3_steps` (`jax.jit` over `stateless_call` on JAX).
-It trains `keras3_steps.TASKS`.
+It trains every task of `keras3_steps.TASKS`: masked LM, span
+corruption, classification, SQuAD and recall.
 
 What it shares with the Keras backend, so that the two agree step for step:
 - the task, its tokenizer and its step-addressed batches (tf.data, read as
@@ -74,6 +75,14 @@ def make_optimizer(options):
   return optimizer
 
 
+def framework_line(framework):
+  """The run's first line: which framework Keras 3 runs on, and how to
+  choose another."""
+  return (f"Keras 3 backend: {framework} (KERAS_BACKEND; thattn-train picks "
+          f"jax where it is installed, else tensorflow; set "
+          f"KERAS_BACKEND={' or '.join(FRAMEWORKS)} to choose).")
+
+
 def _state_key(kind, index, variable):
   """A checkpoint key for one variable of the run's Keras 3 state: its kind
   and index, and for the optimizer's its path (paths alone repeat: Keras
@@ -106,6 +115,7 @@ class Keras3Backend(backend_lib.Backend):
     if self.framework not in FRAMEWORKS:
       raise ValueError(f"--backend=keras3 runs on KERAS_BACKEND "
                        f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
+    self.log(framework_line(self.framework))
     self.task = self.loss_layer = self.steps = self.manager = None
     self.pairs, self.state, self._step = [], {}, 0
     # Devices before any data is read: a mesh JAX cannot make fails here.
@@ -173,8 +183,19 @@ class Keras3Backend(backend_lib.Backend):
       target.trainable = source.ref() in trained
 
   def _task_loss(self):
-    return keras3_steps.TaskLoss(self.task.name, self.task.model_config,
-                                 pad_id=self.task.tokenizer.special.pad)
+    """The Keras 3 model, head and loss, made from the tf_keras twin's
+    configs (the two front ends' classes take the same keywords)."""
+    task = self.task
+    if task.name == "recall":  # no preset config: RecallEncoder's keywords
+      return keras3_steps.TaskLoss(task.name, task.backbone.get_config())
+    head_config = None
+    if task.name == "classification":
+      config = task.head.get_config()
+      head_config = {key: config[key] for key in (
+          "num_classes", "inner_dim", "dropout_rate", "kernel_initializer")}
+    return keras3_steps.TaskLoss(task.name, task.model_config,
+                                 pad_id=task.tokenizer.special.pad,
+                                 head_config=head_config)
 
   def _layout(self):
     """The scope the model and optimizer are made in: on a mesh, the

@@ -3,14 +3,20 @@
 
 `TaskLoss` is a Keras 3 layer holding the run's backbone (`thattn.keras3.
 models`) and head, whose call is the task's loss as the tf_keras task
-computes it: `(sum of weighted cross-entropies, sum of weights)`, in nats.
-The tasks it knows are `TASKS`:
+computes it, the same function (`thattn.models.task_wiring`) over
+`keras.ops`: `(sum of losses, count)`, in nats. The tasks it knows are
+`TASKS`:
 
 - `mlm` on BERT or ALBERT: `MaskedLMHead` at the masked positions; on a T5
   encoder: its LM logits gathered at them;
 - `span_corruption` on a T5 encoder-decoder: teacher forcing, the decoder
   reading the targets shifted right after the start token 0, scored where
-  the target is not padding.
+  the target is not padding;
+- `classification` (GLUE): `ClassificationHead` on the pooled output,
+  cross-entropy per example (squared error for regression);
+- `squad`: `SpanHead` on the sequence output, (CE(start) + CE(end)) / 2
+  per example;
+- `recall`: a Keras 3 `RecallEncoder`, cross-entropy at the queries.
 
 `Steps` runs one train step (loss = total / max(count, 1), its gradient,
 the optimizer's update) and one eval step (total, count) on NumPy batches:
@@ -40,12 +46,20 @@ from keras import ops
 import numpy as np
 
 from thattn.keras3 import models
+from thattn.keras3.models import front_end
 from thattn.keras3.models import heads
 from thattn.models import config as config_lib
+from thattn.models import task_wiring
 
-TASKS = ("mlm", "span_corruption")
-_BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
+TASKS = ("mlm", "span_corruption", "classification", "squad", "recall")
 _MASKED = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+# The batch's arrays each task's loss reads (recall's batches are tuples in
+# this order), after the BERT inputs where the task has a BERT.
+_TASK_INPUTS = {"span_corruption": ("inputs", "targets"),
+                "classification": ("labels",),
+                "squad": ("start_positions", "end_positions"),
+                "recall": ("tokens", "targets", "weights")}
+_FLOAT_INPUTS = ("masked_lm_weights", "weights")
 
 
 @contextlib.contextmanager
@@ -69,25 +83,27 @@ def dtype_policy(mixed_precision):
     keras.config.set_dtype_policy(previous)
 
 
-def masked_cross_entropy(targets, logits, weights):
-  """(sum of weighted cross-entropies, sum of weights) in float32 nats."""
-  losses = ops.sparse_categorical_crossentropy(
-      ops.cast(targets, "int32"), ops.cast(logits, "float32"),
-      from_logits=True)
-  weights = ops.cast(weights, "float32")
-  return ops.sum(losses * weights), ops.sum(weights)
-
-
 class TaskLoss(keras.layers.Layer):
-  """The loss of task `task_name` on a Keras 3 model of `config`.
+  """The loss of task `task_name` on a Keras 3 model; the loss itself is
+  written once for both front ends (`thattn.models.task_wiring`).
+
+  Args:
+    task_name: one of `TASKS`.
+    config: the backbone's `BertConfig` or `T5Config`; for recall, the
+      `RecallEncoder`'s keywords (its tf_keras twin's `get_config()`).
+    pad_id: the tokenizer's padding id (span corruption scores the rest).
+    head_config: classification: the `ClassificationHead`'s keywords
+      (its tf_keras twin's config: num_classes, inner_dim, dropout_rate).
 
   Attributes:
-    backbone: the Keras 3 model (`thattn.keras3.models.build_model`).
-    head: the masked-LM head of a BERT or ALBERT, else None.
-    input_keys: the batch's keys the loss reads.
+    backbone: the Keras 3 model (`thattn.keras3.models.build_model`, or a
+      `RecallEncoder`).
+    head: the task's head (`thattn.keras3.models.heads`), or None.
+    input_keys: the batch's keys the loss reads; `input_dtypes` theirs.
   """
 
-  def __init__(self, task_name, config, pad_id=0, **kwargs):
+  def __init__(self, task_name, config, pad_id=0, head_config=None,
+               **kwargs):
     # float32 whatever the global dtype policy: the loss is computed in
     # float32 (as Keras keeps a model's last layer), its model and head in
     # the policy they are made under (see the module).
@@ -97,44 +113,67 @@ class TaskLoss(keras.layers.Layer):
       raise ValueError(f"--backend=keras3 trains the tasks {', '.join(TASKS)}"
                        f"; got --task={task_name}.")
     self.task_name, self.pad_id = task_name, pad_id
-    self.backbone = models.build_model(config)
-    self.head = None
-    t5 = isinstance(config, config_lib.T5Config)
-    if task_name == "span_corruption":
-      self.input_keys = ("inputs", "targets")
-    elif t5:
-      self.input_keys = ("input_word_ids",) + _MASKED
+    self.head, self.regression = None, False
+    if task_name == "recall":
+      self.backbone = models.RecallEncoder(**config)
+      self.backbone(np.zeros((1, 2, 2), "int32"))  # its weights, any length
     else:
-      self.input_keys = _BERT_INPUTS + _MASKED
-      self.head = heads.MaskedLMHead(
+      self.backbone = models.build_model(config)
+      self.head = self._make_head(config, head_config or {})
+    if task_name in ("span_corruption", "recall"):
+      self.input_keys = _TASK_INPUTS[task_name]
+    elif isinstance(config, config_lib.BertConfig):
+      self.input_keys = task_wiring.BERT_INPUTS + _TASK_INPUTS.get(
+          task_name, _MASKED)
+    else:  # masked LM on a T5 encoder
+      self.input_keys = ("input_word_ids",) + _MASKED
+    self.input_dtypes = {
+        key: "float32" if key in _FLOAT_INPUTS or (
+            key == "labels" and self.regression) else "int32"
+        for key in self.input_keys}
+    self.built = True  # the backbone and the head hold every weight
+
+  def _make_head(self, config, head_config):
+    """The task's head, built (None where the backbone scores itself)."""
+    d_model = config.d_model
+    if self.task_name == "classification":
+      head = heads.ClassificationHead(name="classifier", **head_config)
+      self.regression = head.num_classes == 1
+      head.build((None, d_model))
+    elif self.task_name == "squad":
+      head = heads.SpanHead(name="span_head")
+      head.build((None, None, d_model))
+    elif (self.task_name == "mlm" and
+          isinstance(config, config_lib.BertConfig)):
+      head = heads.MaskedLMHead(
           self.backbone.get_layer("word_embeddings"),
           activation=config.activation,
           initializer_range=config.initializer_range,
           layer_norm_epsilon=config.layer_norm_epsilon, name="masked_lm")
-      self.head.build((None, None, config.d_model))
-    self.built = True  # the functional backbone and the head hold every weight
+      head.build((None, None, d_model))
+    else:  # span corruption, or masked LM on a T5 encoder's own LM head
+      head = None
+    return head
 
   def call(self, batch, training=False):
-    if self.task_name == "span_corruption":
-      targets = batch["targets"]
-      decoder_inputs = ops.pad(targets[:, :-1], [[0, 0], [1, 0]])
-      logits = self.backbone({"encoder_input_tokens": batch["inputs"],
-                              "decoder_input_tokens": decoder_inputs},
-                             training=training)
-      return masked_cross_entropy(targets, logits,
-                                  ops.not_equal(targets, self.pad_id))
-    if self.head is None:  # a T5 encoder: its LM logits at the positions
-      logits = self.backbone({"encoder_input_tokens":
-                              batch["input_word_ids"]}, training=training)
-      logits = ops.take_along_axis(
-          logits, ops.expand_dims(batch["masked_lm_positions"], -1), axis=1)
-    else:
-      outputs = self.backbone({key: batch[key] for key in _BERT_INPUTS},
-                              training=training)
-      logits = self.head(outputs["sequence_output"],
-                         batch["masked_lm_positions"])
-    return masked_cross_entropy(batch["masked_lm_ids"], logits,
-                                batch["masked_lm_weights"])
+    ops, name = front_end.KERAS3_OPS, self.task_name
+    if name == "mlm":
+      return task_wiring.masked_lm_loss(ops, self.backbone, self.head, batch,
+                                        training)
+    if name == "span_corruption":
+      return task_wiring.span_corruption_loss(ops, self.backbone, batch,
+                                              training, self.pad_id)
+    if name == "classification":
+      return task_wiring.classification_loss(
+          ops, task_wiring.classification_outputs(
+              self.backbone, self.head, batch, training),
+          batch["labels"], self.regression)
+    if name == "squad":
+      return task_wiring.squad_loss(ops, self.backbone, self.head, batch,
+                                    training)
+    return task_wiring.recall_loss(
+        ops, self.backbone,
+        tuple(batch[key] for key in _TASK_INPUTS["recall"]), training)
 
 
 def mean_loss(total, count):
@@ -167,11 +206,13 @@ class Steps:
       self.train_step, self.eval_step = self._torch_train, self._torch_eval
 
   def inputs(self, batch):
-    """The batch's arrays the loss reads, as int32 NumPy (float32 weights),
-    split over the mesh's batch axis where there is one."""
-    arrays = {key: np.asarray(batch[key]).astype(
-        "float32" if key == "masked_lm_weights" else "int32")
-              for key in self.task_loss.input_keys}
+    """The batch's arrays the loss reads, as int32 NumPy (float32 weights
+    and regression labels), split over the mesh's batch axis where there
+    is one."""
+    keys, dtypes = self.task_loss.input_keys, self.task_loss.input_dtypes
+    if isinstance(batch, (tuple, list)):  # recall's (tokens, targets, weights)
+      batch = dict(zip(keys, batch))
+    arrays = {key: np.asarray(batch[key]).astype(dtypes[key]) for key in keys}
     if self.batch_layout is None:
       return arrays
     return {key: keras.distribution.distribute_tensor(

@@ -6,13 +6,18 @@ from tf_keras's (`thattn.models.front_end.TF_KERAS`): the token types are
 thattn's `TokenEmbedding`, read in float32 and looked up by selection
 (`thattn.keras3.lookups` says why), and the padding mask is a function of
 the tokens, not a layer.
+
+`KERAS3_OPS` is the `thattn.models.task_wiring.TaskOps` of the task heads
+and losses, in `keras.ops`.
 """
 
 import keras
+from keras import ops
 
 from thattn.keras3 import relative_position
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
+from thattn.models import task_wiring
 from thattn.models import wiring
 
 
@@ -29,3 +34,21 @@ KERAS3 = wiring.front_end(
     named_output=lambda tensor, name, dtype=None: keras.layers.Identity(
         dtype=dtype, name=name)(tensor),
     padding_mask=_padding_mask, TypeEmbedding=embeddings.TokenEmbedding)
+
+
+def _cross_entropy(labels, logits):
+  return ops.sparse_categorical_crossentropy(
+      ops.cast(labels, "int32"), logits, from_logits=True)
+
+
+def _gather_positions(x, positions):
+  return ops.take_along_axis(
+      x, ops.expand_dims(ops.cast(positions, "int32"), -1), axis=1)
+
+
+KERAS3_OPS = task_wiring.TaskOps(
+    cast=ops.cast, sum=ops.sum, ones_like=ops.ones_like,
+    arange=lambda n: ops.arange(n, dtype="int32"),
+    length=lambda x: ops.shape(x)[1],
+    pad_right_shift=lambda x: ops.pad(x[:, :-1], [[0, 0], [1, 0]]),
+    cross_entropy=_cross_entropy, gather_positions=_gather_positions)

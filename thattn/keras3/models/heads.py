@@ -1,24 +1,20 @@
 """Task heads in Keras 3, and how a Keras 3 model's weights meet their
 tf_keras twins'.
 
-`MaskedLMHead` is `thattn.tasks.mlm.MaskedLMHead` in `keras.ops` (BERT's
-masked-LM output layer; letters as in `thattn.dims`, p counts the masked
-positions, e the embedding width):
-
-    H[b, p, d] = gather(X[b, n, d], positions[b, p])
-    T[b, p, e] = LayerNorm(act(H W_t + b_t))
-    logits[b, p, t] = einsum(T[b, p, e], E[t, e]) + bias[t]
-
-with the same weights' names (`shared_name`), so a tf_keras run's head
-moves into it by name (`pair_by_name`).
+`MaskedLMHead`, `ClassificationHead` and `SpanHead` are the heads of the
+tasks masked LM, classification and SQuAD (`thattn.tasks`), their
+computations written once for both front ends in `thattn.models.
+task_wiring`; this module adds Keras 3's glue. They have the tf_keras
+heads' weights' names (`shared_name`), so a tf_keras run's head moves into
+them by name (`pair_by_name`).
 """
 
 import keras
-from keras import ops
 
-from thattn import dims
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
+from thattn.keras3.models import front_end
+from thattn.models import task_wiring
 
 
 def shared_name(name):
@@ -57,9 +53,16 @@ def pair_by_name(sources, targets):
   return pairs
 
 
+def _build_sublayer(layer, input_shape):
+  if not layer.built:
+    layer.build(tuple(input_shape))
+
+
 @keras.saving.register_keras_serializable(package="thattn")
-class MaskedLMHead(keras.layers.Layer):
-  """Float32 logits [b, p, t] at the masked positions; see the module.
+class MaskedLMHead(task_wiring.MaskedLMHeadWiring, keras.layers.Layer):
+  """Float32 logits [b, p, t] at the masked positions (`thattn.tasks.mlm.
+  MaskedLMHead`; the computation is `thattn.models.task_wiring.
+  MaskedLMHeadWiring`'s).
 
   Args:
     embedding: the backbone's `TokenEmbedding` (`word_embeddings`), whose
@@ -68,37 +71,31 @@ class MaskedLMHead(keras.layers.Layer):
     initializer_range: stddev of the truncated-normal transform kernel.
   """
 
-  def __init__(self, embedding, activation="gelu", initializer_range=0.02,
-               layer_norm_epsilon=1e-12, **kwargs):
-    super().__init__(**kwargs)
-    if not isinstance(embedding, embeddings.TokenEmbedding):
-      raise ValueError(f"embedding must be a TokenEmbedding, got "
-                       f"{embedding!r}.")
-    self.activation = blocks.activation_function(activation)
-    self.embedding = embedding
-    self.transform = keras.layers.Dense(
-        embedding.width, kernel_initializer=keras.initializers.TruncatedNormal(
-            stddev=initializer_range), name="transform")
-    self.norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon,
-                                                name="transform_norm")
+  # The front end's glue for task_wiring.MaskedLMHeadWiring.
+  _framework = keras
+  _ops = front_end.KERAS3_OPS
+  _activation_of = staticmethod(blocks.activation_function)
+  _TokenEmbedding = embeddings.TokenEmbedding
+  _build_sublayer = staticmethod(_build_sublayer)
 
-  def build(self, input_shape, positions_shape=None):
-    del positions_shape
-    self.transform.build(input_shape)
-    self.norm.build(tuple(input_shape[:-1]) + (self.embedding.width,))
-    self.output_bias = self.add_weight(
-        name="output_bias", shape=(self.embedding.vocab_size,),
-        initializer="zeros")
 
-  @property
-  def logical_axes(self):
-    # The bias follows the tied table's vocab axis (as in tf_keras).
-    return {self.output_bias.path: (dims.VOCAB,)}
+@keras.saving.register_keras_serializable(package="thattn")
+class ClassificationHead(task_wiring.ClassificationHeadWiring,
+                         keras.layers.Layer):
+  """Logits [b, num_classes] (regression: [b]) from a pooled output [b, d]
+  (`thattn.tasks.classification.ClassificationHead`; the computation is
+  `thattn.models.task_wiring.ClassificationHeadWiring`'s)."""
 
-  def call(self, sequence_output, positions):
-    hidden = ops.take_along_axis(
-        sequence_output, ops.expand_dims(ops.cast(positions, "int32"), -1),
-        axis=1)
-    hidden = self.norm(self.activation(self.transform(hidden)))
-    logits = self.embedding(hidden, mode="logits")
-    return logits + ops.cast(self.output_bias, "float32")
+  _framework = keras
+  _build_sublayer = staticmethod(_build_sublayer)
+
+
+@keras.saving.register_keras_serializable(package="thattn")
+class SpanHead(task_wiring.SpanHeadWiring, keras.layers.Layer):
+  """(start_logits, end_logits) [b, n] from a sequence output [b, n, d]
+  (`thattn.tasks.squad.SpanHead`; the computation is `thattn.models.
+  task_wiring.SpanHeadWiring`'s)."""
+
+  _framework = keras
+  _ops = front_end.KERAS3_OPS
+  _build_sublayer = staticmethod(_build_sublayer)

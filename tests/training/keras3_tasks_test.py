@@ -1,0 +1,133 @@
+"""Every task with thattn-train --backend=keras3, step for step as the
+Keras backend trains it.
+
+Fine-tuning starts from --init_checkpoint of a tiny masked-LM run of each
+backend (classification from the keras3 one, SQuAD from the keras one);
+recall trains from scratch. Each task runs with --backend=keras and
+--backend=keras3 (JAX, the binary's default) on the same flags: the two
+start from the same weights and read the same batches, so their per-step
+losses, held-out losses and task metrics must agree within the masked-LM
+comparison's tolerance (tests/training/keras3_backend_test.py), and the
+keras3 run's export must serve as the Keras run's does. Dropout is off:
+the two frameworks draw different masks.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import forkserver
+from tests.training import local_cluster
+
+pytest.importorskip("jax")
+
+_ENV = {key: value for key, value in os.environ.items()
+        if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
+_ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "docs", "examples")
+_STEPS = 4
+_FINETUNE = ["--sequence_length=64", "--batch_size=4", "--dropout_rate=0",
+             "--eval_steps=1", "--warmup_steps=1", "--log_every=1"]
+_TASKS = {
+    "classification": ("keras3", [
+        "--task=classification", "--glue_task=sst2",
+        f"--train_files={_EXAMPLES}/sst2_sample/train.tsv",
+        f"--eval_files={_EXAMPLES}/sst2_sample/dev.tsv"] + _FINETUNE),
+    "squad": ("keras", [
+        "--task=squad", "--on_overflow=window", "--noexport",
+        f"--train_files={_EXAMPLES}/squad_sample/train.json",
+        f"--eval_files={_EXAMPLES}/squad_sample/dev.json"] + _FINETUNE),
+    "recall": (None, [
+        "--task=recall", "--sequence_length=16", "--d_model=16",
+        "--num_heads=2", "--num_layers=1", "--batch_size=4",
+        "--eval_steps=1", "--warmup_steps=1", "--log_every=1",
+        "--noexport"]),
+}
+
+
+def _train(model_dir, flags):
+  command = [sys.executable, "-m", "thattn.bin.train",
+             f"--model_dir={model_dir}", "--deterministic",
+             f"--train_steps={_STEPS}", f"--checkpoint_every={_STEPS}"]
+  result = forkserver.run(command + list(flags), env=_ENV,
+                          capture_output=True, text=True, timeout=600,
+                          check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, tiny_bert_flags):
+  """{backend: model_dir} of a two-step masked-LM run of each backend."""
+  root = tmp_path_factory.mktemp("pretrained")
+  for backend in ("keras", "keras3"):
+    _train(root / backend, tiny_bert_flags + [f"--backend={backend}",
+                                              "--train_steps=2"])
+  return {backend: root / backend for backend in ("keras", "keras3")}
+
+
+@pytest.fixture(scope="module")
+def task_runs(tmp_path_factory, pretrained):
+  """{task: {backend: (model_dir, stdout)}}."""
+  root = tmp_path_factory.mktemp("task_runs")
+  runs = {}
+  for task, (init, flags) in _TASKS.items():
+    if init:
+      flags = flags + [f"--init_checkpoint={pretrained[init]}"]
+    runs[task] = {
+        backend: (root / task / backend,
+                  _train(root / task / backend,
+                         flags + [f"--backend={backend}"]))
+        for backend in ("keras", "keras3")}
+  return runs
+
+
+@pytest.mark.parametrize("task", list(_TASKS))
+def test_each_task_trains_on_keras3_as_on_keras(task_runs, task):
+  runs = task_runs[task]
+  keras_dir, keras_stdout = runs["keras"]
+  keras3_dir, keras3_stdout = runs["keras3"]
+  # Among the first lines: the framework, and how to choose another.
+  assert any(line.startswith("Keras 3 backend: jax (KERAS_BACKEND;")
+             for line in keras3_stdout.splitlines()[:3]), keras3_stdout[:500]
+  assert "Keras 3 on jax" in keras3_stdout
+  if _TASKS[task][0]:
+    assert "Backbone initialized from" in keras3_stdout
+  want = local_cluster.train_losses(str(keras_dir))
+  got = local_cluster.train_losses(str(keras3_dir))
+  assert sorted(got) == sorted(want) == list(range(1, _STEPS + 1))
+  for step, loss in want.items():
+    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
+                               err_msg=f"{task}, step {step}")
+  # The same summaries: held-out losses and the task's metrics (accuracy;
+  # exact match and F1; recall's accuracy) computed alike.
+  keras, keras3 = (local_cluster.summary(str(folder))
+                   for folder in (keras_dir, keras3_dir))
+  assert set(keras) == set(keras3)
+  assert keras3["backend"] == "keras3"
+  metrics = [key for key in keras if key.startswith("held_out_")]
+  assert len(metrics) >= 3, metrics  # before, after and the task's own
+  for key in metrics:
+    np.testing.assert_allclose(keras3[key], keras[key], rtol=1e-4,
+                               atol=1e-6, err_msg=key)
+  # Training moved the model: not two untouched models alike.
+  assert not np.allclose(want[_STEPS], want[1], rtol=1e-3), want
+  assert (local_cluster.line_formats(keras3_stdout) ==
+          local_cluster.line_formats(keras_stdout))
+
+
+def test_the_keras3_classifier_exports_and_serves_as_the_keras_one(
+    task_runs):
+  sentences = tf.constant(["a good film", "a dull and tedious mess"])
+  outputs = {}
+  for backend, (model_dir, _) in task_runs["classification"].items():
+    served = tf.saved_model.load(str(model_dir / "export"))
+    outputs[backend] = served.signatures["serving_default"](text=sentences)
+  assert set(outputs["keras3"]) == set(outputs["keras"]) >= {"logits"}
+  np.testing.assert_allclose(outputs["keras3"]["logits"].numpy(),
+                             outputs["keras"]["logits"].numpy(),
+                             rtol=1e-4, atol=1e-6)
