@@ -1,4 +1,13 @@
-"""Adafactor and the inverse-square-root schedule for thattn's trainers."""
+"""Adafactor and the inverse-square-root schedule for thattn's trainers.
+
+The step's and the schedule's arithmetic are written once for both front
+ends in `thattn.adafactor_rules` (Keras 3's optimizers: `thattn.keras3.
+optimizers`); this module adds tf_keras's glue: slots made from their
+variables (colocated under a distribution strategy, laid out under
+DTensor) and assigned.
+"""
+
+import types
 
 import tensorflow as tf
 import tf_keras
@@ -6,8 +15,17 @@ import tf_keras
 from thattn import adafactor_rules
 
 
+# The tensor functions `thattn.adafactor_rules` computes with, in
+# TensorFlow (keras.ops' names).
+TF_OPS = types.SimpleNamespace(
+    cast=tf.cast, power=tf.pow, sqrt=tf.sqrt, rsqrt=tf.math.rsqrt,
+    square=tf.square, mean=tf.reduce_mean, maximum=tf.maximum,
+    minimum=tf.minimum, expand_dims=tf.expand_dims)
+
+
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
+class InverseSqrtSchedule(adafactor_rules.InverseSqrtScheduleRules,
+                          tf_keras.optimizers.schedules.LearningRateSchedule):
   """T5's inverse-square-root schedule with a final linear decay.
 
   At step s, with warmup w, total T and decay fraction f:
@@ -18,38 +36,12 @@ class InverseSqrtSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
   the final f*T steps decays linearly to 0, as the talking-heads paper's T5
   runs do ("we also decay the learning rate linearly for the final 10
   percent of the training steps"). With `total_steps=None` there is no final
-  decay.
+  decay. (The computation: `thattn.adafactor_rules.
+  InverseSqrtScheduleRules`.)
   """
 
-  def __init__(self, warmup_steps, total_steps=None, decay_fraction=0.1,
-               scale=1.0):
-    adafactor_rules.check_schedule(warmup_steps, total_steps, decay_fraction)
-    self.warmup_steps = warmup_steps
-    self.total_steps = total_steps
-    self.decay_fraction = decay_fraction
-    self.scale = scale
-
   def __call__(self, step):
-    step = tf.cast(step, tf.float32)
-    rate = self.scale * tf.math.rsqrt(tf.maximum(step, self.warmup_steps))
-    if self.total_steps is not None:
-      total = float(self.total_steps)
-      decay = tf.minimum(1.0, (total - step) / (self.decay_fraction * total))
-      rate *= tf.maximum(decay, 0.0)
-    return rate
-
-  def get_config(self):
-    return {"warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "decay_fraction": self.decay_fraction, "scale": self.scale}
-
-
-_factored_axes = adafactor_rules.factored_axes
-_drop = adafactor_rules.drop
-
-
-def _rms(x):
-  return tf.sqrt(tf.reduce_mean(tf.square(x)))
+    return self.rate(TF_OPS, step)
 
 
 def _true_dtype(variable):
@@ -64,7 +56,7 @@ def _compute_dtype(variable):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class Adafactor(tf_keras.optimizers.Optimizer):
+class Adafactor(adafactor_rules.AdafactorStep, tf_keras.optimizers.Optimizer):
   """Adafactor (Shazeer & Stern, 2018), as Mesh TensorFlow implements it.
 
   Factored second moments: for a variable of rank >= 2 whose two largest axes
@@ -133,20 +125,12 @@ class Adafactor(tf_keras.optimizers.Optimizer):
                clipping_threshold=1.0, multiply_by_parameter_scale=True,
                min_dim_size_to_factor=128, epsilon1=1e-30, epsilon2=1e-3,
                name="Adafactor", **kwargs):
-    adafactor_rules.check_arguments(
-        learning_rate=learning_rate, decay_rate=decay_rate, beta1=beta1,
-        clipping_threshold=clipping_threshold,
-        min_dim_size_to_factor=min_dim_size_to_factor, epsilon1=epsilon1,
-        epsilon2=epsilon2)
+    self.set_hyperparameters(  # in adafactor_rules.HYPERPARAMETERS' order
+        learning_rate, decay_rate, beta1, clipping_threshold,
+        multiply_by_parameter_scale, min_dim_size_to_factor, epsilon1,
+        epsilon2)
     super().__init__(name=name, **kwargs)
     self._learning_rate = self._build_learning_rate(learning_rate)
-    self.decay_rate = decay_rate
-    self.beta1 = beta1
-    self.clipping_threshold = clipping_threshold
-    self.multiply_by_parameter_scale = multiply_by_parameter_scale
-    self.min_dim_size_to_factor = min_dim_size_to_factor
-    self.epsilon1 = epsilon1
-    self.epsilon2 = epsilon2
 
   def build(self, var_list):
     """Creates each variable's slots: `vr` and `vc`, or `v`; and `m`."""
@@ -156,20 +140,10 @@ class Adafactor(tf_keras.optimizers.Optimizer):
     self._built = True
     # One dict of slots per variable, in var_list order (the base class's
     # index); also tracked for checkpoints under `_slots/<index>/<slot>`.
-    self._slots = []
-    for variable in var_list:
-      shape = variable.shape.as_list()
-      axes = _factored_axes(shape, self.min_dim_size_to_factor)
-      slots = {}
-      if axes:
-        largest, second = axes
-        slots["vr"] = self._add_slot(variable, "vr", _drop(shape, largest))
-        slots["vc"] = self._add_slot(variable, "vc", _drop(shape, second))
-      else:
-        slots["v"] = self._add_slot(variable, "v", shape)
-      if self.beta1:
-        slots["m"] = self._add_slot(variable, "m", shape)
-      self._slots.append(slots)
+    self._slots = [
+        {slot: self._add_slot(variable, slot, shape) for slot, shape in
+         self.slot_shapes(variable.shape.as_list()).items()}
+        for variable in var_list]
 
   def _add_slot(self, variable, slot_name, shape):
     dtype = _compute_dtype(variable)
@@ -185,64 +159,23 @@ class Adafactor(tf_keras.optimizers.Optimizer):
         variable, slot_name, initial_value=tf.zeros(shape, dtype))
 
   def update_step(self, gradient, variable):
-    """One Adafactor step for one variable, in the order the class documents."""
+    """One Adafactor step for one variable, in the order the class documents
+    (the arithmetic: `thattn.adafactor_rules.AdafactorStep`)."""
     slots = self._slots[self._index_dict[self._var_key(variable)]]
     dtype = _compute_dtype(variable)
-    grad = tf.cast(tf.convert_to_tensor(gradient), dtype)
-    old_value = tf.cast(tf.convert_to_tensor(variable), dtype)
-    step = tf.cast(self.iterations, dtype) + 1.0  # t = 1 at the first step.
-    decay = 1.0 - tf.pow(step, -tf.cast(self.decay_rate, dtype))
-    mixing = 1.0 - decay
-    learning_rate = tf.cast(self.learning_rate, dtype)
-    if self.multiply_by_parameter_scale:
-      update_scale = tf.maximum(_rms(old_value), self.epsilon2) * learning_rate
-    else:
-      update_scale = learning_rate
-
-    grad_squared = tf.square(grad) + self.epsilon1
-    axes = _factored_axes(variable.shape.as_list(),
-                          self.min_dim_size_to_factor)
-    if axes:
-      largest, second = axes
-      vr, vc = slots["vr"], slots["vc"]
-      new_vr = (vr * decay
-                + tf.reduce_mean(grad_squared, axis=largest) * mixing)
-      new_vc = (vc * decay
-                + tf.reduce_mean(grad_squared, axis=second) * mixing)
-      vr.assign(new_vr)
-      vc.assign(new_vc)
-      # v ~ vr * vc / mean_d1(vr): mean_d1(vr) is the mean of g2 over both
-      # factored axes. `second` indexes the full shape; vr lacks `largest`.
-      second_in_vr = second - 1 if second > largest else second
-      vr_mean = tf.reduce_mean(new_vr, axis=second_in_vr, keepdims=True)
-      r_factor = tf.expand_dims(tf.math.rsqrt(new_vr / vr_mean), largest)
-      c_factor = tf.expand_dims(tf.math.rsqrt(new_vc), second)
-      update = grad * r_factor * c_factor
-    else:
-      v = slots["v"]
-      new_v = v * decay + grad_squared * mixing
-      v.assign(new_v)
-      update = grad * tf.math.rsqrt(new_v)
-
-    if self.clipping_threshold is not None:
-      update /= tf.maximum(1.0, _rms(update) / self.clipping_threshold)
-    subtrahend = update * update_scale
-    if self.beta1:
-      m = slots["m"]
-      subtrahend = m * self.beta1 + subtrahend * (1.0 - self.beta1)
-      m.assign(subtrahend)
+    subtrahend, new_slots = self.adafactor_update(
+        TF_OPS, tf.cast(tf.convert_to_tensor(gradient), dtype),
+        tf.cast(tf.convert_to_tensor(variable), dtype),
+        tf.cast(self.iterations, dtype) + 1.0,  # t = 1 at the first step
+        tf.cast(self.learning_rate, dtype),
+        {name: tf.convert_to_tensor(slot) for name, slot in slots.items()})
+    for name, value in new_slots.items():
+      slots[name].assign(value)
     variable.assign_sub(tf.cast(subtrahend, _true_dtype(variable)))
 
   def get_config(self):
     config = super().get_config()
-    config.update({
-        "learning_rate": self._serialize_hyperparameter(self._learning_rate),
-        "decay_rate": self.decay_rate,
-        "beta1": self.beta1,
-        "clipping_threshold": self.clipping_threshold,
-        "multiply_by_parameter_scale": self.multiply_by_parameter_scale,
-        "min_dim_size_to_factor": self.min_dim_size_to_factor,
-        "epsilon1": self.epsilon1,
-        "epsilon2": self.epsilon2,
-    })
+    config.update(
+        learning_rate=self._serialize_hyperparameter(self._learning_rate),
+        **self.hyperparameters_config())
     return config

@@ -23,38 +23,16 @@ from thattn import adafactor_rules
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
-  """T5's inverse-square-root schedule with a final linear decay:
+class InverseSqrtSchedule(adafactor_rules.InverseSqrtScheduleRules,
+                          keras.optimizers.schedules.LearningRateSchedule):
+  """T5's inverse-square-root schedule with a final linear decay (`thattn.
+  adafactor_rules.InverseSqrtScheduleRules` in `keras.ops`):
 
       scale * rsqrt(max(s, w)) * min(1, (T - s) / (f * T)),  clamped at 0.
   """
 
-  def __init__(self, warmup_steps, total_steps=None, decay_fraction=0.1,
-               scale=1.0):
-    adafactor_rules.check_schedule(warmup_steps, total_steps, decay_fraction)
-    self.warmup_steps = warmup_steps
-    self.total_steps = total_steps
-    self.decay_fraction = decay_fraction
-    self.scale = scale
-
   def __call__(self, step):
-    step = ops.cast(step, "float32")
-    rate = self.scale * ops.rsqrt(ops.maximum(step,
-                                              float(self.warmup_steps)))
-    if self.total_steps is not None:
-      total = float(self.total_steps)
-      decay = ops.minimum(1.0, (total - step) / (self.decay_fraction * total))
-      rate = rate * ops.maximum(decay, 0.0)
-    return rate
-
-  def get_config(self):
-    return {"warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "decay_fraction": self.decay_fraction, "scale": self.scale}
-
-
-def _rms(x):
-  return ops.sqrt(ops.mean(ops.square(x)))
+    return self.rate(ops, step)
 
 
 def _slot_layout(variable, dropped_axis=None):
@@ -77,9 +55,10 @@ def _compute_dtype(variable):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class Adafactor(keras.optimizers.Optimizer):
+class Adafactor(adafactor_rules.AdafactorStep, keras.optimizers.Optimizer):
   """Adafactor (Shazeer & Stern, 2018) as Mesh TensorFlow implements it, in
-  Keras 3: `thattn.optimizers.Adafactor`'s arguments and step.
+  Keras 3: `thattn.optimizers.Adafactor`'s arguments and step (the step's
+  arithmetic is `thattn.adafactor_rules.AdafactorStep`'s, in `keras.ops`).
 
   Slots per variable: `vr` and `vc` for a factored one (its two largest
   axes both >= `min_dim_size_to_factor`), else `v`; and `m` with
@@ -92,21 +71,16 @@ class Adafactor(keras.optimizers.Optimizer):
                clipping_threshold=1.0, multiply_by_parameter_scale=True,
                min_dim_size_to_factor=128, epsilon1=1e-30, epsilon2=1e-3,
                name="adafactor", **kwargs):
-    adafactor_rules.check_arguments(
-        learning_rate=learning_rate, decay_rate=decay_rate, beta1=beta1,
-        clipping_threshold=clipping_threshold,
-        min_dim_size_to_factor=min_dim_size_to_factor, epsilon1=epsilon1,
-        epsilon2=epsilon2)
-    if isinstance(learning_rate, int):
-      learning_rate = float(learning_rate)  # Keras 3 takes floats only
-    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
-    self.decay_rate = decay_rate
-    self.beta1 = beta1
-    self.clipping_threshold = clipping_threshold
-    self.multiply_by_parameter_scale = multiply_by_parameter_scale
-    self.min_dim_size_to_factor = min_dim_size_to_factor
-    self.epsilon1 = epsilon1
-    self.epsilon2 = epsilon2
+    # Keras 3 wants its __init__ first; it takes a rate of any sign, so
+    # the checks after it still come before any use.
+    super().__init__(
+        learning_rate=(float(learning_rate) if isinstance(learning_rate, int)
+                       else learning_rate),  # Keras 3 takes floats only
+        name=name, **kwargs)
+    self.set_hyperparameters(  # in adafactor_rules.HYPERPARAMETERS' order
+        learning_rate, decay_rate, beta1, clipping_threshold,
+        multiply_by_parameter_scale, min_dim_size_to_factor, epsilon1,
+        epsilon2)
 
   def build(self, var_list):
     """Creates each variable's slots, in var_list order."""
@@ -115,76 +89,28 @@ class Adafactor(keras.optimizers.Optimizer):
     super().build(var_list)
     self._slots = []
     for variable in var_list:
-      shape = list(variable.shape)
-      dtype = _compute_dtype(variable)
-      axes = adafactor_rules.factored_axes(shape, self.min_dim_size_to_factor)
-      slot_shapes = {}
-      if axes:
-        largest, second = axes
-        slot_shapes["vr"] = adafactor_rules.drop(shape, largest)
-        slot_shapes["vc"] = adafactor_rules.drop(shape, second)
-      else:
-        slot_shapes["v"] = shape
-      if self.beta1:
-        slot_shapes["m"] = shape
+      axes = adafactor_rules.factored_axes(list(variable.shape),
+                                           self.min_dim_size_to_factor)
       dropped = {"vr": axes[0], "vc": axes[1]} if axes else {}
       self._slots.append({
           slot: self.add_variable(
-              tuple(slot_shape), dtype=dtype, name=f"{variable.name}_{slot}",
+              tuple(shape), dtype=_compute_dtype(variable),
+              name=f"{variable.name}_{slot}",
               layout=_slot_layout(variable, dropped.get(slot)))
-          for slot, slot_shape in slot_shapes.items()})
+          for slot, shape in self.slot_shapes(variable.shape).items()})
 
   def update_step(self, gradient, variable, learning_rate):
     """One Adafactor step for one variable (thattn.optimizers' order)."""
     slots = self._slots[self._get_variable_index(variable)]
     dtype = _compute_dtype(variable)
-    grad = ops.cast(gradient, dtype)
-    old_value = ops.cast(variable, dtype)
-    step = ops.cast(self.iterations, dtype) + 1.0  # t = 1 at the first step
-    decay = 1.0 - ops.power(step, -self.decay_rate)
-    mixing = 1.0 - decay
-    update_scale = ops.cast(learning_rate, dtype)
-    if self.multiply_by_parameter_scale:
-      update_scale = ops.maximum(_rms(old_value), self.epsilon2) * update_scale
-    grad_squared = ops.square(grad) + self.epsilon1
-    axes = adafactor_rules.factored_axes(list(variable.shape),
-                                         self.min_dim_size_to_factor)
-    if axes:
-      largest, second = axes
-      new_vr = (slots["vr"] * decay +
-                ops.mean(grad_squared, axis=largest) * mixing)
-      new_vc = (slots["vc"] * decay +
-                ops.mean(grad_squared, axis=second) * mixing)
-      self.assign(slots["vr"], new_vr)
-      self.assign(slots["vc"], new_vc)
-      # v ~ vr * vc / mean_d1(vr); vr lacks `largest`, so d1 moves down one
-      # place when it came after it.
-      second_in_vr = second - 1 if second > largest else second
-      vr_mean = ops.mean(new_vr, axis=second_in_vr, keepdims=True)
-      update = (grad * ops.expand_dims(ops.rsqrt(new_vr / vr_mean), largest)
-                * ops.expand_dims(ops.rsqrt(new_vc), second))
-    else:
-      new_v = slots["v"] * decay + grad_squared * mixing
-      self.assign(slots["v"], new_v)
-      update = grad * ops.rsqrt(new_v)
-    if self.clipping_threshold is not None:
-      update = update / ops.maximum(
-          1.0, _rms(update) / self.clipping_threshold)
-    subtrahend = update * update_scale
-    if self.beta1:
-      subtrahend = slots["m"] * self.beta1 + subtrahend * (1.0 - self.beta1)
-      self.assign(slots["m"], subtrahend)
+    subtrahend, new_slots = self.adafactor_update(
+        ops, ops.cast(gradient, dtype), ops.cast(variable, dtype),
+        ops.cast(self.iterations, dtype) + 1.0,  # t = 1 at the first step
+        ops.cast(learning_rate, dtype), {name: slot.value for name, slot
+                                         in slots.items()})
+    for name, value in new_slots.items():
+      self.assign(slots[name], value)
     self.assign_sub(variable, ops.cast(subtrahend, variable.dtype))
 
   def get_config(self):
-    config = super().get_config()
-    config.update({
-        "decay_rate": self.decay_rate,
-        "beta1": self.beta1,
-        "clipping_threshold": self.clipping_threshold,
-        "multiply_by_parameter_scale": self.multiply_by_parameter_scale,
-        "min_dim_size_to_factor": self.min_dim_size_to_factor,
-        "epsilon1": self.epsilon1,
-        "epsilon2": self.epsilon2,
-    })
-    return config
+    return dict(super().get_config(), **self.hyperparameters_config())

@@ -23,8 +23,8 @@ import keras
 from keras import ops
 
 from thattn import attention_spec
+from thattn import attention_wiring
 from thattn import dims
-from thattn import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
 from thattn.keras3 import flash
@@ -32,8 +32,9 @@ from thattn.keras3 import fused
 from thattn.keras3 import initializers
 
 
-class ProjectedAttention(base.AttentionLayer):
-  """P_q, P_k, P_v, P_o and the attention core; P_l / P_w are optional."""
+class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
+  """P_q, P_k, P_v, P_o and the attention core; P_l / P_w are optional
+  (the hooks around the core: `thattn.attention_wiring.ProjectedHooks`)."""
 
   # What the fused kernel's choice reads (thattn.keras3.fused); multi-head
   # attention has no heads mixing to fuse.
@@ -42,22 +43,17 @@ class ProjectedAttention(base.AttentionLayer):
   fused_kernel = False
   flash_attention = None
 
+  # The front end's glue for thattn.attention_wiring.ProjectedHooks.
+  _framework = keras
+  _mix_heads = staticmethod(attention_math.mix_heads)
+  _serialize_initializer = staticmethod(keras.saving.serialize_keras_object)
+
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
                **kwargs):
     super().__init__(**kwargs)
-    value_dim = key_dim if value_dim is None else value_dim
-    self.num_heads = validation.layer_int("num_heads", num_heads)
-    self.num_key_heads = validation.layer_int("num_key_heads",
-                                                 num_key_heads)
-    self.num_value_heads = validation.layer_int("num_value_heads",
-                                                   num_value_heads)
-    self.key_dim = validation.layer_int("key_dim", key_dim)
-    self.value_dim = validation.layer_int("value_dim", value_dim)
-    self.use_bias = use_bias
-    self.bias_initializer = keras.initializers.get(bias_initializer)
-    self._pre_softmax_projection = None
-    self._post_softmax_projection = None
+    self.set_projections(num_key_heads, num_heads, num_value_heads, key_dim,
+                         value_dim, use_bias, bias_initializer)
 
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
@@ -85,27 +81,6 @@ class ProjectedAttention(base.AttentionLayer):
 
   def gate_shape(self):
     return self.num_value_heads, self.value_dim
-
-  def project_query(self, query):
-    return {"query": self._query_dense(query)}
-
-  def project_memory(self, key, value):
-    return {"key": self._key_dense(key), "value": self._value_dense(value)}
-
-  def mix_logits(self, dot_products, query_state, memory_state):
-    """L[b, h, n, m] from J[b, h_k, n, m]: identity here."""
-    del query_state, memory_state
-    if self._pre_softmax_projection is None:
-      return dot_products
-    return attention_math.mix_heads(dot_products,
-                                    self._pre_softmax_projection)
-
-  def mix_weights(self, weights, query_state, memory_state):
-    """U[b, h_v, n, m] from W[b, h, n, m]: identity here."""
-    del query_state, memory_state
-    if self._post_softmax_projection is None:
-      return weights
-    return attention_math.mix_heads(weights, self._post_softmax_projection)
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
@@ -138,21 +113,8 @@ class ProjectedAttention(base.AttentionLayer):
                          memory_state["value"])
     return context, value_weights
 
-  def dynamic_terms(self, query_state, memory_state):
-    """{name: R} of the dynamic projections of this call (none here)."""
-    del query_state, memory_state
-    return {}
-
   def get_config(self):
-    config = super().get_config()
-    config.update({
-        "key_dim": self.key_dim,
-        "value_dim": self.value_dim,
-        "use_bias": self.use_bias,
-        "bias_initializer":
-            keras.saving.serialize_keras_object(self.bias_initializer),
-    })
-    return config
+    return dict(super().get_config(), **self.projections_config())
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -207,7 +169,8 @@ class MultiHeadAttention(ProjectedAttention):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class TalkingHeadsAttention(ProjectedAttention):
+class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
+                            ProjectedAttention):
   """Talking-heads attention: `thattn.layers.TalkingHeadsAttention` in
   Keras 3, with separate h_k, h, h_v, logits-only and weights-only
   projections, the four dynamic projections and head groups.
@@ -246,16 +209,9 @@ class TalkingHeadsAttention(ProjectedAttention):
                      use_bias=use_bias, dropout=dropout,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer, **kwargs)
-    self.dynamic_projections = attention_spec.checked_dynamic_projections(
-        dynamic_projections, project_logits=project_logits,
-        project_weights=project_weights)
-    self.project_logits = project_logits
-    self.project_weights = project_weights
-    self.num_head_groups = attention_spec.checked_groups(
-        num_head_groups, num_key_heads, num_heads, num_value_heads)
-    self.talking_heads_initializer = (
-        None if talking_heads_initializer is None else
-        keras.initializers.get(talking_heads_initializer))
+    self.set_talking_heads(project_logits, project_weights,
+                           dynamic_projections, num_head_groups,
+                           talking_heads_initializer)
     self.fused_kernel = fused_kernel
     self.kernel_switch = kernel_switch  # the name the user gave, for errors
 
@@ -274,19 +230,9 @@ class TalkingHeadsAttention(ProjectedAttention):
     return keras.initializers.RandomNormal(stddev=fan_in ** -0.5)
 
   def create_weights(self, query_width, key_width, value_width):
-    shapes = attention_spec.MixingShapes(
-        self.num_key_heads, self.num_heads, self.num_value_heads,
-        self.num_head_groups)
     # P_l and P_w first, then the projections, then the dynamic ones in
     # name order: thattn.layers' weight order, so get_weights lines up.
-    if self.project_logits:
-      self._pre_softmax_projection = self.add_axes_weight(
-          "pre_softmax_projection", *shapes.static("l"),
-          self._projection_initializer(shapes.fan_in("l")))
-    if self.project_weights:
-      self._post_softmax_projection = self.add_axes_weight(
-          "post_softmax_projection", *shapes.static("w"),
-          self._projection_initializer(shapes.fan_in("w")))
+    shapes = self.create_head_mixes()
     super().create_weights(query_width, key_width, value_width)
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
@@ -309,48 +255,12 @@ class TalkingHeadsAttention(ProjectedAttention):
           layer, (None, None, widths[name]),
           {"kernel": (dims.D_MODEL,) + axes})
 
-  def project_query(self, query):
-    state = super().project_query(query)
-    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
-                                                 query=query))
-    return state
-
-  def project_memory(self, key, value):
-    state = super().project_memory(key, value)
-    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
-                                                 key=key, value=value))
-    return state
-
-  def dynamic_terms(self, query_state, memory_state):
-    return attention_spec.dynamic_terms(self.dynamic_projections,
-                                        query_state, memory_state)
-
-  def mix_logits(self, dot_products, query_state, memory_state):
-    logits = super().mix_logits(dot_products, query_state, memory_state)
-    for name, state in (("x2l", query_state), ("m2l", memory_state)):
-      if name in state:
-        logits = logits + attention_math.dynamic_mix(
-            name, dot_products, state[name], self.num_head_groups)
-    return logits
-
-  def mix_weights(self, weights, query_state, memory_state):
-    value_weights = super().mix_weights(weights, query_state, memory_state)
-    for name, state in (("x2w", query_state), ("m2w", memory_state)):
-      if name in state:
-        value_weights = value_weights + attention_math.dynamic_mix(
-            name, weights, state[name], self.num_head_groups)
-    return value_weights
+  def _dynamic_mix(self, name, scores, projection):
+    return attention_math.dynamic_mix(name, scores, projection,
+                                      self.num_head_groups)
 
   def get_config(self):
-    config = super().get_config()
-    config.update(attention_spec.talking_heads_config(self))
-    config.update({
-        "talking_heads_initializer": (
-            None if self.talking_heads_initializer is None else
-            keras.saving.serialize_keras_object(
-                self.talking_heads_initializer)),
-    })
-    return config
+    return dict(super().get_config(), **self.talking_heads_config())
 
 
 def _checked_switch(owner, name, value):

@@ -4,13 +4,14 @@ import keras
 from keras import ops
 
 from thattn import attention_spec
-from thattn import validation
+from thattn import attention_wiring
 from thattn.keras3 import attention_math
 from thattn.keras3 import lookups
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class RelativePositionBias(keras.layers.Layer):
+class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
+                           keras.layers.Layer):
   """Learned T5 bias B[1, h, n, m], one scalar per (bucket, softmax head).
 
   The weight `relative_attention_bias [num_buckets, h]`, as in
@@ -21,18 +22,12 @@ class RelativePositionBias(keras.layers.Layer):
   tensors as positional arguments.
   """
 
-  def __init__(self, num_heads, bidirectional=True, num_buckets=32,
-               max_distance=128, embeddings_initializer=None, **kwargs):
-    super().__init__(**kwargs)
-    self.num_heads = validation.layer_int("num_heads", num_heads)
-    attention_spec.check_relative_buckets(bidirectional, num_buckets,
-                                          max_distance)
-    self.bidirectional = bidirectional
-    self.num_buckets = num_buckets
-    self.max_distance = max_distance
-    self.embeddings_initializer = keras.initializers.get(
-        embeddings_initializer or
-        keras.initializers.RandomNormal(stddev=num_heads ** -0.5))
+  # The front end's glue for attention_wiring.RelativePositionBiasConfig.
+  _framework = keras
+  _serialize_initializer = staticmethod(keras.saving.serialize_keras_object)
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
     self.logical_axes = {}
 
   def build(self, *args, **kwargs):
@@ -63,19 +58,6 @@ class RelativePositionBias(keras.layers.Layer):
         ops.cast(self.embeddings, "float32"), buckets))  # [h, n + m]
     return ops.expand_dims(
         toeplitz(per_distance, query_length, memory_length), 0)
-
-  def get_config(self):
-    config = super().get_config()
-    config.update({
-        "num_heads": self.num_heads,
-        "bidirectional": self.bidirectional,
-        "num_buckets": self.num_buckets,
-        "max_distance": self.max_distance,
-        "embeddings_initializer":
-            keras.saving.serialize_keras_object(self.embeddings_initializer),
-    })
-    return config
-
 
 def toeplitz(rows, query_length, memory_length):
   """T[h, i, j] = rows[h, j - i + n - 1] for rows [h, n + m], n =

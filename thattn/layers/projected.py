@@ -21,6 +21,7 @@ fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
 import tf_keras
 
 from thattn import attention_spec
+from thattn import attention_wiring
 from thattn import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
@@ -35,8 +36,9 @@ VALUE_PROJECTION = attention_spec.VALUE_PROJECTION
 OUTPUT_PROJECTION = attention_spec.OUTPUT_PROJECTION
 
 
-class ProjectedAttention(base.AttentionLayer):
-  """Shared base of MultiHeadAttention and TalkingHeadsAttention.
+class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
+  """Shared base of MultiHeadAttention and TalkingHeadsAttention (the hooks
+  around the core: `thattn.attention_wiring.ProjectedHooks`).
 
   Computation (per example; letters as in `thattn.dims`):
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
@@ -57,25 +59,19 @@ class ProjectedAttention(base.AttentionLayer):
   dynamic_projections = ()
   num_head_groups = 1
 
+  # The front end's glue for thattn.attention_wiring.ProjectedHooks.
+  _framework = tf_keras
+  _mix_heads = staticmethod(attention_ops.mix_heads)
+  _serialize_initializer = staticmethod(tf_keras.initializers.serialize)
+
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
                query_chunk_size=None, **kwargs):
     super().__init__(**kwargs)
-    value_dim = key_dim if value_dim is None else value_dim
-    self.num_heads = validation.layer_int("num_heads", num_heads)
-    self.num_key_heads = validation.layer_int("num_key_heads",
-                                                 num_key_heads)
-    self.num_value_heads = validation.layer_int("num_value_heads",
-                                                   num_value_heads)
-    self.key_dim = validation.layer_int("key_dim", key_dim)
-    self.value_dim = validation.layer_int("value_dim", value_dim)
-    self.use_bias = use_bias
-    self.bias_initializer = tf_keras.initializers.get(bias_initializer)
+    self.set_projections(num_key_heads, num_heads, num_value_heads, key_dim,
+                         value_dim, use_bias, bias_initializer)
     self.query_chunk_size = validation.positive_int(
         "query_chunk_size", query_chunk_size, optional=True)
-    # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
-    self._pre_softmax_projection = None
-    self._post_softmax_projection = None
 
   def _einsum_dense(self, name, equation, output_shape, bias_axes,
                     initializer):
@@ -117,26 +113,6 @@ class ProjectedAttention(base.AttentionLayer):
         [None, None, h_v, d_v],
         attention_spec.PROJECTION_AXES["output"])
 
-  def project_query(self, query):
-    return {"query": self._query_dense(query)}
-
-  def project_memory(self, key, value):
-    return {"key": self._key_dense(key), "value": self._value_dense(value)}
-
-  def mix_logits(self, dot_products, query_state, memory_state):
-    """L[b, h, n, m] = einsum(J[b, h_k, n, m], P_l[h_k, h]), or J."""
-    del query_state, memory_state
-    if self._pre_softmax_projection is None:
-      return dot_products
-    return attention_ops.mix_heads(dot_products, self._pre_softmax_projection)
-
-  def mix_weights(self, weights, query_state, memory_state):
-    """U[b, h_v, n, m] = einsum(W[b, h, n, m], P_w[h, h_v]), or W."""
-    del query_state, memory_state
-    if self._post_softmax_projection is None:
-      return weights
-    return attention_ops.mix_heads(weights, self._post_softmax_projection)
-
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, return_scores):
     query, key, value = (query_state["query"], memory_state["key"],
@@ -162,19 +138,6 @@ class ProjectedAttention(base.AttentionLayer):
         dynamic=self.dynamic_terms(query_state, memory_state))
     return self._output_dense(context), value_weights
 
-  def dynamic_terms(self, query_state, memory_state):
-    """{name: R} of the dynamic projections of this call (none here)."""
-    del query_state, memory_state
-    return {}
-
   def get_config(self):
-    config = super().get_config()
-    config.update({
-        "key_dim": self.key_dim,
-        "value_dim": self.value_dim,
-        "use_bias": self.use_bias,
-        "query_chunk_size": self.query_chunk_size,
-        "bias_initializer":
-            tf_keras.initializers.serialize(self.bias_initializer),
-    })
-    return config
+    return dict(super().get_config(), **self.projections_config(),
+                query_chunk_size=self.query_chunk_size)

@@ -15,8 +15,8 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import attention_spec
+from thattn import attention_wiring
 from thattn import tracing
-from thattn import validation
 
 
 def relative_position_bucket(relative_position, bidirectional=True,
@@ -59,7 +59,8 @@ def relative_position_bucket(relative_position, bidirectional=True,
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class RelativePositionBias(tf_keras.layers.Layer):
+class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
+                           tf_keras.layers.Layer):
   """Learned T5 bias B[1, h, n, m], one scalar per (bucket, head).
 
   Create one per stack and call it from every block, as T5 does, so all
@@ -70,17 +71,12 @@ class RelativePositionBias(tf_keras.layers.Layer):
   pass t). Returns float32 `[1, h, n, m]` to pass as `position_bias=`.
   """
 
-  def __init__(self, num_heads, bidirectional=True, num_buckets=32,
-               max_distance=128, embeddings_initializer=None, **kwargs):
-    super().__init__(**kwargs)
-    self.num_heads = validation.layer_int("num_heads", num_heads)
-    relative_position_bucket(0, bidirectional, num_buckets, max_distance)
-    self.bidirectional = bidirectional
-    self.num_buckets = num_buckets
-    self.max_distance = max_distance
-    self.embeddings_initializer = tf_keras.initializers.get(
-        embeddings_initializer or
-        tf_keras.initializers.RandomNormal(stddev=num_heads ** -0.5))
+  # The front end's glue for attention_wiring.RelativePositionBiasConfig.
+  _framework = tf_keras
+  _serialize_initializer = staticmethod(tf_keras.initializers.serialize)
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
     self.logical_axes_by_name = {}
 
   def build(self, input_shape=None):
@@ -105,15 +101,3 @@ class RelativePositionBias(tf_keras.layers.Layer):
                                        self.num_buckets, self.max_distance)
     bias = tf.gather(tf.cast(self.embeddings, tf.float32), buckets)  # [n,m,h]
     return tf.expand_dims(tf.transpose(bias, [2, 0, 1]), 0)
-
-  def get_config(self):
-    config = super().get_config()
-    config.update({
-        "num_heads": self.num_heads,
-        "bidirectional": self.bidirectional,
-        "num_buckets": self.num_buckets,
-        "max_distance": self.max_distance,
-        "embeddings_initializer":
-            tf_keras.initializers.serialize(self.embeddings_initializer),
-    })
-    return config

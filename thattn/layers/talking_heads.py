@@ -54,6 +54,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import attention_spec
+from thattn import attention_wiring
 from thattn import dims
 from thattn.layers import initializers
 from thattn.layers import projected
@@ -66,7 +67,8 @@ checked_dynamic_projections = attention_spec.checked_dynamic_projections
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class TalkingHeadsAttention(projected.ProjectedAttention):
+class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
+                            projected.ProjectedAttention):
   """Talking-heads attention: learned projections across the heads dimension.
 
   Args:
@@ -142,16 +144,9 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer,
                      query_chunk_size=query_chunk_size, **kwargs)
-    self.dynamic_projections = checked_dynamic_projections(
-        dynamic_projections, project_logits=project_logits,
-        project_weights=project_weights)
-    self.project_logits = project_logits
-    self.project_weights = project_weights
-    self.num_head_groups = attention_spec.checked_groups(
-        num_head_groups, num_key_heads, num_heads, num_value_heads)
-    self.talking_heads_initializer = (
-        None if talking_heads_initializer is None else
-        tf_keras.initializers.get(talking_heads_initializer))
+    self.set_talking_heads(project_logits, project_weights,
+                           dynamic_projections, num_head_groups,
+                           talking_heads_initializer)
     if fused_kernel is not None and not isinstance(fused_kernel, bool):
       raise ValueError(f"fused_kernel must be None, True or False, got "
                        f"{fused_kernel!r}.")
@@ -164,16 +159,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
 
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
-    h_k, h, h_v = self.num_key_heads, self.num_heads, self.num_value_heads
-    shapes = attention_spec.MixingShapes(h_k, h, h_v, self.num_head_groups)
-    if self.project_logits:
-      self._pre_softmax_projection = self.add_axes_weight(
-          "pre_softmax_projection", *shapes.static("l"),
-          self._projection_initializer(shapes.fan_in("l")))
-    if self.project_weights:
-      self._post_softmax_projection = self.add_axes_weight(
-          "post_softmax_projection", *shapes.static("w"),
-          self._projection_initializer(shapes.fan_in("w")))
+    shapes = self.create_head_mixes()
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
     generators = (attention_spec.DYNAMIC_GENERATORS
@@ -193,37 +179,6 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
               dtype=self.dtype_policy, name=name),
           [None, None, widths[name]],
           {"kernel": (dims.D_MODEL,) + axes})
-
-  def project_query(self, query):
-    state = super().project_query(query)
-    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
-                                                 query=query))
-    return state
-
-  def project_memory(self, key, value):
-    state = super().project_memory(key, value)
-    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
-                                                 key=key, value=value))
-    return state
-
-  def mix_logits(self, dot_products, query_state, memory_state):
-    logits = super().mix_logits(dot_products, query_state, memory_state)
-    for name, state in (("x2l", query_state), ("m2l", memory_state)):
-      if name in state:
-        logits += self._dynamic_mix(name, dot_products, state[name])
-    return logits
-
-  def mix_weights(self, weights, query_state, memory_state):
-    value_weights = super().mix_weights(weights, query_state, memory_state)
-    for name, state in (("x2w", query_state), ("m2w", memory_state)):
-      if name in state:
-        value_weights += self._dynamic_mix(name, weights, state[name])
-    return value_weights
-
-  def dynamic_terms(self, query_state, memory_state):
-    """{name: R[b, n or m, ...]} of the layer's dynamic projections."""
-    return attention_spec.dynamic_terms(self.dynamic_projections,
-                                        query_state, memory_state)
 
   def _dynamic_mix(self, name, scores, projection):
     """scores[b, f, n, m] mixed by a dynamic projection R[b, n or m, ...]."""
@@ -245,11 +200,4 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     return self.num_value_heads
 
   def get_config(self):
-    config = super().get_config()
-    config.update(attention_spec.talking_heads_config(self))
-    config.update({
-        "talking_heads_initializer": (
-            None if self.talking_heads_initializer is None else
-            tf_keras.initializers.serialize(self.talking_heads_initializer)),
-    })
-    return config
+    return dict(super().get_config(), **self.talking_heads_config())

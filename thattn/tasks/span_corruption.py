@@ -6,7 +6,12 @@ inputs and spelled out after it in the targets). `sequence_length` is the
 encoder input length; the raw rows and the targets are sized so that every
 corrupted example fits. The decoder is taught with the targets shifted right
 after the start token 0, and the held-out loss is ln(PPL) over the target
-tokens. Serving: greedy generation from raw text.
+tokens. After training, the first held-out batch is also decoded greedily,
+step by step with the KV caches (`thattn.models.T5Generator`; the Keras 3
+backend decodes with its own model, `thattn.keras3.models.T5Generator`),
+and scored against the targets (`decoding_metrics`): the share of
+examples decoded exactly and of target tokens decoded right. Serving:
+greedy generation from raw text.
 """
 
 import numpy as np
@@ -19,6 +24,26 @@ from thattn.models import task_wiring
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
+
+
+def decoding_metrics(targets, tokens, pad_id):
+  """{"greedy_exact_match", "greedy_token_accuracy"} of decoded tokens
+  [b, m] against the targets [b, m] (both padded with `pad_id` after the
+  end token): the share of rows equal to their target, and of the target's
+  non-padding tokens decoded at their place."""
+  targets, tokens = np.asarray(targets), np.asarray(tokens)
+  if targets.shape != tokens.shape:
+    raise ValueError(f"Decoded tokens {tokens.shape} and targets "
+                     f"{targets.shape} must have one shape.")
+  scored = targets != pad_id
+  right = (tokens == targets) & scored
+  return {"greedy_exact_match": float(np.mean(np.all(tokens == targets,
+                                                     axis=1))),
+          "greedy_token_accuracy": float(right.sum() / max(scored.sum(), 1))}
+
+
+# Held-out batches decoded after training (each is a whole decode).
+DECODED_BATCHES = 1
 
 
 @base.register
@@ -61,6 +86,32 @@ class SpanCorruption(text.TextTask):
         front_end.TF_KERAS_OPS, self.backbone, batch, training,
         pad_id=self.tokenizer.special.pad)
 
+  @property
+  def targets_length(self):
+    return batches.span_corruption_lengths(self.sequence_length)[1]
+
+  def extra_eval_metrics(self, num_steps, devices):
+    """Greedy decoding of the first held-out batch (see the module)."""
+    del num_steps  # DECODED_BATCHES, however many the loss reads
+    if not devices.decodes:
+      return {}
+    generator = models.T5Generator(self.backbone,
+                                   max_length=self.targets_length,
+                                   eos_id=self.tokenizer.special.eos)
+    return self.decoding_metrics(lambda inputs: devices.fetch(
+        generator(devices.place(inputs))["tokens"]))
+
+  def decoding_metrics(self, generate):
+    """The decoding metrics of `generate(inputs int32 [b, n]) -> tokens
+    [b, targets_length]`, a front end's greedy decoder, over the first
+    DECODED_BATCHES held-out batches."""
+    targets, tokens = [], []
+    for batch in self.eval_dataset(DECODED_BATCHES).as_numpy_iterator():
+      targets.append(batch["targets"])
+      tokens.append(np.asarray(generate(batch["inputs"].astype(np.int32))))
+    return decoding_metrics(np.concatenate(targets), np.concatenate(tokens),
+                            self.tokenizer.special.pad)
+
   def inputs_and_targets(self, batch):
     # mtf's Bitransformer shifts the targets right itself, as loss() does.
     return (np.asarray(batch["inputs"], np.int32),
@@ -68,8 +119,7 @@ class SpanCorruption(text.TextTask):
 
   @property
   def tokens_per_step(self):
-    _, targets_length = batches.span_corruption_lengths(self.sequence_length)
-    return self.batch_size * (self.sequence_length + targets_length)
+    return self.batch_size * (self.sequence_length + self.targets_length)
 
   def run_config(self):
     return dict(super().run_config(), eos_id=self.tokenizer.special.eos)

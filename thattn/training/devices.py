@@ -37,6 +37,10 @@ class Devices(abc.ABC):
   def train_loop(self, task, optimizer, loss_scaling):
     """The compiled training and evaluation steps of `task`."""
 
+  # Whether a task's metrics may run step-by-step decoding here (T5's
+  # greedy decoding after span corruption).
+  decodes = True
+
   def place(self, batch):
     """A host batch, ready for the model's functions."""
     return batch

@@ -166,6 +166,10 @@ class DTensorDevices(devices.Devices):
   The `thattn.training.devices.Devices` interface, on a DTensor mesh.
   """
 
+  # T5Generator's caches and loop carry no layouts: no decoding metrics on
+  # a mesh (span corruption reports its held-out loss alone there).
+  decodes = False
+
   def __init__(self, options, model_dir):
     """Makes the mesh; checks the batch size against the batch axis.
 

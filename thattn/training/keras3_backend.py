@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from thattn import run_dir
 from thattn.keras3 import optimizers as keras3_optimizers
+from thattn.keras3.models import generation
 from thattn.keras3.models import heads
 from thattn.training import backend as backend_lib
 from thattn.training import devices as devices_lib
@@ -262,8 +263,17 @@ class Keras3Backend(backend_lib.Backend):
 
   def task_metrics(self, num_steps):
     """The task's metrics, computed by its tf_keras twin holding the Keras
-    3 weights (as the mtf backend does)."""
+    3 weights (as the mtf backend does); a task's decoding metrics (span
+    corruption's), by the Keras 3 model's own greedy decoding."""
     self._keras3_to_twin()
+    if hasattr(self.task, "decoding_metrics"):
+      generator = generation.T5Generator(
+          self.loss_layer.backbone, max_length=self.task.targets_length,
+          eos_id=self.task.tokenizer.special.eos)
+
+      def generate(inputs):
+        return keras.ops.convert_to_numpy(generator(inputs)["tokens"])
+      return self.task.decoding_metrics(generate)
     return self.task.extra_eval_metrics(
         num_steps, devices_lib.StrategyDevices(tf.distribute.get_strategy()))
 
