@@ -177,6 +177,7 @@ def test_the_keras3_layers_import_no_tf_keras():
 _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.wiring",
                          "thattn.models.block_wiring",
+                         "thattn.models.embedding_wiring",
                          "thattn.models.task_wiring")
 
 

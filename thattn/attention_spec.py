@@ -14,6 +14,8 @@ Front-end code computes with these constants (tf.einsum or keras.ops.einsum);
 it does not write equations of its own.
 """
 
+import functools
+
 from thattn import dims
 from thattn import validation
 
@@ -224,6 +226,23 @@ def fixed_head_size(sequence_length, head_size):
                      f"sequence_length={sequence_length!r}, "
                      f"head_size={head_size!r}.")
   return sequence_length if head_size is None else head_size
+
+
+def combine_masks(logical_and, masks):
+  """Logical AND (a framework's `logical_and`) of the masks that are not
+  None; None if all are None."""
+  present = [mask for mask in masks if mask is not None]
+  return functools.reduce(logical_and, present) if present else None
+
+
+def check_one_memory(owner, key_width, value_width):
+  """General bilinear attention reads one memory M: its keys and values
+  must have one width."""
+  if key_width != value_width:
+    raise ValueError(
+        f"{owner}: general bilinear attention reads one memory M, so key "
+        f"and value must have the same width, got key width {key_width} "
+        f"and value width {value_width}.")
 
 
 def check_relative_buckets(bidirectional, num_buckets, max_distance):

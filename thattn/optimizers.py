@@ -7,20 +7,16 @@ variables (colocated under a distribution strategy, laid out under
 DTensor) and assigned.
 """
 
-import types
-
 import tensorflow as tf
 import tf_keras
 
 from thattn import adafactor_rules
+from thattn import tf_ops
 
 
 # The tensor functions `thattn.adafactor_rules` computes with, in
 # TensorFlow (keras.ops' names).
-TF_OPS = types.SimpleNamespace(
-    cast=tf.cast, power=tf.pow, sqrt=tf.sqrt, rsqrt=tf.math.rsqrt,
-    square=tf.square, mean=tf.reduce_mean, maximum=tf.maximum,
-    minimum=tf.minimum, expand_dims=tf.expand_dims)
+TF_OPS = tf_ops.TF_OPS
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")

@@ -4,13 +4,14 @@ Keras backend trains it.
 Fine-tuning starts from --init_checkpoint of a tiny masked-LM run of each
 backend (classification from the keras3 one, SQuAD from the keras one);
 span corruption (whose metrics decode greedily: the keras3 run with the
-Keras 3 model's T5Generator, under jax.jit) and recall train from scratch. Each task runs with --backend=keras and
---backend=keras3 (JAX, the binary's default) on the same flags: the two
-start from the same weights and read the same batches, so their per-step
-losses, held-out losses and task metrics must agree within the masked-LM
-comparison's tolerance (tests/training/keras3_backend_test.py), and the
-keras3 run's export must serve as the Keras run's does. Dropout is off:
-the two frameworks draw different masks.
+Keras 3 model's T5Generator, under jax.jit) and recall train from
+scratch. Each task runs with --backend=keras and --backend=keras3 (JAX,
+the binary's default) on the same flags: the two start from the same
+weights and read the same batches, so their per-step losses, held-out
+losses and task metrics must agree within the masked-LM comparison's
+tolerance (tests/training/keras3_backend_test.py), and the keras3 run's
+export must serve as the Keras run's does. Dropout is off: the two
+frameworks draw different masks.
 """
 
 import os

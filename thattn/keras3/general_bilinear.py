@@ -56,11 +56,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
         stddev=fan_in ** -0.5)
 
   def create_weights(self, query_width, key_width, value_width):
-    if key_width != value_width:
-      raise ValueError(
-          f"{self.name}: general bilinear attention reads one memory M, so "
-          f"key and value must have the same width, got key width "
-          f"{key_width} and value width {value_width}.")
+    attention_spec.check_one_memory(self.name, key_width, value_width)
     h = self.num_heads
     self._value_width = value_width
     self._p = self.add_axes_weight(

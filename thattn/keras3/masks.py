@@ -17,6 +17,8 @@ layers a mask is laid out [b or 1, h or 1, n or 1, m or 1]:
 
 from keras import ops
 
+from thattn import attention_spec
+
 try:  # The functions keras.layers.MultiHeadAttention itself uses; Keras 3
   # has no public API for a tensor's implicit mask.
   from keras.src.backend import get_keras_mask  # pylint: disable=g-import-not-at-top
@@ -105,13 +107,7 @@ def positions_band(query_length, memory_length, offset=0, causal=False,
 
 def combine(*masks):
   """Logical AND of the masks that are not None; None if all are None."""
-  present = [mask for mask in masks if mask is not None]
-  if not present:
-    return None
-  combined = present[0]
-  for mask in present[1:]:
-    combined = ops.logical_and(combined, mask)
-  return combined
+  return attention_spec.combine_masks(ops.logical_and, masks)
 
 
 def keras_form(mask):

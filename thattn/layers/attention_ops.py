@@ -120,10 +120,4 @@ def full_mask(mask, causal_offset, query_length, memory_length):
 
 def combine_masks(*masks):
   """Logical AND of the masks that are not None; None if all are None."""
-  present = [mask for mask in masks if mask is not None]
-  if not present:
-    return None
-  combined = present[0]
-  for mask in present[1:]:
-    combined = tf.logical_and(combined, mask)
-  return combined
+  return attention_spec.combine_masks(tf.logical_and, masks)

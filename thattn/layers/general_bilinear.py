@@ -53,11 +53,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
     self.num_heads = validation.layer_int("num_heads", num_heads)
 
   def create_weights(self, query_width, key_width, value_width):
-    if key_width != value_width:
-      raise ValueError(
-          f"{self.name}: general bilinear attention reads one memory M, so "
-          f"key and value must have the same width, got key width "
-          f"{key_width} and value width {value_width}.")
+    attention_spec.check_one_memory(self.name, key_width, value_width)
     h = self.num_heads
     output_dim = self.output_dim or query_width
     self._p = self.add_axes_weight(

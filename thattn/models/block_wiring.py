@@ -47,10 +47,49 @@ def deserialize_layers(config, names, deserialize):
   return config
 
 
+def glue(name, framework, **functions):
+  """A base class of a front end's glue for the mixins here and in
+  `embedding_wiring`: `_framework` (tf_keras or keras) and each function
+  of `functions` (serialize, deserialize, serialize_initializer, fresh) as
+  a static method `_<name>`. Each front end's layer classes inherit it
+  after their mixin."""
+  attributes = {f"_{key}": staticmethod(function)
+                for key, function in functions.items()}
+  return type(name, (), dict(attributes, _framework=framework,
+                             __doc__=f"{framework.__name__}'s glue for "
+                             "thattn.models' shared wiring."))
+
+
 def variable_key(variable):
   """A weight's key in `logical_axes`: its path in Keras 3, its name in
   tf_keras (which has no paths)."""
   return getattr(variable, "path", None) or variable.name
+
+
+class RMSNormWiring:
+  """T5's layer norm: y = x / sqrt(mean(x**2) + epsilon) * scale, in
+  float32 (under mixed precision too); unlike LayerNormalization it
+  subtracts no mean and adds no bias. Glue: `_ops`, the front end's
+  functions under keras.ops' names (keras.ops, `thattn.tf_ops.TF_OPS`);
+  the front end builds `scale`."""
+
+  def __init__(self, epsilon=1e-6, **kwargs):
+    super().__init__(**kwargs)
+    self.epsilon = epsilon
+
+  @property
+  def logical_axes(self):
+    return {variable_key(self.scale): (dims.D_MODEL,)}
+
+  def call(self, inputs):
+    ops = self._ops
+    x = ops.cast(inputs, "float32")
+    variance = ops.mean(ops.square(x), axis=-1, keepdims=True)
+    y = x * ops.rsqrt(variance + self.epsilon)
+    return ops.cast(y * ops.cast(self.scale, "float32"), self.compute_dtype)
+
+  def get_config(self):
+    return dict(super().get_config(), epsilon=self.epsilon)
 
 
 class FeedForwardWiring:
@@ -62,8 +101,9 @@ class FeedForwardWiring:
 
   Mixed into a front end's Layer class, which names its glue in class
   attributes: `_framework` (tf_keras or keras), `_activation_of` (an
-  activation name of config.ACTIVATIONS -> its function) and `_fresh` (an
-  initializer -> a fresh copy, one per weight).
+  activation name of config.ACTIVATIONS -> its function), `_fresh` (an
+  initializer -> a fresh copy, one per weight) and `_serialize_initializer`
+  (the front end's `glue` class gives all but the activations).
   """
 
   def __init__(self, d_ff, activation="relu", gated=False, use_bias=False,
@@ -103,10 +143,14 @@ class FeedForwardWiring:
              (self.gate_dense, list(input_shape)),
              (self.output_dense, hidden_shape)) if layer is not None]
 
-  def options_config(self):
-    return dict(d_ff=self.d_ff, activation=self.activation,
-                gated=self.gated, use_bias=self.use_bias,
-                dropout_rate=self.dropout_rate)
+  def get_config(self):
+    return dict(super().get_config(), d_ff=self.d_ff,
+                activation=self.activation, gated=self.gated,
+                use_bias=self.use_bias, dropout_rate=self.dropout_rate,
+                kernel_initializer=self._serialize_initializer(
+                    self.kernel_initializer),
+                output_initializer=self._serialize_initializer(
+                    self.output_initializer))
 
   @property
   def logical_axes(self):

@@ -18,16 +18,11 @@ share one block (ALBERT) or one layer between blocks.
 import tensorflow as tf
 import tf_keras
 
-from thattn import dims
+from thattn import tf_ops
 from thattn import tracing
 from thattn.layers import base
-from thattn.layers import initializers
 from thattn.models import block_wiring
-
-
-def _serialize_initializer(initializer):
-  return tf_keras.initializers.serialize(
-      tf_keras.initializers.get(initializer))
+from thattn.models import embeddings
 
 
 def build_sublayer(layer, input_shape, memory_shape=None):
@@ -54,41 +49,27 @@ activation_function = block_wiring.activations(tf.nn.relu, tf.nn.gelu)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class RMSNorm(tf_keras.layers.Layer):
+class RMSNorm(block_wiring.RMSNormWiring, tf_keras.layers.Layer):
   """T5's layer norm: y = x / sqrt(mean(x**2) + epsilon) * scale.
 
   Unlike LayerNormalization it subtracts no mean and adds no bias. It runs
-  in float32 under mixed precision.
+  in float32 under mixed precision. (The computation: `thattn.models.
+  block_wiring.RMSNormWiring`.)
   """
 
-  def __init__(self, epsilon=1e-6, **kwargs):
-    super().__init__(**kwargs)
-    self.epsilon = epsilon
+  _ops = tf_ops.TF_OPS
 
   def build(self, input_shape):
     self.scale = self.add_weight("scale", [input_shape[-1]],
                                  initializer="ones")
     super().build(input_shape)
 
-  @property
-  def logical_axes(self):
-    return {self.scale.name: (dims.D_MODEL,)}
-
-  @tracing.unconverted
-  def call(self, inputs):
-    x = tf.cast(inputs, tf.float32)
-    variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
-    y = x * tf.math.rsqrt(variance + self.epsilon)
-    return tf.cast(y * tf.cast(self.scale, tf.float32), self.compute_dtype)
-
-  def get_config(self):
-    config = super().get_config()
-    config["epsilon"] = self.epsilon
-    return config
+  call = tracing.unconverted(block_wiring.RMSNormWiring.call)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
+class FeedForward(block_wiring.FeedForwardWiring, embeddings.TfKerasGlue,
+                  tf_keras.layers.Layer):
   """Position-wise feed-forward network (the computation is
   `thattn.models.block_wiring.FeedForwardWiring`'s):
 
@@ -101,9 +82,7 @@ class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
   """
 
   # The front end's glue for thattn.models.block_wiring.FeedForwardWiring.
-  _framework = tf_keras
   _activation_of = staticmethod(activation_function)
-  _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
     for layer, shape in self.make_dense_layers(
@@ -113,24 +92,13 @@ class FeedForward(block_wiring.FeedForwardWiring, tf_keras.layers.Layer):
 
   call = tracing.unconverted(block_wiring.FeedForwardWiring.call)
 
-  def get_config(self):
-    config = super().get_config()
-    config.update(
-        self.options_config(),
-        kernel_initializer=_serialize_initializer(self.kernel_initializer),
-        output_initializer=_serialize_initializer(self.output_initializer))
-    return config
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
+class PostNormBlock(block_wiring.PostNormWiring, embeddings.TfKerasGlue,
+                    tf_keras.layers.Layer):
   """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
   is `thattn.models.block_wiring.PostNormWiring`'s."""
-
-  # The front end's glue for thattn.models.block_wiring.PostNormWiring.
-  _framework = tf_keras
-  _serialize = staticmethod(tf_keras.layers.serialize)
-  _deserialize = staticmethod(tf_keras.layers.deserialize)
 
   def build(self, input_shape):
     for layer in (self.attention, self.attention_norm, self.feed_forward,
@@ -142,7 +110,8 @@ class PostNormBlock(block_wiring.PostNormWiring, tf_keras.layers.Layer):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
+class PreNormBlock(block_wiring.PreNormWiring, embeddings.TfKerasGlue,
+                   tf_keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Args:
@@ -164,10 +133,7 @@ class PreNormBlock(block_wiring.PreNormWiring, tf_keras.layers.Layer):
   """
 
   # The front end's glue for thattn.models.block_wiring.PreNormWiring.
-  _framework = tf_keras
   _rms_norm = RMSNorm
-  _serialize = staticmethod(tf_keras.layers.serialize)
-  _deserialize = staticmethod(tf_keras.layers.deserialize)
 
   def build(self, input_shape):
     # The cross-attention memory (the encoder output) has the same width

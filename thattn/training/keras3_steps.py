@@ -156,23 +156,23 @@ class TaskLoss(keras.layers.Layer):
     return head
 
   def call(self, batch, training=False):
-    ops, name = front_end.KERAS3_OPS, self.task_name
+    task_ops, name = front_end.KERAS3_OPS, self.task_name
     if name == "mlm":
-      return task_wiring.masked_lm_loss(ops, self.backbone, self.head, batch,
-                                        training)
+      return task_wiring.masked_lm_loss(task_ops, self.backbone, self.head,
+                                        batch, training)
     if name == "span_corruption":
-      return task_wiring.span_corruption_loss(ops, self.backbone, batch,
+      return task_wiring.span_corruption_loss(task_ops, self.backbone, batch,
                                               training, self.pad_id)
     if name == "classification":
       return task_wiring.classification_loss(
-          ops, task_wiring.classification_outputs(
+          task_ops, task_wiring.classification_outputs(
               self.backbone, self.head, batch, training),
           batch["labels"], self.regression)
     if name == "squad":
-      return task_wiring.squad_loss(ops, self.backbone, self.head, batch,
-                                    training)
+      return task_wiring.squad_loss(task_ops, self.backbone, self.head,
+                                    batch, training)
     return task_wiring.recall_loss(
-        ops, self.backbone,
+        task_ops, self.backbone,
         tuple(batch[key] for key in _TASK_INPUTS["recall"]), training)
 
 

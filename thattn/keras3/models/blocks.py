@@ -18,8 +18,7 @@ as instances.
 import keras
 from keras import ops
 
-from thattn import dims
-from thattn.keras3 import initializers
+from thattn.keras3.models import embeddings
 from thattn.models import block_wiring
 
 # The functions behind thattn.models.config.ACTIVATIONS, for the blocks
@@ -29,55 +28,31 @@ activation_function = block_wiring.activations(keras.ops.relu,
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class RMSNorm(keras.layers.Layer):
+class RMSNorm(block_wiring.RMSNormWiring, keras.layers.Layer):
   """T5's layer norm: y = x / sqrt(mean(x**2) + epsilon) * scale, in
-  float32; no mean subtracted, no bias."""
+  float32; no mean subtracted, no bias (the computation: `thattn.models.
+  block_wiring.RMSNormWiring`)."""
 
-  def __init__(self, epsilon=1e-6, **kwargs):
-    super().__init__(**kwargs)
-    self.epsilon = epsilon
+  _ops = ops
 
   def build(self, input_shape):
     self.scale = self.add_weight(name="scale", shape=(input_shape[-1],),
                                  initializer="ones")
 
-  @property
-  def logical_axes(self):
-    return {self.scale.path: (dims.D_MODEL,)}
-
-  def call(self, inputs):
-    x = ops.cast(inputs, "float32")
-    variance = ops.mean(ops.square(x), axis=-1, keepdims=True)
-    y = x * ops.rsqrt(variance + self.epsilon)
-    return ops.cast(y * ops.cast(self.scale, "float32"), self.compute_dtype)
-
-  def get_config(self):
-    config = super().get_config()
-    config["epsilon"] = self.epsilon
-    return config
-
 
 @keras.saving.register_keras_serializable(package="thattn")
-class FeedForward(block_wiring.FeedForwardWiring, keras.layers.Layer):
+class FeedForward(block_wiring.FeedForwardWiring, embeddings.Keras3Glue,
+                  keras.layers.Layer):
   """Position-wise feed-forward network (thattn.models.blocks.FeedForward;
   the computation is `thattn.models.block_wiring.FeedForwardWiring`'s)."""
 
   # The front end's glue for thattn.models.block_wiring.FeedForwardWiring.
-  _framework = keras
   _activation_of = staticmethod(activation_function)
-  _fresh = staticmethod(initializers.fresh)
 
   def build(self, input_shape):
     for layer, shape in self.make_dense_layers(input_shape):
       layer.build(tuple(shape))
 
-  def get_config(self):
-    config = super().get_config()
-    serialize = keras.saving.serialize_keras_object
-    config.update(self.options_config(),
-                  kernel_initializer=serialize(self.kernel_initializer),
-                  output_initializer=serialize(self.output_initializer))
-    return config
 
 
 def _build_attention(layer, input_shape, memory_shape=None):
@@ -86,14 +61,10 @@ def _build_attention(layer, input_shape, memory_shape=None):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PostNormBlock(block_wiring.PostNormWiring, keras.layers.Layer):
+class PostNormBlock(block_wiring.PostNormWiring, embeddings.Keras3Glue,
+                    keras.layers.Layer):
   """BERT's Transformer layer: residual, then LayerNorm (post-LN); the call
   is `thattn.models.block_wiring.PostNormWiring`'s."""
-
-  # The front end's glue for thattn.models.block_wiring.PostNormWiring.
-  _framework = keras
-  _serialize = staticmethod(keras.saving.serialize_keras_object)
-  _deserialize = staticmethod(keras.saving.deserialize_keras_object)
 
   def build(self, input_shape):
     _build_attention(self.attention, input_shape)
@@ -107,7 +78,8 @@ class PostNormBlock(block_wiring.PostNormWiring, keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PreNormBlock(block_wiring.PreNormWiring, keras.layers.Layer):
+class PreNormBlock(block_wiring.PreNormWiring, embeddings.Keras3Glue,
+                   keras.layers.Layer):
   """T5's Transformer layer: RMSNorm, sublayer, dropout, residual.
 
   Call: block(x, memory=None, attention_mask=None, memory_mask=None,
@@ -117,10 +89,7 @@ class PreNormBlock(block_wiring.PreNormWiring, keras.layers.Layer):
   """
 
   # The front end's glue for thattn.models.block_wiring.PreNormWiring.
-  _framework = keras
   _rms_norm = RMSNorm
-  _serialize = staticmethod(keras.saving.serialize_keras_object)
-  _deserialize = staticmethod(keras.saving.deserialize_keras_object)
 
   def build(self, input_shape, *args, **kwargs):
     # The memory (the encoder output) has the decoder's width in every

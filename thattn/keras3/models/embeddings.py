@@ -10,13 +10,21 @@ vocabulary entry.
 import keras
 from keras import ops
 
-from thattn import dims
 from thattn import validation
 from thattn.keras3 import initializers
 from thattn.keras3 import lookups
+from thattn.models import block_wiring
+from thattn.models import embedding_wiring
 
-# logits[b, n, t] = einsum(X[b, n, d], E[t, d]): t indexes the vocabulary.
-EMBEDDING_LOGITS = "bnd,td->bnt"
+EMBEDDING_LOGITS = embedding_wiring.EMBEDDING_LOGITS
+
+
+# Keras 3's glue for the shared wiring's mixins.
+Keras3Glue = block_wiring.glue(
+    "Keras3Glue", keras, serialize=keras.saving.serialize_keras_object,
+    deserialize=keras.saving.deserialize_keras_object,
+    serialize_initializer=keras.saving.serialize_keras_object,
+    fresh=initializers.fresh)
 
 
 def padding_mask(tokens, pad_id=None):
@@ -30,22 +38,14 @@ def padding_mask(tokens, pad_id=None):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class TokenEmbedding(keras.layers.Layer):
+class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, Keras3Glue,
+                     keras.layers.Layer):
   """A token embedding E[t, d] that also scores vectors against itself.
 
   `layer(tokens)` looks tokens up; `layer(x, mode="logits")` returns
   float32 `logits[b, n, t] = einsum(x * logits_scale, E)` (T5's tied
   embedding, with its d_model**-0.5).
   """
-
-  def __init__(self, vocab_size, width, embeddings_initializer="uniform",
-               logits_scale=1.0, **kwargs):
-    super().__init__(**kwargs)
-    self.vocab_size = vocab_size
-    self.width = width
-    self.embeddings_initializer = keras.initializers.get(
-        embeddings_initializer)
-    self.logits_scale = float(logits_scale)
 
   def build(self, input_shape=None):
     self.embeddings = self.add_weight(
@@ -60,10 +60,6 @@ class TokenEmbedding(keras.layers.Layer):
         # `autocast = False` (keras.layers.Embedding's way) does not hold
         # when the layer is the first mixed one called (Keras 3.15).
         autocast=False)
-
-  @property
-  def logical_axes(self):
-    return {self.embeddings.path: (dims.VOCAB, dims.D_MODEL)}
 
   def call(self, inputs, mode="embed"):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
@@ -82,32 +78,16 @@ class TokenEmbedding(keras.layers.Layer):
     return keras.KerasTensor(tuple(inputs.shape[:-1]) + (self.vocab_size,),
                              "float32")
 
-  def get_config(self):
-    config = super().get_config()
-    config.update(vocab_size=self.vocab_size, width=self.width,
-                  embeddings_initializer=keras.saving.serialize_keras_object(
-                      self.embeddings_initializer),
-                  logits_scale=self.logits_scale)
-    return config
-
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PositionEmbedding(keras.layers.Layer):
+class PositionEmbedding(embedding_wiring.PositionEmbeddingConfig,
+                        Keras3Glue, keras.layers.Layer):
   """BERT's learned absolute positions: X[b, n, d] + P[:n, d]."""
-
-  def __init__(self, max_length, initializer="uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.max_length = max_length
-    self.initializer = keras.initializers.get(initializer)
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         name="embeddings", shape=(self.max_length, input_shape[-1]),
         initializer=initializers.fresh(self.initializer))
-
-  @property
-  def logical_axes(self):
-    return {self.embeddings.path: (None, dims.D_MODEL)}
 
   def call(self, inputs):
     length = inputs.shape[1]
@@ -120,25 +100,12 @@ class PositionEmbedding(keras.layers.Layer):
   def compute_output_shape(self, input_shape):
     return input_shape
 
-  def get_config(self):
-    config = super().get_config()
-    config.update(max_length=self.max_length,
-                  initializer=keras.saving.serialize_keras_object(
-                      self.initializer))
-    return config
-
 
 @keras.saving.register_keras_serializable(package="thattn")
-class StackPositionBias(keras.layers.Layer):
+class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
+                        Keras3Glue, keras.layers.Layer):
   """A stack's self-attention position bias [1, h, n, n], one weight shared
   by all its blocks (T5): wraps a `thattn.keras3.RelativePositionBias`."""
-
-  def __init__(self, relative_position_bias, **kwargs):
-    super().__init__(**kwargs)
-    if isinstance(relative_position_bias, dict):
-      relative_position_bias = keras.saving.deserialize_keras_object(
-          relative_position_bias)
-    self.relative_position_bias = relative_position_bias
 
   def build(self, input_shape):
     if not self.relative_position_bias.built:
@@ -158,43 +125,14 @@ class StackPositionBias(keras.layers.Layer):
         (1, self.relative_position_bias.num_heads, length,
          length if memory_length is None else memory_length), "float32")
 
-  def get_config(self):
-    config = super().get_config()
-    config["relative_position_bias"] = keras.saving.serialize_keras_object(
-        self.relative_position_bias)
-    return config
-
 
 @keras.saving.register_keras_serializable(package="thattn")
-class Pooler(keras.layers.Layer):
-  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary."""
-
-  def __init__(self, width, kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.width = width
-    self.kernel_initializer = keras.initializers.get(kernel_initializer)
-    self.dense = keras.layers.Dense(
-        width, activation="tanh",
-        kernel_initializer=initializers.fresh(self.kernel_initializer),
-        dtype=self.dtype_policy, name="dense")
+class Pooler(embedding_wiring.PoolerWiring, Keras3Glue, keras.layers.Layer):
+  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary (the
+  layer is `thattn.models.embedding_wiring.PoolerWiring`)."""
 
   def build(self, input_shape):
     self.dense.build((None, input_shape[-1]))
 
-  @property
-  def logical_axes(self):
-    return {self.dense.kernel.path: (dims.D_MODEL, dims.D_MODEL),
-            self.dense.bias.path: (dims.D_MODEL,)}
-
-  def call(self, inputs):
-    return self.dense(inputs[:, 0])
-
   def compute_output_shape(self, input_shape):
     return (input_shape[0], self.width)
-
-  def get_config(self):
-    config = super().get_config()
-    config.update(width=self.width,
-                  kernel_initializer=keras.saving.serialize_keras_object(
-                      self.kernel_initializer))
-    return config
