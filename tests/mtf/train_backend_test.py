@@ -48,11 +48,7 @@ def _command(model_dir, data_flags, *extra):
 
 
 def _train(model_dir, data_flags, *extra):
-  result = forkserver.run(_command(model_dir, data_flags, *extra), env=_ENV,
-                          capture_output=True, text=True, timeout=600,
-                          check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  return result.stdout
+  return local_cluster.run_ok(_command(model_dir, data_flags, *extra), _ENV)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import forkserver
 from tests.training import local_cluster
 
 pytest.importorskip("jax")
@@ -64,11 +63,7 @@ def _train(model_dir, flags, steps=_STEPS):
   command = [sys.executable, "-m", "thattn.bin.train",
              f"--model_dir={model_dir}", "--deterministic",
              f"--train_steps={steps}", f"--checkpoint_every={steps}"]
-  result = forkserver.run(command + list(flags), env=_ENV,
-                          capture_output=True, text=True, timeout=600,
-                          check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  return result.stdout
+  return local_cluster.run_ok(command + list(flags), _ENV)
 
 
 @pytest.fixture(scope="module")
