@@ -76,24 +76,25 @@ class ProjectedHooks:
 
   def mix_logits(self, dot_products, query_state, memory_state):
     """L[b, h, n, m] from J[b, h_k, n, m]."""
-    logits = dot_products
-    if self._pre_softmax_projection is not None:
-      logits = self._mix_heads(dot_products, self._pre_softmax_projection)
-    for name, state in (("x2l", query_state), ("m2l", memory_state)):
-      if name in state:
-        logits = logits + self._dynamic_mix(name, dot_products, state[name])
-    return logits
+    return self._mix(dot_products, self._pre_softmax_projection,
+                     ("x2l", "m2l"), query_state, memory_state)
 
   def mix_weights(self, weights, query_state, memory_state):
     """U[b, h_v, n, m] from W[b, h, n, m]."""
-    value_weights = weights
-    if self._post_softmax_projection is not None:
-      value_weights = self._mix_heads(weights, self._post_softmax_projection)
-    for name, state in (("x2w", query_state), ("m2w", memory_state)):
+    return self._mix(weights, self._post_softmax_projection,
+                     ("x2w", "m2w"), query_state, memory_state)
+
+  def _mix(self, scores, projection, dynamic_names, query_state,
+           memory_state):
+    """`scores` mixed across heads by the static `projection` (None: the
+    identity), plus the dynamic terms `dynamic_names` (the query's, the
+    memory's) that this call generated."""
+    mixed = scores if projection is None else self._mix_heads(scores,
+                                                              projection)
+    for name, state in zip(dynamic_names, (query_state, memory_state)):
       if name in state:
-        value_weights = value_weights + self._dynamic_mix(name, weights,
-                                                          state[name])
-    return value_weights
+        mixed = mixed + self._dynamic_mix(name, scores, state[name])
+    return mixed
 
 
 class TalkingHeadsHooks(ProjectedHooks):

@@ -42,8 +42,9 @@ import collections
 from thattn import attention_spec
 from thattn import dims
 from thattn.models import block_wiring
+from thattn.models import wiring
 
-BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
+BERT_INPUTS = wiring.BERT_INPUTS
 
 TaskOps = collections.namedtuple("TaskOps", [
     "cast",  # (x, dtype name) -> x as that dtype

@@ -30,6 +30,9 @@ PAD_ID = 0
 DECODER_START_ID = 0
 EOS_ID = 1
 
+# A BERT's or ALBERT's inputs, each int32 [batch, length].
+BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
+
 DecoderLayers = collections.namedtuple(
     "DecoderLayers", ["embedding", "embedding_dropout", "position_bias",
                       "blocks", "final_norm", "final_dropout", "lm_head"])
@@ -191,8 +194,7 @@ def build_bert(config, front, name=None):
   """The BERT or ALBERT encoder with its pooler, for a `BertConfig`, of
   `front`'s layers (the computation: thattn.models.bert's docstring)."""
   _check_config(config, config_lib.BertConfig, "build_bert")
-  inputs = {key: front.Input(key)
-            for key in ("input_word_ids", "input_mask", "input_type_ids")}
+  inputs = {key: front.Input(key) for key in BERT_INPUTS}
   x = _bert_embed(front, config, inputs["input_word_ids"],
                   inputs["input_type_ids"])
   mask = front.padding_mask(inputs["input_mask"], None, "attention_mask")

@@ -31,6 +31,11 @@ One run (an instance, made with the keywords of `Task.__init__`):
 - `extra_eval_metrics(num_steps, devices)`: metrics beyond the loss, placing
   batches with `devices.place(batch)` and reading outputs back with
   `devices.fetch(tensor)`;
+- `decoding_metrics`: None, or for a task whose metrics decode step by
+  step (span corruption) `decoding_metrics(generate)`, its metrics from a
+  greedy decoder `generate(inputs) -> tokens`; `extra_eval_metrics` passes
+  tf_keras's, and a backend with a decoder of its own (Keras 3) passes
+  that;
 - `run_config()`: what `serving_module` needs to rebuild the model.
 
 Mesh TensorFlow (`--backend=mtf`, `thattn.mtf.training`) trains a task that
@@ -300,6 +305,9 @@ class Task:
     if total != backbone:
       text += f" (backbone {backbone:,}, head {total - backbone:,})"
     return text
+
+  # A task whose metrics decode: decoding_metrics(generate) (see the module).
+  decoding_metrics = None
 
   def extra_eval_metrics(self, num_steps, devices):
     """Task metrics beyond the eval loss; {} by default."""

@@ -91,10 +91,6 @@ class FinetuneTask(base.Task):
                                    seed=seed, start_step=start_step,
                                    num_steps=num_steps, shuffle=train)
 
-  def _outputs(self, batch, training):
-    return self.backbone({key: batch[key] for key in serving.BERT_INPUTS},
-                         training=training)
-
   def _eval_outputs(self, function, devices):
     """function(batch) over the eval features in order, once, concatenated."""
     count = len(self.eval_features["input_word_ids"])

@@ -15,8 +15,9 @@ import os
 import tensorflow as tf
 
 from thattn.data import tokenizers
+from thattn.models import wiring
 
-BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
+BERT_INPUTS = wiring.BERT_INPUTS
 IDS = tf.TensorSpec([None, None], tf.int32)
 TEXT = tf.TensorSpec([None], tf.string)
 

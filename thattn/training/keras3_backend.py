@@ -265,8 +265,8 @@ class Keras3Backend(backend_lib.Backend):
     """The task's metrics, computed by its tf_keras twin holding the Keras
     3 weights (as the mtf backend does); a task's decoding metrics (span
     corruption's), by the Keras 3 model's own greedy decoding."""
-    self._keras3_to_twin()
-    if hasattr(self.task, "decoding_metrics"):
+    self._keras3_to_twin()  # also the step's values into the Keras 3 model
+    if self.task.decoding_metrics is not None:
       generator = generation.T5Generator(
           self.loss_layer.backbone, max_length=self.task.targets_length,
           eos_id=self.task.tokenizer.special.eos)
