@@ -63,9 +63,17 @@ for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads newer PTX
       break
 registers = re.findall(r"Used (\d+) registers", report)
 spills = re.findall(r"(\d+) bytes spill stores", report)
+text = kernel.asm["ptx"]
+# Instructions: the PTX lines that end in ';' and are not declarations.
+instructions = [line for line in text.splitlines()
+                if line.strip().endswith(";") and not line.strip().startswith(
+                    (".", "//", "{", "}"))]
 print(json.dumps(dict(seconds=round(seconds, 1), triton=triton.__version__,
                       registers=int(registers[0]) if registers else None,
-                      spill_bytes=int(spills[0]) if spills else None)))
+                      spill_bytes=int(spills[0]) if spills else None,
+                      ptx_instructions=len(instructions),
+                      mma_sync=sum("mma.sync" in i for i in instructions),
+                      wgmma=sum("wgmma.mma_async" in i for i in instructions))))
 """
 
 
@@ -109,16 +117,39 @@ def triton_programs(heads, width, length, tokens, tiles):
   return programs
 
 
+def ttir_counts(text):
+  """What a Triton program (TTIR text) of bfloat16 or float16 inputs
+  holds: its operations, its tensor loads and stores, and its matrix
+  products by kind: `head_mixes` (float32 products over a tile's (query,
+  key) pairs whose contraction runs over heads, a chunk of 16 or all H:
+  L = J P_l, U = W P_w, dW, dJ), `pair_sums` (float32 products that
+  contract the pairs: dP_l, dP_w) and `per_head` (the products with Q, K,
+  V and dO, in the input dtype)."""
+  operations = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_]+)", text))
+  dots = re.findall(r"tt\.dot [^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
+                    r"tensor<(\d+)x(\d+)x\w+>", text)
+  kinds = collections.Counter()
+  for rows, inner, dtype, _, _ in dots:  # [rows, inner] x [inner, cols]
+    if dtype != "f32":
+      kinds["per_head"] += 1
+    elif int(inner) > int(rows):
+      kinds["pair_sums"] += 1
+    else:
+      kinds["head_mixes"] += 1
+  return dict(operations=sum(operations.values()),
+              tensor_memory_ops=len(re.findall(
+                  r"tt\.(?:load|store) [^\n]*tensor<[^\n]*!tt\.ptr", text)),
+              **{kind: kinds[kind] for kind in ("head_mixes", "pair_sums",
+                                                "per_head")})
+
+
 def measure(program, text, warps, triton_python, folder, timeout):
   """The program's size, and (with a `triton_python`) its compile time,
   registers and spills."""
   path = pathlib.Path(folder) / f"{program}.ttir"
   path.write_text(text)
-  operations = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_]+)", text))
   row = dict(program=program.replace("thattn_talking_heads_", ""),
-             operations=sum(operations.values()),
-             tensor_memory_ops=len(re.findall(
-                 r"tt\.(?:load|store) [^\n]*tensor<[^\n]*!tt\.ptr", text)))
+             **ttir_counts(text))
   if triton_python is None:
     return row
   try:
@@ -138,12 +169,15 @@ def measure(program, text, warps, triton_python, folder, timeout):
 
 def markdown(rows):
   lines = ["| h | tiles (Bq x Bk, warps) | program | TTIR ops | tensor "
-           "loads+stores | compile s | registers | spilled bytes |",
-           "|---|---|---|---|---|---|---|---|"]
+           "loads+stores | dots: head mixes, pair sums, per head | PTX "
+           "instructions | mma.sync, wgmma | compile s | registers | "
+           "spilled bytes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(
         f"| {r['heads']} | {r['tiles']} | {r['program']} | {r['operations']}"
-        f" | {r['tensor_memory_ops']} | "
+        f" | {r['tensor_memory_ops']} | {r['head_mixes']}, {r['pair_sums']},"
+        f" {r['per_head']} | {r.get('ptx_instructions', '-')} | "
+        f"{r.get('mma_sync', '-')}, {r.get('wgmma', '-')} | "
         f"{r.get('seconds', r.get('error', '-'))} | "
         f"{r.get('registers', '-')} | {r.get('spill_bytes', '-')} |")
   return "\n".join(lines) + "\n"

@@ -12,8 +12,22 @@ head (letters as in `thattn.dims`; per example b):
     O[n, h_v, d_v] = einsum(U, V[m, h_v, d_v])
 
 Every tile holds all heads of its query rows, since P_l and P_w mix across
-heads; the mix is a small [h_k, h] (or [h, h_v]) combination of whole
-tiles. P_l or P_w may be absent (weights-only / logits-only: the identity).
+heads. P_l or P_w may be absent (weights-only / logits-only: the
+identity).
+
+How a program holds a tile: the per-head products with Q, K, V and dO are
+2-D matrix products per head, [Bq, d] x [d, Bk] and [Bq, Bk] x [Bk, d],
+as in multi-head FlashAttention. Everything between them is one float32
+array of all heads, [Bq, Bk, H] with H = max(h_k, h, h_v) padded to a
+power of two >= 16 (the padding heads are zero and stay out of every
+result). The head mixes are then matrix products on the tensor cores: the
+tile seen as [Bq Bk, H] times P_l, P_w or a transpose, in chunks of 16
+heads (the least contraction a tensor core takes), and the softmax
+statistics are reductions over the key axis of that array. The per-head
+tiles go in and out of it by a tree of joins and splits, the only way
+Pallas's Triton backend stacks arrays. So a program holds O(h) products
+and no loop over heads: its length grows linearly in the heads
+(benchmarks/pallas_compile.py counts it).
 
 Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
 
@@ -37,9 +51,11 @@ row statistics instead, as the backward pass needs them anyway. Why D
 needs a pass: FlashAttention gets D = rowsum(dO * O) for free, but with
 P_w the row sum is sum_m W_h dW_h, which O does not determine.
 
-Cost per (query, key) pair, with a = h_k d_k, e = h_v d_v, c_l = h_k h,
-c_w = h h_v: multiply-adds on the matrix units (mm), head-mix
-multiply-adds (mix), exp, and passes over the keys and values (K/V):
+Cost per (query, key) pair, with a = h_k d_k, e = h_v d_v, and the
+padded head mixes c_l = 16 ceil(h_k / 16) H and c_w = 16 ceil(h_v / 16) H
+(256 at h <= 16): multiply-adds on the tensor cores in the input dtype
+(mm) and in TF32 (mix; float32 inputs: full float32), exp, and passes
+over the keys and values (K/V):
 
   |               | mm                          | mix         | exp | K/V |
   |---------------|-----------------------------|-------------|-----|-----|
@@ -49,39 +65,45 @@ multiply-adds (mix), exp, and passes over the keys and values (K/V):
   |               | 4a + 3e (a dQ kernel apart) |             | 2h  | 2   |
   | TH bwd        | 5a + 4e                     | 6c_l + 5c_w | 3h  | 3   |
 
-(The backward's third pass runs over Q and dO, per key tile.)
+(The backward's third pass runs over Q and dO, per key tile; the pair
+sums dP_l and dP_w are two of the backward's mixes.) At h = 12, d = 64:
+a = e = 768 and c_l = c_w = 256, so the forward's mixes are a third of
+its multiply-adds, at TF32's rate (half bfloat16's on an H100): about
+2.5x flash's forward in tensor-core time, before the exps and the
+second pass's loads. At h = 24 (H = 32): c = 1024.
 
-Memory traffic: Q, K, V, dO, O and the [n, h] statistics, read once per
+Memory traffic: Q, K, V, dO, O and the [n, H] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
 [h, n, m] unless a dense `bias` is given (then the bias and its gradient
 are, since the caller made it). Extra memory: the row maxima, reciprocal
-row sums and D, [b, n, h] float32 each (h padded to a power of two), and
-the [b, n/Bq, h_k, h] and [b, n/Bq, h, h_v] partial sums of dP_l and dP_w
-(the statistics are kept apart, not as one log-sum-exp: in float32,
--1e9 + log(m) is -1e9, which would lose the m of a fully masked row).
+row sums and D, [b, n, H] float32 each, and the [b, n/Bq, H, H] partial
+sums of dP_l and dP_w (the statistics are kept apart, not as one
+log-sum-exp: in float32, -1e9 + log(m) is -1e9, which would lose the m of
+a fully masked row).
 
-The head mixes are elementwise multiply-adds over whole tiles, on a GPU's
-vector units: Pallas's Triton backend has only 2-D matrix products, and a
-[h_k, h] mix is too small for the matrix units. At h = 12 and d_k = 64
-they are about a fifth of the multiplies, at a rate an order of magnitude
-below the matrix units'. Each program loops over the softmax heads g
-(the key and value heads f and j, whose tiles live in registers, are
-unrolled), so its length grows as h_k + h + h_v, not as h_k h + h h_v:
-written out in full, the mixes made programs that Triton took minutes to
-compile at h = 12 (benchmarks/RESULTS.md, "Compiling the Pallas kernel").
+What a program keeps in registers: an accumulator of every key or value
+head, [Bq, d] float32 each (Bq x width in all: O, dQ, or dK and dV), and a
+few [Bq, Bk, H] float32 arrays (L, W, dW, dL) with the 16-head stacks
+that feed the mixes. That is more than FlashAttention's program keeps for
+one head, so the tiles are the least a matrix product takes (16 x 16,
+`pallas_tiles.default_tiles`). Compiled for an H100 by Triton, the
+programs still spill registers at h = 12 in the backward and at h = 24
+throughout (benchmarks/RESULTS.md, "The Pallas kernel's second design").
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
-accumulate in float32; the softmax and the mixes are float32); `pre`
+accumulate in float32; the softmax is float32, and the mixes take float32
+operands, through a GPU's TF32 tensor cores unless the inputs are
+float32); `pre`
 P_l[h_k, h] and `post` P_w[h, h_v] (float32) or None; `mask`: None, a
 [b or 1, m] key mask or a [b or 1, n, m] mask (True: may attend);
 `causal` with a static `causal_offset` (query i sees keys <= i + offset);
 `bias[b or 1, h, n, m]` added to L. Masked logits are -1e9, as in the
 keras.ops path, so a fully masked row is uniform over the m keys.
 
-Runs where `jax.experimental.pallas` lowers: a GPU (through Triton), a TPU
-(written to lower through Mosaic; untested), or anywhere with
-`interpret=True` (CPU tests; `THATTN_PALLAS=interpret`).
+Runs where `jax.experimental.pallas` lowers: a GPU (through Triton), or
+anywhere with `interpret=True` (CPU tests; `THATTN_PALLAS=interpret`).
+Not tried on a TPU (the joins and splits are Triton's operations).
 """
 
 import functools
@@ -93,7 +115,7 @@ from jax.experimental import pallas as pl
 from thattn.keras3 import pallas_programs
 from thattn.keras3 import pallas_tiles
 
-# The tile sizes a caller may choose, and the defaults by head count.
+# The tile sizes a caller may choose, and the defaults.
 Tiles = pallas_tiles.Tiles
 default_tiles = pallas_tiles.default_tiles
 
@@ -140,8 +162,8 @@ def _specs(problem, arrays, along):
           (None, problem.heads, rows_block, cols_block),
           lambda b, i: (b if problem.bias_batched else 0, 0, row_tile(i),
                         col_tile(i)))
-    else:  # row_max, inverse_sum, rowsum: [b, n, heads_padded]
-      spec = pl.BlockSpec((None, rows_block, problem.heads_padded),
+    else:  # row_max, inverse_sum, rowsum: [b, n, H]
+      spec = pl.BlockSpec((None, rows_block, problem.mix_heads),
                           lambda b, i: (b, row_tile(i), 0))
     names.append(name)
     inputs.append(array)
@@ -169,13 +191,13 @@ def _call(problem, kernel, along, arrays, out_shapes, out_specs):
 
 
 def _row_table(problem):
-  """The shape and BlockSpec of a [b, n, heads_padded] float32 table of
+  """The shape and BlockSpec of a [b, n, H] float32 table of
   per-row values, tiled over the queries."""
   shape = jax.ShapeDtypeStruct(
-      (problem.batch, problem.length_padded, problem.heads_padded),
+      (problem.batch, problem.length_padded, problem.mix_heads),
       jnp.float32)
   return shape, pl.BlockSpec((None, problem.tiles.block_q,
-                              problem.heads_padded), lambda b, i: (b, i, 0))
+                              problem.mix_heads), lambda b, i: (b, i, 0))
 
 
 def _forward(problem, query, key, value, pre, post, mask, bias):
@@ -203,14 +225,12 @@ def _row_gradients(problem, arrays):
   out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype)]
   out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
                             lambda b, i: (b, i, 0, 0))]
+  size = problem.mix_heads
   for projection in (pre, post):
-    if projection is not None:
-      # Powers of two: a GPU kernel's arrays must have such sides.
-      shape = tuple(pallas_tiles.power_of_two(size)
-                    for size in projection.shape)
+    if projection is not None:  # a [H, H] partial sum per query tile
       out_shapes.append(jax.ShapeDtypeStruct(
-          (problem.batch, problem.query_tiles) + shape, jnp.float32))
-      out_specs.append(pl.BlockSpec((None, None) + shape,
+          (problem.batch, problem.query_tiles, size, size), jnp.float32))
+      out_specs.append(pl.BlockSpec((None, None, size, size),
                                     lambda b, i: (b, i, 0, 0)))
   if bias is not None:
     out_shapes.append(jax.ShapeDtypeStruct(
@@ -220,11 +240,12 @@ def _row_gradients(problem, arrays):
   outputs = list(_call(problem, pallas_programs.rows_kernel, "rows", arrays,
                        tuple(out_shapes), tuple(out_specs)))
   grad_query, grad_pre, grad_post, grad_bias = outputs.pop(0), None, None, None
-  if pre is not None:  # the sum of the per-tile partial sums
-    grad_pre = outputs.pop(0).sum(axis=(0, 1))[:pre.shape[0], :pre.shape[1]]
+  # The sums of the per-tile partial sums, [H, H] as the padded P_l and
+  # P_w (the padding's gradient is dropped by jnp.pad's).
+  if pre is not None:
+    grad_pre = outputs.pop(0).sum(axis=(0, 1))
   if post is not None:
-    grad_post = outputs.pop(0).sum(axis=(0, 1))[:post.shape[0],
-                                                 :post.shape[1]]
+    grad_post = outputs.pop(0).sum(axis=(0, 1))
   if bias is not None:
     grad_bias = outputs.pop(0)
     if not problem.bias_batched:
@@ -389,10 +410,12 @@ def talking_heads_attention(query, key, value, pre=None, post=None, *,
   query = _pad(query, (b, n_padded, h_k, d_k_padded))
   key = _pad(key, (b, m_padded, h_k, d_k_padded))
   value = _pad(value, (b, m_padded, h_v, d_v_padded))
+  # P_l and P_w as [H, H] matrices, zero beyond the real heads.
+  size = problem.mix_heads
   if pre is not None:
-    pre = jnp.asarray(pre, jnp.float32)
+    pre = _pad(jnp.asarray(pre, jnp.float32), (size, size))
   if post is not None:
-    post = jnp.asarray(post, jnp.float32)
+    post = _pad(jnp.asarray(post, jnp.float32), (size, size))
   if mask is not None:
     mask = jnp.asarray(mask).astype(jnp.int8)
     sizes = ((mask.shape[0], m_padded) if mask_kind == "keys" else

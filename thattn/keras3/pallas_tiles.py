@@ -18,6 +18,9 @@ from thattn import attention_spec
 # lower one, so they never receive weight.
 _MASKED_LOGIT = attention_spec.MASKED_LOGIT
 _PADDING_LOGIT = -1e30
+# Heads per matrix product of a head mix: the least contraction a GPU's
+# tensor cores take (16 bfloat16 or 8 TF32 values; 16 covers both).
+MIX_CHUNK = 16
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -48,16 +51,27 @@ class Tiles:
                        "positive integer.")
 
 
+def mix_size(heads):
+  """The side of the head mixes' matrix products: the most heads of any
+  kind, rounded up to a power of two and to at least 16 (the least
+  contraction a GPU's tensor cores take in a Triton `dot`). Padding heads
+  are zero."""
+  return power_of_two(heads, 16)
+
+
 def default_tiles(heads):
-  """Tiles for a GPU's registers: a program holds a [Bq, Bk] tile of every
-  key and value head (J and U, and their gradients in the backward pass) and
-  a [Bq, d] accumulator of every value head, so more heads get smaller
-  tiles. At most 8 warps: with 16, Triton did not compile the h = 24
-  forward program in 14 minutes (17 s with 8; benchmarks/RESULTS.md)."""
-  if heads <= 4:
-    return Tiles(32, 32, num_warps=4)
-  if heads <= 16:
-    return Tiles(16, 32, num_warps=8)
+  """Tiles for a GPU's registers: the least a matrix product takes
+  (16 x 16), with 8 warps.
+
+  A program holds an accumulator of every key or value head, [Bq, d] each
+  (Bq x width in all), and a few [Bq, Bk, H] float32 arrays of all heads
+  (L, W, dW, dL), so it wants the fewest pairs a tile can have. Compiled
+  for sm_90 (benchmarks/pallas_compile.py), 16 x 16 with 8 warps spilled
+  least at h = 12 and 24 of the sizes and warps tried (16 x 32, 32 x 16,
+  16 x 64; 2, 4, 8 and 16 warps); with 16 warps a thread has only 128
+  registers. `heads` is kept for callers: every head count gets these
+  tiles today."""
+  del heads
   return Tiles(16, 16, num_warps=8)
 
 
@@ -92,10 +106,10 @@ class Problem:
     return self.memory_padded // self.tiles.block_k
 
   @property
-  def heads_padded(self):
-    """h rounded up to a power of two: the row statistics are [Bq, h]
-    arrays in the programs, whose sides Triton wants as powers of two."""
-    return power_of_two(self.heads)
+  def mix_heads(self):
+    """H: every head axis in a program, padded (`mix_size`). The row
+    statistics are [Bq, H] tables, P_l and P_w arrive as [H, H]."""
+    return mix_size(max(self.key_heads, self.heads, self.value_heads))
 
   @property
   def skips_causal_tiles(self):
@@ -106,79 +120,134 @@ class Problem:
 
 # ---- the arithmetic of one tile, shared by the programs --------------------
 #
-# The softmax heads g run in a loop (lax.fori_loop, so a Triton program holds
-# the loop once, not h copies of it); the key heads f and the value heads j
-# are unrolled, as their tiles live in registers, which cannot be indexed by
-# a loop counter. So a program is O(h_k + h + h_v) long, not O(h_k h + h h_v):
-# unrolled, the mixes made a program of tens of thousands of operations at
-# h = 12, which Triton took minutes to compile (benchmarks/RESULTS.md).
-# Per-row statistics of all heads are [Bq, heads_padded] tables, read and
-# written one column per head.
+# A program holds every head of its [Bq, Bk] tile at once, as one
+# [Bq, Bk, H] float32 array (heads last, padded to H with zeros), so that
+# the head mixes are matrix products on the tensor cores: the tile seen as
+# [Bq Bk, H] times P_l, P_w or their transposes, [H, H]. The products with
+# the queries, keys and values, which differ per head, are 2-D matrix
+# products per head (unrolled: O(h) of them, as in multi-head
+# FlashAttention), gathered into the [Bq, Bk, H] array by a tree of joins
+# (`stack_heads`) and taken apart by splits (`unstack_heads`). Nothing in a
+# program loops over the heads, and nothing grows faster than the heads:
+# the first design looped over the softmax heads with the mixes as
+# elementwise multiply-adds, h_k h + h h_v of them per tile, and spilled
+# registers from h = 12 on (benchmarks/RESULTS.md).
 
 
 def dot(problem, a, b, contract_a=1, contract_b=0):
-  """a @ b over the named axes, accumulated in float32 (float32 inputs in
-  full float32, not TF32)."""
+  """a @ b over the named axes, accumulated in float32. With float32
+  inputs in full float32; otherwise the float32 operands (the head mixes)
+  go through the GPU's TF32 tensor cores, more precise than the
+  keras.ops path's mixes in the compute dtype."""
   precision = lax.Precision.HIGHEST if problem.float32_inputs else None
   return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
                          precision=precision,
                          preferred_element_type=jnp.float32)
 
 
-def _picked(table, index, axis):
-  return lax.broadcasted_iota(jnp.int32, table.shape, axis) == index
+def stack_heads(tiles, size):
+  """[Bq, Bk, size] with tiles[i] at [:, :, i] and zeros beyond them.
+
+  Pallas's Triton backend stacks only two arrays, along a new last axis
+  (Triton's join), so the heads go in as a tree: the even heads' stack
+  and the odd heads' stack, joined, are the heads in order."""
+  tiles = list(tiles)
+  tiles += [jnp.zeros_like(tiles[0])] * (size - len(tiles))
+  return _interleave(tiles)
 
 
-def column(table, head):
-  """table[:, head] for a traced head: a masked sum, since a program's
-  registers cannot be indexed by a loop counter."""
-  return jnp.sum(jnp.where(_picked(table, head, 1), table, 0.0), axis=1)
+def _interleave(tiles):
+  if len(tiles) == 1:
+    return tiles[0][..., None]
+  pairs = jnp.stack([_interleave(tiles[0::2]), _interleave(tiles[1::2])],
+                    axis=-1)  # [..., size / 2, 2]: head 2 i + parity
+  return pairs.reshape(pairs.shape[:-2] + (len(tiles),))
 
 
-def with_column(table, head, values):
-  """table with column `head` replaced by `values`."""
-  return jnp.where(_picked(table, head, 1), values[:, None], table)
+def unstack_heads(stacked, count):
+  """The first `count` [Bq, Bk] tiles of a [Bq, Bk, H] stack."""
+  parts = jnp.split(stacked, stacked.shape[-1], axis=-1)
+  return [part.reshape(part.shape[:-1]) for part in parts[:count]]
 
 
-def add_at(table, index, values, axis):
-  """table with `values` added at `index` along `axis` (of a 2-D table;
-  `values` runs along the other axis)."""
-  spread = values[:, None] if axis == 1 else values[None, :]
-  return table + jnp.where(_picked(table, index, axis), spread, 0.0)
+def _chunks(count):
+  """The head chunks a mix's matrix products take: [start, stop) ranges of
+  at most MIX_CHUNK heads covering `count` heads."""
+  return [(start, min(start + MIX_CHUNK, count))
+          for start in range(0, count, MIX_CHUNK)]
 
 
-def pair_sums(tiles, other, size):
-  """[size]: entry i is sum(tiles[i] * other) over the tile; zero beyond
-  len(tiles) (the padding of a dP block)."""
-  index = lax.broadcasted_iota(jnp.int32, (size,), 0)
-  sums = jnp.zeros((size,), jnp.float32)
-  for i, tile in enumerate(tiles):
-    sums = jnp.where(index == i, jnp.sum(tile * other), sums)
-  return sums
+def mix_in(problem, tiles, projection_ref, transposed=False):
+  """[Bq, Bk, H]: column g is sum_f tiles[f] P[f, g] (or with `transposed`,
+  sum_f tiles[f] P[g, f]): L from J's tiles, dW from dU's.
 
-
-def _mix_into_head(tiles, projection_ref, head, transposed=False):
-  """sum_f P[f, head] tiles[f] (L_g from J), or with `transposed`
-  sum_j P[head, j] tiles[j] (dW_g from dU)."""
+  One matrix product per chunk of MIX_CHUNK input heads, [Bq Bk, 16] times
+  the chunk's rows of P, summed: a chunk's stack is the largest array of
+  unmixed heads a program holds, whatever h."""
+  block_q, block_k = tiles[0].shape
   total = None
-  for other, tile in enumerate(tiles):
-    weight = (projection_ref[head, other] if transposed else
-              projection_ref[other, head])
-    total = tile * weight if total is None else total + tile * weight
-  return total
+  for start, stop in _chunks(len(tiles)):
+    rows = stack_heads(tiles[start:stop], MIX_CHUNK).reshape(
+        block_q * block_k, MIX_CHUNK)
+    if transposed:
+      part = dot(problem, rows, projection_ref[:, start:start + MIX_CHUNK],
+                 1, 1)
+    else:
+      part = dot(problem, rows, projection_ref[start:start + MIX_CHUNK, :])
+    total = part if total is None else total + part
+  return total.reshape(block_q, block_k, total.shape[-1])
 
 
-def spread_from_head(accumulators, tile, projection_ref, head,
-                     transposed=False):
-  """accumulators[j] += P[head, j] tile (U_j from W_g), or with `transposed`
-  accumulators[f] += P[f, head] tile (dJ_f from dL_g). Without P (the
-  identity), the tile lands in accumulators[head] alone."""
-  if projection_ref is None:
-    return [jnp.where(head == j, tile, acc)
-            for j, acc in enumerate(accumulators)]
-  return [acc + tile * (projection_ref[j, head] if transposed else
-                        projection_ref[head, j])
-          for j, acc in enumerate(accumulators)]
+def mix_out(problem, stacked, projection_ref, count, transposed=False):
+  """The `count` [Bq, Bk] tiles sum_g stacked[..., g] P[g, j] (or with
+  `transposed`, P[j, g]): U from W, dJ from dL; one matrix product per
+  chunk of MIX_CHUNK output heads."""
+  block_q, block_k, size = stacked.shape
+  pairs = stacked.reshape(block_q * block_k, size)
+  tiles = []
+  for start, stop in _chunks(count):
+    if transposed:
+      part = dot(problem, pairs,
+                 projection_ref[start:start + MIX_CHUNK, :], 1, 1)
+    else:
+      part = dot(problem, pairs, projection_ref[:, start:start + MIX_CHUNK])
+    tiles += unstack_heads(part.reshape(block_q, block_k, MIX_CHUNK),
+                           stop - start)
+  return tiles
+
+
+def pair_sums_in(problem, tiles, stacked):
+  """dP_l's partial sums over the tile's (query, key) pairs, from J's tiles
+  and dL: for each chunk of MIX_CHUNK rows f of the [H, H] matrix, the
+  [MIX_CHUNK, H] block sum_pairs tiles[f] stacked[..., g] (zero past
+  len(tiles)); one matrix product over the pairs each."""
+  return [dot(problem, chunk, pairs, 0, 0) if chunk is not None else
+          jnp.zeros((MIX_CHUNK, pairs.shape[1]), jnp.float32)
+          for chunk, pairs in _pair_chunks(tiles, stacked)]
+
+
+def pair_sums_out(problem, stacked, tiles):
+  """dP_w's partial sums, from W and dU's tiles: for each chunk of
+  MIX_CHUNK columns j, the [H, MIX_CHUNK] block sum_pairs stacked[..., g]
+  tiles[j] (zero past len(tiles))."""
+  return [dot(problem, pairs, chunk, 0, 0) if chunk is not None else
+          jnp.zeros((pairs.shape[1], MIX_CHUNK), jnp.float32)
+          for chunk, pairs in _pair_chunks(tiles, stacked)]
+
+
+def _pair_chunks(tiles, stacked):
+  """(the [Bq Bk, MIX_CHUNK] stack of a chunk of `tiles`, or None past
+  them; `stacked` as [Bq Bk, H]) for each chunk of H."""
+  block_q, block_k, size = stacked.shape
+  pairs = stacked.reshape(block_q * block_k, size)
+  chunks = []
+  for start, stop in _chunks(size):
+    chunk = None
+    if start < len(tiles):
+      chunk = stack_heads(tiles[start:min(stop, len(tiles))],
+                          MIX_CHUNK).reshape(block_q * block_k, MIX_CHUNK)
+    chunks.append((chunk, pairs))
+  return chunks
 
 
 @dataclasses.dataclass
@@ -209,38 +278,23 @@ def split_refs(names, refs):
 
 @dataclasses.dataclass
 class _Tile:
-  """What one [Bq, Bk] tile shares across its heads.
+  """Where one [Bq, Bk] tile is and which of its pairs count.
 
   `rows` and `cols` index the tile's queries and keys in the kernel's
-  blocks (one of them is the whole block); `dots` is J[f] of every key head
-  where P_l mixes them (else None: L_g is J_g, computed per head);
-  `grad_mixed` is dU[j] = dO_j V_j^T of every value head in the backward
-  pass where P_w mixes them (else None); `allowed` is the caller's mask,
-  causal included (or None); `real` marks keys that are not tile padding
-  (or None).
+  blocks (one of them is the whole block); `allowed` is the caller's mask,
+  causal included, [Bq, Bk, 1] (or None); `real` marks keys that are not
+  tile padding, [Bq, Bk, 1] (or None).
   """
   rows: object
   cols: object
-  dots: object
-  grad_mixed: object
   allowed: object
   real: object
 
 
-def make_tile(problem, refs, rows, cols, q_start, k_start, backward=False):
+def make_tile(problem, refs, rows, cols, q_start, k_start):
   """The `_Tile` of the queries from `q_start` and keys from `k_start`
-  (at `rows` and `cols` in the blocks); `backward` adds dU."""
+  (at `rows` and `cols` in the blocks)."""
   block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
-  dots = grad_mixed = None
-  # The query tiles are loaded again for every key tile (from cache): held
-  # across the loop they would take h_k Bq d_k registers.
-  if refs.pre is not None:
-    dots = [dot(problem, refs.query[rows, f, :], refs.key[cols, f, :], 1, 1)
-            for f in range(problem.key_heads)]
-  if backward and refs.post is not None:
-    grad_mixed = [dot(problem, refs.grad_out[rows, j, :],
-                      refs.value[cols, j, :], 1, 1)
-                  for j in range(problem.value_heads)]
   q_pos = q_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
   k_pos = k_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
   allowed = None
@@ -248,57 +302,85 @@ def make_tile(problem, refs, rows, cols, q_start, k_start, backward=False):
     allowed = k_pos <= q_pos + problem.causal_offset
   if problem.mask_kind != "none":
     if problem.mask_kind == "keys":
-      user = refs.mask[cols][None, :] != 0
+      user = jnp.broadcast_to(refs.mask[cols][None, :] != 0,
+                              (block_q, block_k))
     else:
       user = refs.mask[rows, cols] != 0
     allowed = user if allowed is None else jnp.logical_and(allowed, user)
   real = None
   if problem.memory_padded != problem.memory:
     real = k_pos < problem.memory
-  return _Tile(rows, cols, dots, grad_mixed, allowed, real)
+  return _Tile(rows, cols, None if allowed is None else allowed[..., None],
+               None if real is None else real[..., None])
 
 
-def head_logits(problem, refs, tile, head):
-  """L[head] of the tile, masked: the caller's masked keys at the keras.ops
-  path's logit, the tile's padding keys at the padding logit."""
-  if tile.dots is None:
-    logits = dot(problem, refs.query[tile.rows, head, :],
-                 refs.key[tile.cols, head, :], 1, 1)
+def tile_logits(problem, refs, tile):
+  """(J, L) of the tile: J the [Bq, Bk] tiles Q_f K_f^T of the key heads
+  (None without P_l, where L is J), L = J P_l + bias of every head,
+  [Bq, Bk, H], masked: the caller's masked keys at the keras.ops path's
+  logit, the tile's padding keys at the padding logit."""
+  dots = [dot(problem, refs.query[tile.rows, f, :], refs.key[tile.cols, f, :],
+              1, 1) for f in range(problem.key_heads)]
+  if refs.pre is None:
+    logits = stack_heads(dots, problem.mix_heads)
   else:
-    logits = _mix_into_head(tile.dots, refs.pre, head)
+    logits = mix_in(problem, dots, refs.pre)
   if refs.bias is not None:
-    logits = logits + refs.bias[head, tile.rows, tile.cols].astype(
-        jnp.float32)
+    logits = logits + stack_heads(
+        [refs.bias[g, tile.rows, tile.cols].astype(jnp.float32)
+         for g in range(problem.heads)], problem.mix_heads)
   if tile.allowed is not None:
     logits = jnp.where(tile.allowed, logits, _MASKED_LOGIT)
   if tile.real is not None:
     logits = jnp.where(tile.real, logits, _PADDING_LOGIT)
-  return logits
+  return (dots if refs.pre is not None else None), logits
 
 
-def head_weights(logits, stats, head):
-  """W[head] = exp(L - max) / sum, from `stats`: the [Bq, heads_padded]
-  row maxima and reciprocal row sums, kept apart rather than as one
+def tile_weights(logits, stats):
+  """W = exp(L - max) / sum, [Bq, Bk, H], from `stats`: the [Bq, H] row
+  maxima and reciprocal row sums, kept apart rather than as one
   log-sum-exp (in float32, -1e9 + log(m) is -1e9, which would lose the m
   of a fully masked row)."""
   maxima, inverse_sums = stats
-  return (jnp.exp(logits - column(maxima, head)[:, None]) *
-          column(inverse_sums, head)[:, None])
+  return jnp.exp(logits - maxima[:, None, :]) * inverse_sums[:, None, :]
 
 
-def head_grad_weights(problem, refs, tile, head):
-  """dW[head] = sum_j P_w[head, j] dU_j (or dU_head = dO_head V_head^T)."""
-  if tile.grad_mixed is None:
-    return dot(problem, refs.grad_out[tile.rows, head, :],
-               refs.value[tile.cols, head, :], 1, 1)
-  return _mix_into_head(tile.grad_mixed, refs.post, head, transposed=True)
+def tile_mixed(problem, refs, weights):
+  """U = W P_w: the [Bq, Bk] tiles of the value heads (W's own without
+  P_w)."""
+  if refs.post is None:
+    return unstack_heads(weights, problem.value_heads)
+  return mix_out(problem, weights, refs.post, problem.value_heads)
 
 
-def head_grad_logits(weights, grad_weights, rowsum, allowed):
+def tile_grad_mixed(problem, refs, tile):
+  """dU: the [Bq, Bk] tiles dO_j V_j^T of the value heads."""
+  return [dot(problem, refs.grad_out[tile.rows, j, :],
+              refs.value[tile.cols, j, :], 1, 1)
+          for j in range(problem.value_heads)]
+
+
+def tile_grad_weights(problem, refs, grad_mixed):
+  """dW = dU P_w^T, [Bq, Bk, H] (dU itself without P_w)."""
+  if refs.post is None:
+    return stack_heads(grad_mixed, problem.mix_heads)
+  return mix_in(problem, grad_mixed, refs.post, transposed=True)
+
+
+def tile_grad_logits(weights, grad_weights, rowsum, allowed):
   """dL = W (dW - D), zero where the caller masked (L is a constant there,
-  so nothing flows to J or the bias)."""
-  grad = weights * (grad_weights - rowsum[:, None])
+  so nothing flows to J or the bias); D is the [Bq, H] table."""
+  grad = weights * (grad_weights - rowsum[:, None, :])
   return grad if allowed is None else jnp.where(allowed, grad, 0.0)
+
+
+def tile_grad_dots(problem, refs, grad_logits):
+  """dJ = dL P_l^T: the [Bq, Bk] tiles of the key heads (dL's own without
+  P_l)."""
+  if refs.pre is None:
+    return unstack_heads(grad_logits, problem.key_heads)
+  return mix_out(problem, grad_logits, refs.pre, problem.key_heads,
+                 transposed=True)
 
 
 def causal_key_tile_end(problem, q_tile):
@@ -319,20 +401,10 @@ def causal_query_tile_start(problem, k_tile):
                              problem.tiles.block_q), 0)
 
 
-def row_kernel_tile(problem, refs, q_start, t, backward=False):
+def row_kernel_tile(problem, refs, q_start, t):
   """Key tile `t` of the query tile at `q_start`, in the programs per query
   tile (whose query block is the tile's rows)."""
   block_k = problem.tiles.block_k
   k_start = pl.multiple_of(t * block_k, block_k)
   return make_tile(problem, refs, slice(None), pl.ds(k_start, block_k),
-                   q_start, k_start, backward)
-
-
-def over_heads(problem, body, carry):
-  """lax.fori_loop of body(head, carry) over the softmax heads."""
-  return lax.fori_loop(0, problem.heads, body, carry)
-
-
-def zero_tiles(problem, count):
-  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
-  return [jnp.zeros((block_q, block_k), jnp.float32)] * count
+                   q_start, k_start)
