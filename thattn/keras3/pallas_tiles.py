@@ -123,15 +123,15 @@ class Problem:
 # A program holds every head of its [Bq, Bk] tile at once, as one
 # [Bq, Bk, H] float32 array (heads last, padded to H with zeros), so that
 # the head mixes are matrix products on the tensor cores: the tile seen as
-# [Bq Bk, H] times P_l, P_w or their transposes, [H, H]. The products with
-# the queries, keys and values, which differ per head, are 2-D matrix
-# products per head (unrolled: O(h) of them, as in multi-head
-# FlashAttention), gathered into the [Bq, Bk, H] array by a tree of joins
-# (`stack_heads`) and taken apart by splits (`unstack_heads`). Nothing in a
-# program loops over the heads, and nothing grows faster than the heads:
-# the first design looped over the softmax heads with the mixes as
-# elementwise multiply-adds, h_k h + h h_v of them per tile, and spilled
-# registers from h = 12 on (benchmarks/RESULTS.md).
+# [Bq Bk, 16] (a chunk of 16 heads) times 16 rows or columns of P_l, P_w.
+# The products with the queries, keys and values, which differ per head,
+# are 2-D matrix products per head (unrolled: O(h) of them, as in
+# multi-head FlashAttention), gathered into 16-head stacks by a tree of
+# joins (`stack_heads`) and taken apart by splits (`unstack_heads`).
+# Nothing in a program loops over the heads, and nothing grows faster than
+# the heads. (The first design looped over the softmax heads and did the
+# mixes as elementwise multiply-adds, h_k h + h h_v of them per tile, on
+# the vector units: benchmarks/RESULTS.md.)
 
 
 def dot(problem, a, b, contract_a=1, contract_b=0):
