@@ -160,16 +160,19 @@ def rows_kernel(problem, names, *refs):
 
   # dP_l by blocks of MIX_CHUNK rows, dP_w by blocks of MIX_CHUNK columns.
   size, chunk = problem.mix_heads, tile_math.MIX_CHUNK
-  blocks = [jnp.zeros((chunk, size), jnp.float32)] * (size // chunk)
-  projections = (None if grad_pre_ref is None else blocks,
-                 None if grad_post_ref is None else [b.T for b in blocks])
+  chunks = size // chunk
+  projections = (
+      None if grad_pre_ref is None else
+      [jnp.zeros((chunk, size), jnp.float32)] * chunks,
+      None if grad_post_ref is None else
+      [jnp.zeros((size, chunk), jnp.float32)] * chunks)
   grad_queries, grad_pre, grad_post = lax.fori_loop(
       0, end, gradients,
       (_zeros(block_q, refs.query.shape[-1], problem.key_heads),)
       + projections)
   for f, dq in enumerate(grad_queries):
     grad_query_ref[:, f, :] = dq.astype(grad_query_ref.dtype)
-  for c in range(size // chunk):
+  for c in range(chunks):
     if grad_pre_ref is not None:
       grad_pre_ref[c * chunk:(c + 1) * chunk, :] = grad_pre[c]
     if grad_post_ref is not None:
