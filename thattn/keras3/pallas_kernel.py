@@ -87,8 +87,9 @@ few [Bq, Bk, H] float32 arrays (L, W, dW, dL) with the 16-head stacks
 that feed the mixes. That is more than FlashAttention's program keeps for
 one head, so the tiles are the least a matrix product takes (16 x 16,
 `pallas_tiles.default_tiles`). Compiled for an H100 by Triton, the
-programs still spill registers at h = 12 in the backward and at h = 24
-throughout (benchmarks/RESULTS.md, "The Pallas kernel's second design").
+backward programs still spill registers at every h tried (4 to 24), and
+at h = 24 every program does (benchmarks/RESULTS.md, "The Pallas
+kernel's second design").
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
