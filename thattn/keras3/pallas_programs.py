@@ -92,15 +92,23 @@ def _row_outputs(problem, outs):
   return outs[0], grad_pre_ref, grad_post_ref, grad_bias_ref
 
 
-def _backward_tile(problem, refs, tile, stats, rowsum):
-  """(J's tiles or None, W, dU's tiles, dL) of a tile (W and dL
-  [Bq, Bk, H]), given the row statistics and D ([Bq, H] each)."""
+def _weights_and_grads(problem, refs, tile, stats):
+  """(J's tiles or None, W, dU's tiles, dW) of a tile (W and dW
+  [Bq, Bk, H]), given the [Bq, H] row statistics."""
   dots, logits = tile_math.tile_logits(problem, refs, tile)
   weights = tile_math.tile_weights(logits, stats)
   grad_mixed = tile_math.tile_grad_mixed(problem, refs, tile)
-  grad_logits = tile_math.tile_grad_logits(
-      weights, tile_math.tile_grad_weights(problem, refs, grad_mixed),
-      rowsum, tile.allowed)
+  return (dots, weights, grad_mixed,
+          tile_math.tile_grad_weights(problem, refs, grad_mixed))
+
+
+def _backward_tile(problem, refs, tile, stats, rowsum):
+  """(J's tiles or None, W, dU's tiles, dL) of a tile, given also D
+  ([Bq, H])."""
+  dots, weights, grad_mixed, grad_weights = _weights_and_grads(
+      problem, refs, tile, stats)
+  grad_logits = tile_math.tile_grad_logits(weights, grad_weights, rowsum,
+                                           tile.allowed)
   return dots, weights, grad_mixed, grad_logits
 
 
@@ -113,10 +121,8 @@ def row_sums_kernel(problem, names, *refs):
 
   def over_keys(t, rowsum):
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
-    _, logits = tile_math.tile_logits(problem, refs, tile)
-    weights = tile_math.tile_weights(logits, stats)
-    grad_weights = tile_math.tile_grad_weights(
-        problem, refs, tile_math.tile_grad_mixed(problem, refs, tile))
+    _, weights, _, grad_weights = _weights_and_grads(problem, refs, tile,
+                                                     stats)
     return rowsum + jnp.sum(weights * grad_weights, axis=1)
 
   rowsum_ref[...] = lax.fori_loop(

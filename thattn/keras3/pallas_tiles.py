@@ -177,6 +177,14 @@ def _chunks(count):
           for start in range(0, count, MIX_CHUNK)]
 
 
+def _chunk_stack(tiles, start, stop):
+  """tiles[start:stop] as the rows of a [Bq Bk, MIX_CHUNK] matrix (zero
+  columns past them): one chunk's operand of a mix or a pair sum."""
+  block_q, block_k = tiles[0].shape
+  return stack_heads(tiles[start:stop], MIX_CHUNK).reshape(
+      block_q * block_k, MIX_CHUNK)
+
+
 def mix_in(problem, tiles, projection_ref, transposed=False):
   """[Bq, Bk, H]: column g is sum_f tiles[f] P[f, g] (or with `transposed`,
   sum_f tiles[f] P[g, f]): L from J's tiles, dW from dU's.
@@ -187,8 +195,7 @@ def mix_in(problem, tiles, projection_ref, transposed=False):
   block_q, block_k = tiles[0].shape
   total = None
   for start, stop in _chunks(len(tiles)):
-    rows = stack_heads(tiles[start:stop], MIX_CHUNK).reshape(
-        block_q * block_k, MIX_CHUNK)
+    rows = _chunk_stack(tiles, start, stop)
     if transposed:
       part = dot(problem, rows, projection_ref[:, start:start + MIX_CHUNK],
                  1, 1)
@@ -202,8 +209,8 @@ def mix_out(problem, stacked, projection_ref, count, transposed=False):
   """The `count` [Bq, Bk] tiles sum_g stacked[..., g] P[g, j] (or with
   `transposed`, P[j, g]): U from W, dJ from dL; one matrix product per
   chunk of MIX_CHUNK output heads."""
-  block_q, block_k, size = stacked.shape
-  pairs = stacked.reshape(block_q * block_k, size)
+  block_q, block_k, _ = stacked.shape
+  pairs = _as_pairs(stacked)
   tiles = []
   for start, stop in _chunks(count):
     if transposed:
@@ -221,33 +228,32 @@ def pair_sums_in(problem, tiles, stacked):
   and dL: for each chunk of MIX_CHUNK rows f of the [H, H] matrix, the
   [MIX_CHUNK, H] block sum_pairs tiles[f] stacked[..., g] (zero past
   len(tiles)); one matrix product over the pairs each."""
-  return [dot(problem, chunk, pairs, 0, 0) if chunk is not None else
-          jnp.zeros((MIX_CHUNK, pairs.shape[1]), jnp.float32)
-          for chunk, pairs in _pair_chunks(tiles, stacked)]
+  pairs = _as_pairs(stacked)
+  return [jnp.zeros((MIX_CHUNK, pairs.shape[1]), jnp.float32)
+          if chunk is None else dot(problem, chunk, pairs, 0, 0)
+          for chunk in _chunk_stacks(tiles, pairs.shape[1])]
 
 
 def pair_sums_out(problem, stacked, tiles):
   """dP_w's partial sums, from W and dU's tiles: for each chunk of
   MIX_CHUNK columns j, the [H, MIX_CHUNK] block sum_pairs stacked[..., g]
   tiles[j] (zero past len(tiles))."""
-  return [dot(problem, pairs, chunk, 0, 0) if chunk is not None else
-          jnp.zeros((pairs.shape[1], MIX_CHUNK), jnp.float32)
-          for chunk, pairs in _pair_chunks(tiles, stacked)]
+  pairs = _as_pairs(stacked)
+  return [jnp.zeros((pairs.shape[1], MIX_CHUNK), jnp.float32)
+          if chunk is None else dot(problem, pairs, chunk, 0, 0)
+          for chunk in _chunk_stacks(tiles, pairs.shape[1])]
 
 
-def _pair_chunks(tiles, stacked):
-  """(the [Bq Bk, MIX_CHUNK] stack of a chunk of `tiles`, or None past
-  them; `stacked` as [Bq Bk, H]) for each chunk of H."""
+def _as_pairs(stacked):
+  """[Bq, Bk, H] as [Bq Bk, H]."""
   block_q, block_k, size = stacked.shape
-  pairs = stacked.reshape(block_q * block_k, size)
-  chunks = []
-  for start, stop in _chunks(size):
-    chunk = None
-    if start < len(tiles):
-      chunk = stack_heads(tiles[start:min(stop, len(tiles))],
-                          MIX_CHUNK).reshape(block_q * block_k, MIX_CHUNK)
-    chunks.append((chunk, pairs))
-  return chunks
+  return stacked.reshape(block_q * block_k, size)
+
+
+def _chunk_stacks(tiles, size):
+  """`_chunk_stack` of each chunk of `size` heads, None past the tiles."""
+  return [_chunk_stack(tiles, start, min(stop, len(tiles)))
+          if start < len(tiles) else None for start, stop in _chunks(size)]
 
 
 @dataclasses.dataclass
@@ -302,8 +308,7 @@ def make_tile(problem, refs, rows, cols, q_start, k_start):
     allowed = k_pos <= q_pos + problem.causal_offset
   if problem.mask_kind != "none":
     if problem.mask_kind == "keys":
-      user = jnp.broadcast_to(refs.mask[cols][None, :] != 0,
-                              (block_q, block_k))
+      user = refs.mask[cols][None, :] != 0
     else:
       user = refs.mask[rows, cols] != 0
     allowed = user if allowed is None else jnp.logical_and(allowed, user)
