@@ -255,11 +255,11 @@ def test_the_kernel_lowers_to_triton_for_a_cuda_gpu():
       jax.jit(jax.grad(loss, argnums=tuple(range(6)))), platforms=["cuda"],
       disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)])(*args)
   module = exported.mlir_module()
-  # Forward, then the three backward programs (D per query tile, the rest
-  # per query tile, then per key tile).
-  assert module.count(triton) == 4
+  # Forward, then the four backward programs (D and the pair sums per
+  # query tile; dQ per query tile; dK, then dV, per key tile).
+  assert module.count(triton) == 5
   for kernel in ("forward_kernel", "row_sums_kernel", "rows_kernel",
-                 "columns_kernel"):
+                 "key_columns_kernel", "value_columns_kernel"):
     assert f"thattn_talking_heads_{kernel}" in module
 
 

@@ -21,27 +21,43 @@ as in multi-head FlashAttention. Everything between them is one float32
 array of all heads, [Bq, Bk, H] with H = max(h_k, h, h_v) padded to a
 power of two >= 16 (the padding heads are zero and stay out of every
 result). The head mixes are then matrix products on the tensor cores: the
-tile seen as [Bq Bk, H] times P_l, P_w or a transpose, in chunks of 16
-heads (the least contraction a tensor core takes), and the softmax
-statistics are reductions over the key axis of that array. The per-head
-tiles go in and out of it by a tree of joins and splits, the only way
-Pallas's Triton backend stacks arrays. So a program holds O(h) products
-and no loop over heads: its length grows linearly in the heads
-(benchmarks/pallas_compile.py counts it).
+tile seen as [Bq Bk, H] times P_l, P_w or a transpose, in chunks of 8
+heads (the least contraction a tensor core takes in TF32), and the
+softmax statistics are reductions over the key axis of that array. The
+per-head tiles go in and out of it by a tree of joins and splits, the only
+way Pallas's Triton backend stacks arrays, one chunk at a time. So a
+program holds O(h) products and no loop over heads: its length grows
+linearly in the heads (benchmarks/pallas_compile.py counts it).
 
 Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
 
   forward   pass 1 over key tiles: J, L; per softmax head the running row
               maximum and sum of exp (online softmax) -> max[h, n], sum[h, n]
             pass 2 over key tiles: J, L, W = exp(L - max) / sum, U, O += U V
-  backward  per query tile, pass 1: J, L, W, dU = dO V^T,
-              dW = dU P_w^T, D[h, n] = sum_m W dW
-            per query tile, pass 2: the same, dL = W (dW - D) (zero where
-              masked), dJ = dL P_l^T, dQ += dJ K, dP_l += J^T dL,
+  backward  per query tile ("row sums"), pass 1 over key tiles: J, L, W,
+              dU = dO V^T, dW = dU P_w^T; D[h, n] = sum_m W dW,
               dP_w += W^T dU
-            per key tile, one pass over query tiles:
-              J, L, W, U, dU, dW, dL, dJ; dK += dJ^T Q, dV += U^T dO
-            (each pass a program of its own, `pallas_programs`)
+            the same program, pass 2 (with P_l): dU, dW, J, L, W,
+              dL = W (dW - D) (zero where masked); dP_l += J^T dL
+            per query tile ("rows"): dU, dW, J, L, W, dL, dJ = dL P_l^T;
+              dQ += dJ K (and dbias = dL)
+            per key tile ("key columns"), over query tiles: the same;
+              dK += dJ^T Q
+            per key tile ("value columns"), over query tiles: J, L, W,
+              U; dV += U^T dO
+            (`pallas_programs`)
+
+Why the backward takes four programs and five passes where
+FlashAttention takes one or two: registers. A program keeps an
+accumulator per key or value head ([Bq, d] float32 each: dQ, dK or dV),
+and a pair sum (dP_l or dP_w, a matrix product that contracts the tile's
+Bq Bk pairs) holds both its operands whole on every warp while it runs.
+Either beside the other, or two accumulator sets together, spill
+registers at h = 12 (benchmarks/RESULTS.md, "The Pallas kernel's third
+design"), so each program has one accumulator set or the pair sums, and
+a pair sum's operands are made last in its pass (dU for dP_w, J for
+dP_l), so they are held across as little as possible. Recomputing a tile
+costs multiply-adds; spilling costs memory traffic in every iteration.
 
 Why two forward passes: multi-head FlashAttention rescales its running
 output per head when the row maximum moves; here every output head mixes
@@ -52,10 +68,10 @@ needs a pass: FlashAttention gets D = rowsum(dO * O) for free, but with
 P_w the row sum is sum_m W_h dW_h, which O does not determine.
 
 Cost per (query, key) pair, with a = h_k d_k, e = h_v d_v, and the
-padded head mixes c_l = 16 ceil(h_k / 16) H and c_w = 16 ceil(h_v / 16) H
-(256 at h <= 16): multiply-adds on the tensor cores in the input dtype
-(mm) and in TF32 (mix; float32 inputs: full float32), exp, and passes
-over the keys and values (K/V):
+padded head mixes c_l = 8 ceil(h_k / 8) H and c_w = 8 ceil(h_v / 8) H
+(256 at 8 < h <= 16): multiply-adds on the tensor cores in the input
+dtype (mm) and in TF32 (mix, pair sums included; float32 inputs: full
+float32), exp, and passes over the keys and values (K/V):
 
   |               | mm                          | mix         | exp | K/V |
   |---------------|-----------------------------|-------------|-----|-----|
@@ -63,14 +79,15 @@ over the keys and values (K/V):
   | TH fwd        | 2a + e                      | 2c_l + c_w  | 2h  | 2   |
   | MHA flash bwd | 3a + 2e (dQ by atomics),    | -           | h   | 1   |
   |               | 4a + 3e (a dQ kernel apart) |             | 2h  | 2   |
-  | TH bwd        | 5a + 4e                     | 6c_l + 5c_w | 3h  | 3   |
+  | TH bwd        | 7a + 5e                     | 7c_l + 6c_w | 5h  | 5   |
 
-(The backward's third pass runs over Q and dO, per key tile; the pair
-sums dP_l and dP_w are two of the backward's mixes.) At h = 12, d = 64:
-a = e = 768 and c_l = c_w = 256, so the forward's mixes are a third of
-its multiply-adds, at TF32's rate (half bfloat16's on an H100): about
-2.5x flash's forward in tensor-core time, before the exps and the
-second pass's loads. At h = 24 (H = 32): c = 1024.
+(Without P_l the row-sums program's second pass goes: 6a + 4e. The
+backward's column programs pass over Q and dO, per key tile.) At h = 12,
+d = 64: a = e = 768 and c_l = c_w = 256, so the forward's mixes are a
+third of its multiply-adds, at TF32's rate (half bfloat16's on an H100):
+about 2.5x flash's forward in tensor-core time, and the backward about
+4x flash's (3a + 2e), before the exps and the loads. At h = 24 (H = 32):
+c = 1024.
 
 Memory traffic: Q, K, V, dO, O and the [n, H] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
@@ -81,15 +98,15 @@ sums of dP_l and dP_w (the statistics are kept apart, not as one
 log-sum-exp: in float32, -1e9 + log(m) is -1e9, which would lose the m of
 a fully masked row).
 
-What a program keeps in registers: an accumulator of every key or value
-head, [Bq, d] float32 each (Bq x width in all: O, dQ, or dK and dV), and a
-few [Bq, Bk, H] float32 arrays (L, W, dW, dL) with the 16-head stacks
-that feed the mixes. That is more than FlashAttention's program keeps for
-one head, so the tiles are the least a matrix product takes (16 x 16,
-`pallas_tiles.default_tiles`). Compiled for an H100 by Triton, the
-backward programs still spill registers at every h tried (4 to 24), and
-at h = 24 every program does (benchmarks/RESULTS.md, "The Pallas
-kernel's second design").
+What a program keeps in registers: its accumulators (Bq x width float32
+in all: O, dQ, dK or dV), a few [Bq, Bk, H] float32 arrays (L, W, dW,
+dL), one chunk's per-head tiles, and the chunk stacks that feed the mixes.
+That is more than FlashAttention's program keeps for one head, so the
+tiles are the least a matrix product takes (16 x 16,
+`pallas_tiles.default_tiles`). Compiled for an H100 by Triton at width
+768, no program spills at h = 12; at h = 4, 8 and 16 a few do, a little
+(their head sizes pad up to 256, 128, 64); at h = 24 every program does
+(benchmarks/RESULTS.md).
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
@@ -217,65 +234,89 @@ def _forward(problem, query, key, value, pre, post, mask, bias):
                out_shapes, out_specs)
 
 
+def _pair_sum_table(problem, tiles):
+  """The shape and BlockSpec of [b, tiles, H, H] float32 partial sums of
+  dP_l or dP_w, one per program."""
+  size = problem.mix_heads
+  return (jax.ShapeDtypeStruct((problem.batch, tiles, size, size),
+                               jnp.float32),
+          pl.BlockSpec((None, None, size, size), lambda b, i: (b, i, 0, 0)))
+
+
+def _sum_pair_sums(partial):
+  """dP_l or dP_w from its per-program partial sums: [H, H] as the padded
+  P_l and P_w (the padding's gradient is dropped by jnp.pad's)."""
+  return partial.sum(axis=(0, 1))
+
+
+def _row_sums(problem, arrays):
+  """(D [b, n, H], dP_w or None, dP_l or None) from the row-sums
+  program."""
+  table, table_spec = _row_table(problem)
+  out_shapes, out_specs = [table], [table_spec]
+  for present in (problem.has_post, problem.has_pre):
+    if present:
+      shape, spec = _pair_sum_table(problem, problem.query_tiles)
+      out_shapes.append(shape)
+      out_specs.append(spec)
+  outputs = list(_call(problem, pallas_programs.row_sums_kernel, "rows",
+                       arrays, tuple(out_shapes), tuple(out_specs)))
+  rowsum = outputs.pop(0)
+  grad_post = _sum_pair_sums(outputs.pop(0)) if problem.has_post else None
+  grad_pre = _sum_pair_sums(outputs.pop(0)) if problem.has_pre else None
+  return rowsum, grad_post, grad_pre
+
+
 def _row_gradients(problem, arrays):
-  """(dQ, dP_l, dP_w, dbias) from the rows program (absent ones None)."""
-  query, pre, post, bias = (arrays[name]
-                            for name in ("query", "pre", "post", "bias"))
+  """(dQ, dbias or None) from the rows program."""
+  query, bias = arrays["query"], arrays["bias"]
   n, m, block_q = problem.length_padded, problem.memory_padded, \
       problem.tiles.block_q
   out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype)]
   out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
                             lambda b, i: (b, i, 0, 0))]
-  size = problem.mix_heads
-  for projection in (pre, post):
-    if projection is not None:  # a [H, H] partial sum per query tile
-      out_shapes.append(jax.ShapeDtypeStruct(
-          (problem.batch, problem.query_tiles, size, size), jnp.float32))
-      out_specs.append(pl.BlockSpec((None, None, size, size),
-                                    lambda b, i: (b, i, 0, 0)))
   if bias is not None:
     out_shapes.append(jax.ShapeDtypeStruct(
         (problem.batch, problem.heads, n, m), jnp.float32))
     out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
                                   lambda b, i: (b, 0, i, 0)))
-  outputs = list(_call(problem, pallas_programs.rows_kernel, "rows", arrays,
-                       tuple(out_shapes), tuple(out_specs)))
-  grad_query, grad_pre, grad_post, grad_bias = outputs.pop(0), None, None, None
-  # The sums of the per-tile partial sums, [H, H] as the padded P_l and
-  # P_w (the padding's gradient is dropped by jnp.pad's).
-  if pre is not None:
-    grad_pre = outputs.pop(0).sum(axis=(0, 1))
-  if post is not None:
-    grad_post = outputs.pop(0).sum(axis=(0, 1))
+  outputs = _call(problem, pallas_programs.rows_kernel, "rows", arrays,
+                  tuple(out_shapes), tuple(out_specs))
+  grad_bias = None
   if bias is not None:
-    grad_bias = outputs.pop(0)
+    grad_bias = outputs[1]
     if not problem.bias_batched:
       grad_bias = grad_bias.sum(axis=0, keepdims=True)
     grad_bias = grad_bias.astype(bias.dtype)
-  return grad_query, grad_pre, grad_post, grad_bias
+  return outputs[0], grad_bias
+
+
+def _column_gradient(problem, kernel, arrays, like):
+  """The gradient shaped `like`, [b, m, heads, d], from a program per key
+  tile."""
+  return _call(problem, kernel, "columns", arrays,
+               jax.ShapeDtypeStruct(like.shape, like.dtype),
+               pl.BlockSpec((None, problem.tiles.block_k) + like.shape[2:],
+                            lambda b, i: (b, i, 0, 0)))
 
 
 def _backward(problem, residuals, grad_out):
+  """The gradients, by four programs, each holding as few accumulators as
+  it can (a Triton program spills registers as they grow:
+  benchmarks/RESULTS.md): D, dP_w and dP_l per query tile; dQ and dbias
+  per query tile; dK per key tile; dV per key tile."""
   query, key, value, pre, post, mask, bias, row_max, inverse_sum = residuals
-  block_k = problem.tiles.block_k
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias, row_max=row_max,
                 inverse_sum=inverse_sum, grad_out=grad_out)
-  # D, per query tile: a program of its own, since a Triton program's
-  # compile time grows faster than its length (benchmarks/RESULTS.md).
-  table, table_spec = _row_table(problem)
-  arrays["rowsum"] = _call(problem, pallas_programs.row_sums_kernel, "rows",
-                           arrays, table, table_spec)
-  grad_query, grad_pre, grad_post, grad_bias = _row_gradients(problem,
-                                                              arrays)
-  out_shapes = (jax.ShapeDtypeStruct(key.shape, key.dtype),
-                jax.ShapeDtypeStruct(value.shape, value.dtype))
-  out_specs = (pl.BlockSpec((None, block_k) + key.shape[2:],
-                            lambda b, i: (b, i, 0, 0)),
-               pl.BlockSpec((None, block_k) + value.shape[2:],
-                            lambda b, i: (b, i, 0, 0)))
-  grad_key, grad_value = _call(problem, pallas_programs.columns_kernel,
-                               "columns", arrays, out_shapes, out_specs)
+  arrays["rowsum"], grad_post, grad_pre = _row_sums(problem, arrays)
+  grad_query, grad_bias = _row_gradients(problem, arrays)
+  grad_key = _column_gradient(problem, pallas_programs.key_columns_kernel,
+                              arrays, key)
+  # dV needs W only: no D, no dO V^T.
+  grad_value = _column_gradient(
+      problem, pallas_programs.value_columns_kernel,
+      dict(arrays, value=None, rowsum=None), value)
   return grad_query, grad_key, grad_value, grad_pre, grad_post, grad_bias
 
 

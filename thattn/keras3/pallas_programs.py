@@ -1,8 +1,8 @@
 """The programs of thattn's Pallas talking-heads kernel: what one cell of
 the grid runs: the forward pass per query tile; the backward pass per
-query tile (D, then dQ, dP_l, dP_w and dbias: two programs, as a Triton
-program's compile time grows faster than its length) and per key tile
-(dK, dV).
+query tile (D and the pair sums dP_w, dP_l; then dQ and dbias) and per
+key tile (dK; then dV): one set of accumulators per program, so that
+Triton's registers hold it (why: `thattn.keras3.pallas_kernel`).
 
 The arithmetic of one tile, all heads at once, is in
 `thattn.keras3.pallas_tiles`; the algorithm, its cost and the launching in
@@ -66,7 +66,7 @@ def forward_kernel(problem, names, *refs):
   inverse_sum_ref[...] = stats[1]
 
 
-# ---- backward: per query tile (D; then dQ, dP_l, dP_w, dbias) --------------
+# ---- backward: per query tile (D and dP_w; then dQ and dbias) -------------
 
 
 def _zero_skipped_bias_gradient(problem, grad_bias_ref, end):
@@ -83,57 +83,106 @@ def _zero_skipped_bias_gradient(problem, grad_bias_ref, end):
   lax.fori_loop(end, problem.key_tiles, zero, 0)
 
 
-def _row_outputs(problem, outs):
-  """(dQ, dP_l partial, dP_w partial, dbias) output refs; absent: None."""
-  rest = list(outs[1:])
-  grad_pre_ref = rest.pop(0) if problem.has_pre else None
-  grad_post_ref = rest.pop(0) if problem.has_post else None
-  grad_bias_ref = rest.pop(0) if problem.bias_batched is not None else None
-  return outs[0], grad_pre_ref, grad_post_ref, grad_bias_ref
+def _weights_and_grads(problem, refs, tile, stats, keep):
+  """(J's head chunks or None, W, dU's head chunks or None, dW) of a tile
+  (W and dW [Bq, Bk, H]), given the [Bq, H] row statistics.
 
-
-def _weights_and_grads(problem, refs, tile, stats):
-  """(J's tiles or None, W, dU's tiles, dW) of a tile (W and dW
-  [Bq, Bk, H]), given the [Bq, H] row statistics."""
+  `keep` names the head chunks a pair sum will take, "dots" (J) or
+  "grad_mixed" (dU): they are made last, so that they are held across as
+  little as possible (made first, they spill registers: RESULTS.md)."""
+  if keep == "dots":
+    grad_mixed, grad_weights = tile_math.tile_grad_mixed(problem, refs, tile)
   dots, logits = tile_math.tile_logits(problem, refs, tile)
   weights = tile_math.tile_weights(logits, stats)
-  grad_mixed = tile_math.tile_grad_mixed(problem, refs, tile)
-  return (dots, weights, grad_mixed,
-          tile_math.tile_grad_weights(problem, refs, grad_mixed))
+  if keep != "dots":
+    grad_mixed, grad_weights = tile_math.tile_grad_mixed(problem, refs, tile)
+  return dots, weights, grad_mixed, grad_weights
 
 
 def _backward_tile(problem, refs, tile, stats, rowsum):
-  """(J's tiles or None, W, dU's tiles, dL) of a tile, given also D
-  ([Bq, H])."""
-  dots, weights, grad_mixed, grad_weights = _weights_and_grads(
-      problem, refs, tile, stats)
-  grad_logits = tile_math.tile_grad_logits(weights, grad_weights, rowsum,
-                                           tile.allowed)
-  return dots, weights, grad_mixed, grad_logits
+  """(J's head chunks or None, dL) of a tile, given also D ([Bq, H])."""
+  dots, weights, _, grad_weights = _weights_and_grads(problem, refs, tile,
+                                                      stats, keep="dots")
+  return dots, tile_math.tile_grad_logits(weights, grad_weights, rowsum,
+                                          tile.allowed)
+
+
+def _pair_sum_chunks(problem, transposed):
+  """Zero partial sums of dP_l (blocks of MIX_CHUNK rows) or, with
+  `transposed`, of dP_w (blocks of MIX_CHUNK columns)."""
+  size, chunk = problem.mix_heads, tile_math.MIX_CHUNK
+  shape = (size, chunk) if transposed else (chunk, size)
+  return [jnp.zeros(shape, jnp.float32)] * (size // chunk)
+
+
+def _write_pair_sums(ref, blocks, transposed):
+  chunk = tile_math.MIX_CHUNK
+  for c, block in enumerate(blocks):
+    if transposed:
+      ref[:, c * chunk:(c + 1) * chunk] = block
+    else:
+      ref[c * chunk:(c + 1) * chunk, :] = block
 
 
 def row_sums_kernel(problem, names, *refs):
-  """D[:, g] = sum_m W_g dW_g of a query tile: [Bq, H]."""
-  refs, (rowsum_ref,) = tile_math.split_refs(names, refs)
+  """The backward's statistics and pair sums of a query tile, in two passes
+  over its key tiles: D[:, g] = sum_m W_g dW_g, [Bq, H], with P_w's
+  gradient dP_w = sum_pairs W^T dU (it needs no D); then, with P_l, dP_l =
+  sum_pairs J^T dL (dL needs D).
+
+  Each pair sum is a matrix product that contracts the tile's Bq Bk pairs;
+  its operands are held whole on every warp, so each pass makes last the
+  head chunks its pair sum takes, and nothing else accumulates here (with
+  dQ or dK beside it, the program spills: benchmarks/RESULTS.md)."""
+  refs, outs = tile_math.split_refs(names, refs)
+  outs = list(outs)
+  rowsum_ref = outs.pop(0)
+  grad_post_ref = outs.pop(0) if problem.has_post else None
+  grad_pre_ref = outs.pop(0) if problem.has_pre else None
   q_tile = pl.program_id(1)
   q_start = q_tile * problem.tiles.block_q
   stats = (refs.row_max[...], refs.inverse_sum[...])
+  end = tile_math.causal_key_tile_end(problem, q_tile)
 
-  def over_keys(t, rowsum):
+  def statistics(t, carry):
+    rowsum, grad_post = carry
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
-    _, weights, _, grad_weights = _weights_and_grads(problem, refs, tile,
-                                                     stats)
-    return rowsum + jnp.sum(weights * grad_weights, axis=1)
+    _, weights, grad_mixed, grad_weights = _weights_and_grads(
+        problem, refs, tile, stats, keep="grad_mixed")
+    if grad_post is not None:  # dP_w += W^T dU
+      grad_post = _add(grad_post, tile_math.pair_sums_out(
+          problem, weights, grad_mixed))
+    return rowsum + jnp.sum(weights * grad_weights, axis=1), grad_post
 
-  rowsum_ref[...] = lax.fori_loop(
-      0, tile_math.causal_key_tile_end(problem, q_tile), over_keys,
-      jnp.zeros((problem.tiles.block_q, problem.mix_heads), jnp.float32))
+  rowsum, grad_post = lax.fori_loop(
+      0, end, statistics,
+      (jnp.zeros((problem.tiles.block_q, problem.mix_heads), jnp.float32),
+       _pair_sum_chunks(problem, True) if problem.has_post else None))
+  rowsum_ref[...] = rowsum
+  if grad_post_ref is not None:
+    _write_pair_sums(grad_post_ref, grad_post, True)
+  if grad_pre_ref is None:
+    return
+
+  def logits_pair_sums(t, grad_pre):  # dP_l += J^T dL
+    tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
+    dots, grad_logits = _backward_tile(problem, refs, tile, stats, rowsum)
+    return _add(grad_pre, tile_math.pair_sums_in(problem, dots,
+                                                 grad_logits))
+
+  _write_pair_sums(grad_pre_ref, lax.fori_loop(
+      0, end, logits_pair_sums, _pair_sum_chunks(problem, False)), False)
+
+
+def _add(totals, parts):
+  return [total + part for total, part in zip(totals, parts)]
 
 
 def rows_kernel(problem, names, *refs):
+  """dQ of a query tile, and the bias gradient's rows (given one)."""
   refs, outs = tile_math.split_refs(names, refs)
-  grad_query_ref, grad_pre_ref, grad_post_ref, grad_bias_ref = _row_outputs(
-      problem, outs)
+  grad_query_ref = outs[0]
+  grad_bias_ref = outs[1] if problem.bias_batched is not None else None
   block_q = problem.tiles.block_q
   q_tile = pl.program_id(1)
   q_start = q_tile * block_q
@@ -143,82 +192,86 @@ def rows_kernel(problem, names, *refs):
   if grad_bias_ref is not None and problem.skips_causal_tiles:
     _zero_skipped_bias_gradient(problem, grad_bias_ref, end)
 
-  def gradients(t, carry):
-    grad_queries, grad_pre, grad_post = carry
+  def gradients(t, grad_queries):
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
-    dots, weights, grad_mixed, grad_logits = _backward_tile(
-        problem, refs, tile, stats, rowsum)
+    _, grad_logits = _backward_tile(problem, refs, tile, stats, rowsum)
     if grad_bias_ref is not None:
       for g, grad in enumerate(tile_math.unstack_heads(grad_logits,
                                                        problem.heads)):
         grad_bias_ref[g, :, tile.cols] = grad
-    if grad_pre is not None:  # dP_l += J^T dL
-      grad_pre = [total + part for total, part in zip(
-          grad_pre, tile_math.pair_sums_in(problem, dots, grad_logits))]
-    if grad_post is not None:  # dP_w += W^T dU
-      grad_post = [total + part for total, part in zip(
-          grad_post, tile_math.pair_sums_out(problem, weights, grad_mixed))]
     grad_dots = tile_math.tile_grad_dots(problem, refs, grad_logits)
-    grad_queries = [dq + tile_math.dot(problem, g.astype(refs.key.dtype),
-                                       refs.key[tile.cols, f, :])
-                    for f, (dq, g) in enumerate(zip(grad_queries, grad_dots))]
-    return grad_queries, grad_pre, grad_post
+    return [dq + tile_math.dot(problem, g.astype(refs.key.dtype),
+                               refs.key[tile.cols, f, :])
+            for f, (dq, g) in enumerate(zip(grad_queries, grad_dots))]
 
-  # dP_l by blocks of MIX_CHUNK rows, dP_w by blocks of MIX_CHUNK columns.
-  size, chunk = problem.mix_heads, tile_math.MIX_CHUNK
-  chunks = size // chunk
-  projections = (
-      None if grad_pre_ref is None else
-      [jnp.zeros((chunk, size), jnp.float32)] * chunks,
-      None if grad_post_ref is None else
-      [jnp.zeros((size, chunk), jnp.float32)] * chunks)
-  grad_queries, grad_pre, grad_post = lax.fori_loop(
+  grad_queries = lax.fori_loop(
       0, end, gradients,
-      (_zeros(block_q, refs.query.shape[-1], problem.key_heads),)
-      + projections)
+      _zeros(block_q, refs.query.shape[-1], problem.key_heads))
   for f, dq in enumerate(grad_queries):
     grad_query_ref[:, f, :] = dq.astype(grad_query_ref.dtype)
-  for c in range(chunks):
-    if grad_pre_ref is not None:
-      grad_pre_ref[c * chunk:(c + 1) * chunk, :] = grad_pre[c]
-    if grad_post_ref is not None:
-      grad_post_ref[:, c * chunk:(c + 1) * chunk] = grad_post[c]
 
 
-# ---- backward: per key tile (dK, dV) ---------------------------------------
+# ---- backward: per key tile (dK; dV) --------------------------------------
 
 
-def columns_kernel(problem, names, *refs):
-  refs, (grad_key_ref, grad_value_ref) = tile_math.split_refs(names, refs)
+def _over_query_tiles(problem, refs, body, start):
+  """Loops `body(tile, stats, carry) -> carry` over the query tiles that
+  can see this program's key tile, from `start`; `stats` are the tile's
+  [Bq, H] row maxima and reciprocal sums."""
   block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
   k_tile = pl.program_id(1)
-  k_start = k_tile * block_k
 
-  def accumulate(t, carry):
-    grad_keys, grad_values = carry
+  def step(t, carry):
     q_start = pl.multiple_of(t * block_q, block_q)
     rows = pl.ds(q_start, block_q)
     tile = tile_math.make_tile(problem, refs, rows, slice(None), q_start,
-                               k_start)
+                               k_tile * block_k)
     stats = (refs.row_max[rows, :], refs.inverse_sum[rows, :])
-    _, weights, _, grad_logits = _backward_tile(
-        problem, refs, tile, stats, refs.rowsum[rows, :])
-    mixed = tile_math.tile_mixed(problem, refs, weights)
-    grad_dots = tile_math.tile_grad_dots(problem, refs, grad_logits)
-    grad_keys = [dk + tile_math.dot(problem, g.astype(refs.query.dtype),
-                                    refs.query[rows, f, :], 0, 0)
-                 for f, (dk, g) in enumerate(zip(grad_keys, grad_dots))]
-    grad_values = [dv + tile_math.dot(problem, u.astype(refs.grad_out.dtype),
-                                      refs.grad_out[rows, j, :], 0, 0)
-                   for j, (dv, u) in enumerate(zip(grad_values, mixed))]
-    return grad_keys, grad_values
+    return body(tile, stats, carry)
 
-  start = (_zeros(block_k, refs.key.shape[-1], problem.key_heads),
-           _zeros(block_k, refs.value.shape[-1], problem.value_heads))
-  grad_keys, grad_values = lax.fori_loop(
-      tile_math.causal_query_tile_start(problem, k_tile), problem.query_tiles,
-      accumulate, start)
-  for f, dk in enumerate(grad_keys):
-    grad_key_ref[:, f, :] = dk.astype(grad_key_ref.dtype)
-  for j, dv in enumerate(grad_values):
-    grad_value_ref[:, j, :] = dv.astype(grad_value_ref.dtype)
+  return lax.fori_loop(tile_math.causal_query_tile_start(problem, k_tile),
+                       problem.query_tiles, step, start)
+
+
+def _column_sums(problem, refs, out_ref, heads, head_tiles, operand_ref):
+  """out[:, f, :] = sum over the query tiles of T_f^T X_f, for the `heads`
+  [Bq, Bk] tiles T_f = head_tiles(tile, stats) and X = operand_ref's
+  [Bq, heads, d] rows: the gradient of this program's key tile."""
+  def accumulate(tile, stats, sums):
+    return [total + tile_math.dot(problem, t.astype(operand_ref.dtype),
+                                  operand_ref[tile.rows, f, :], 0, 0)
+            for f, (total, t) in enumerate(zip(sums,
+                                               head_tiles(tile, stats)))]
+
+  sums = _over_query_tiles(
+      problem, refs, accumulate,
+      _zeros(problem.tiles.block_k, out_ref.shape[-1], heads))
+  for f, total in enumerate(sums):
+    out_ref[:, f, :] = total.astype(out_ref.dtype)
+
+
+def key_columns_kernel(problem, names, *refs):
+  """dK of a key tile: sum over the query tiles of dJ^T Q."""
+  refs, (grad_key_ref,) = tile_math.split_refs(names, refs)
+
+  def grad_dots(tile, stats):
+    _, grad_logits = _backward_tile(problem, refs, tile, stats,
+                                    refs.rowsum[tile.rows, :])
+    return tile_math.tile_grad_dots(problem, refs, grad_logits)
+
+  _column_sums(problem, refs, grad_key_ref, problem.key_heads, grad_dots,
+               refs.query)
+
+
+def value_columns_kernel(problem, names, *refs):
+  """dV of a key tile: sum over the query tiles of U^T dO (U needs only W,
+  so no dU, dW or dL)."""
+  refs, (grad_value_ref,) = tile_math.split_refs(names, refs)
+
+  def mixed(tile, stats):
+    _, logits = tile_math.tile_logits(problem, refs, tile)
+    return tile_math.tile_mixed(problem, refs,
+                                tile_math.tile_weights(logits, stats))
+
+  _column_sums(problem, refs, grad_value_ref, problem.value_heads, mixed,
+               refs.grad_out)

@@ -19,8 +19,11 @@ from thattn import attention_spec
 _MASKED_LOGIT = attention_spec.MASKED_LOGIT
 _PADDING_LOGIT = -1e30
 # Heads per matrix product of a head mix: the least contraction a GPU's
-# tensor cores take (16 bfloat16 or 8 TF32 values; 16 covers both).
-MIX_CHUNK = 16
+# tensor cores take in TF32 (the mixes' operands are float32). A program
+# holds one chunk's per-head tiles at a time (`head_chunks`), so the chunk
+# is kept at that least: at h = 24, 16-head chunks spilled more registers
+# in every program (benchmarks/RESULTS.md).
+MIX_CHUNK = 8
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -123,10 +126,10 @@ class Problem:
 # A program holds every head of its [Bq, Bk] tile at once, as one
 # [Bq, Bk, H] float32 array (heads last, padded to H with zeros), so that
 # the head mixes are matrix products on the tensor cores: the tile seen as
-# [Bq Bk, 16] (a chunk of 16 heads) times 16 rows or columns of P_l, P_w.
+# [Bq Bk, 8] (a chunk of 8 heads) times 8 rows or columns of P_l, P_w.
 # The products with the queries, keys and values, which differ per head,
 # are 2-D matrix products per head (unrolled: O(h) of them, as in
-# multi-head FlashAttention), gathered into 16-head stacks by a tree of
+# multi-head FlashAttention), gathered into 8-head stacks by a tree of
 # joins (`stack_heads`) and taken apart by splits (`unstack_heads`).
 # Nothing in a program loops over the heads, and nothing grows faster than
 # the heads. (The first design looped over the softmax heads and did the
@@ -177,32 +180,38 @@ def _chunks(count):
           for start in range(0, count, MIX_CHUNK)]
 
 
-def _chunk_stack(tiles, start, stop):
-  """tiles[start:stop] as the rows of a [Bq Bk, MIX_CHUNK] matrix (zero
-  columns past them): one chunk's operand of a mix or a pair sum."""
-  block_q, block_k = tiles[0].shape
-  return stack_heads(tiles[start:stop], MIX_CHUNK).reshape(
-      block_q * block_k, MIX_CHUNK)
+def head_chunks(product, count):
+  """The [Bq Bk, MIX_CHUNK] stacks of `count` per-head [Bq, Bk] tiles,
+  one per chunk of MIX_CHUNK heads (zero columns past `count`): the
+  operands of a mix or a pair sum. `product(f)` makes head f's tile; a
+  chunk's products are made just before they are stacked, so a program
+  holds the per-head tiles of one chunk at a time."""
+  stacks = []
+  for start, stop in _chunks(count):
+    tiles = [product(f) for f in range(start, stop)]
+    block_q, block_k = tiles[0].shape
+    stacks.append(stack_heads(tiles, MIX_CHUNK).reshape(
+        block_q * block_k, MIX_CHUNK))
+  return stacks
 
 
-def mix_in(problem, tiles, projection_ref, transposed=False):
+def mix_in(problem, stacks, projection_ref, block_q, transposed=False):
   """[Bq, Bk, H]: column g is sum_f tiles[f] P[f, g] (or with `transposed`,
-  sum_f tiles[f] P[g, f]): L from J's tiles, dW from dU's.
+  sum_f tiles[f] P[g, f]), from the tiles' `head_chunks`: L from J, dW
+  from dU.
 
-  One matrix product per chunk of MIX_CHUNK input heads, [Bq Bk, 16] times
-  the chunk's rows of P, summed: a chunk's stack is the largest array of
-  unmixed heads a program holds, whatever h."""
-  block_q, block_k = tiles[0].shape
+  One matrix product per chunk of MIX_CHUNK input heads, [Bq Bk,
+  MIX_CHUNK] times the chunk's rows of P, summed."""
   total = None
-  for start, stop in _chunks(len(tiles)):
-    rows = _chunk_stack(tiles, start, stop)
+  for c, rows in enumerate(stacks):
+    start = c * MIX_CHUNK
     if transposed:
       part = dot(problem, rows, projection_ref[:, start:start + MIX_CHUNK],
                  1, 1)
     else:
       part = dot(problem, rows, projection_ref[start:start + MIX_CHUNK, :])
     total = part if total is None else total + part
-  return total.reshape(block_q, block_k, total.shape[-1])
+  return total.reshape(block_q, -1, total.shape[-1])
 
 
 def mix_out(problem, stacked, projection_ref, count, transposed=False):
@@ -223,37 +232,34 @@ def mix_out(problem, stacked, projection_ref, count, transposed=False):
   return tiles
 
 
-def pair_sums_in(problem, tiles, stacked):
-  """dP_l's partial sums over the tile's (query, key) pairs, from J's tiles
-  and dL: for each chunk of MIX_CHUNK rows f of the [H, H] matrix, the
-  [MIX_CHUNK, H] block sum_pairs tiles[f] stacked[..., g] (zero past
-  len(tiles)); one matrix product over the pairs each."""
+def pair_sums_in(problem, stacks, stacked):
+  """dP_l's partial sums over the tile's (query, key) pairs, from J's
+  `head_chunks` and dL: for each chunk of MIX_CHUNK rows f of the [H, H]
+  matrix, the [MIX_CHUNK, H] block sum_pairs J[..., f] dL[..., g] (zero
+  past the stacks), made as its transpose: a GPU's matrix product takes
+  at least 16 rows, and H >= 16 > MIX_CHUNK."""
   pairs = _as_pairs(stacked)
-  return [jnp.zeros((MIX_CHUNK, pairs.shape[1]), jnp.float32)
-          if chunk is None else dot(problem, chunk, pairs, 0, 0)
-          for chunk in _chunk_stacks(tiles, pairs.shape[1])]
+  size = pairs.shape[1]
+  return [dot(problem, pairs, stacks[c], 0, 0).T if c < len(stacks) else
+          jnp.zeros((MIX_CHUNK, size), jnp.float32)
+          for c in range(size // MIX_CHUNK)]
 
 
-def pair_sums_out(problem, stacked, tiles):
-  """dP_w's partial sums, from W and dU's tiles: for each chunk of
-  MIX_CHUNK columns j, the [H, MIX_CHUNK] block sum_pairs stacked[..., g]
-  tiles[j] (zero past len(tiles))."""
+def pair_sums_out(problem, stacked, stacks):
+  """dP_w's partial sums, from W and dU's `head_chunks`: for each chunk of
+  MIX_CHUNK columns j, the [H, MIX_CHUNK] block sum_pairs W[..., g]
+  dU[..., j] (zero past the stacks)."""
   pairs = _as_pairs(stacked)
-  return [jnp.zeros((pairs.shape[1], MIX_CHUNK), jnp.float32)
-          if chunk is None else dot(problem, pairs, chunk, 0, 0)
-          for chunk in _chunk_stacks(tiles, pairs.shape[1])]
+  size = pairs.shape[1]
+  return [dot(problem, pairs, stacks[c], 0, 0) if c < len(stacks) else
+          jnp.zeros((size, MIX_CHUNK), jnp.float32)
+          for c in range(size // MIX_CHUNK)]
 
 
 def _as_pairs(stacked):
   """[Bq, Bk, H] as [Bq Bk, H]."""
   block_q, block_k, size = stacked.shape
   return stacked.reshape(block_q * block_k, size)
-
-
-def _chunk_stacks(tiles, size):
-  """`_chunk_stack` of each chunk of `size` heads, None past the tiles."""
-  return [_chunk_stack(tiles, start, min(stop, len(tiles)))
-          if start < len(tiles) else None for start, stop in _chunks(size)]
 
 
 @dataclasses.dataclass
@@ -320,16 +326,21 @@ def make_tile(problem, refs, rows, cols, q_start, k_start):
 
 
 def tile_logits(problem, refs, tile):
-  """(J, L) of the tile: J the [Bq, Bk] tiles Q_f K_f^T of the key heads
-  (None without P_l, where L is J), L = J P_l + bias of every head,
-  [Bq, Bk, H], masked: the caller's masked keys at the keras.ops path's
-  logit, the tile's padding keys at the padding logit."""
-  dots = [dot(problem, refs.query[tile.rows, f, :], refs.key[tile.cols, f, :],
-              1, 1) for f in range(problem.key_heads)]
+  """(J, L) of the tile: J the `head_chunks` of the [Bq, Bk] tiles
+  Q_f K_f^T of the key heads (None without P_l, where L is J), L = J P_l +
+  bias of every head, [Bq, Bk, H], masked: the caller's masked keys at the
+  keras.ops path's logit, the tile's padding keys at the padding logit."""
+  def dot_of(f):
+    return dot(problem, refs.query[tile.rows, f, :],
+               refs.key[tile.cols, f, :], 1, 1)
+
+  dots = None
   if refs.pre is None:
-    logits = stack_heads(dots, problem.mix_heads)
+    logits = stack_heads([dot_of(f) for f in range(problem.key_heads)],
+                         problem.mix_heads)
   else:
-    logits = mix_in(problem, dots, refs.pre)
+    dots = head_chunks(dot_of, problem.key_heads)
+    logits = mix_in(problem, dots, refs.pre, problem.tiles.block_q)
   if refs.bias is not None:
     logits = logits + stack_heads(
         [refs.bias[g, tile.rows, tile.cols].astype(jnp.float32)
@@ -338,7 +349,7 @@ def tile_logits(problem, refs, tile):
     logits = jnp.where(tile.allowed, logits, _MASKED_LOGIT)
   if tile.real is not None:
     logits = jnp.where(tile.real, logits, _PADDING_LOGIT)
-  return (dots if refs.pre is not None else None), logits
+  return dots, logits
 
 
 def tile_weights(logits, stats):
@@ -359,17 +370,19 @@ def tile_mixed(problem, refs, weights):
 
 
 def tile_grad_mixed(problem, refs, tile):
-  """dU: the [Bq, Bk] tiles dO_j V_j^T of the value heads."""
-  return [dot(problem, refs.grad_out[tile.rows, j, :],
-              refs.value[tile.cols, j, :], 1, 1)
-          for j in range(problem.value_heads)]
+  """dU and dW = dU P_w^T of the tile: dU as the `head_chunks` of the
+  [Bq, Bk] tiles dO_j V_j^T of the value heads (None without P_w, where
+  dW is dU), dW [Bq, Bk, H]."""
+  def grad_of(j):
+    return dot(problem, refs.grad_out[tile.rows, j, :],
+               refs.value[tile.cols, j, :], 1, 1)
 
-
-def tile_grad_weights(problem, refs, grad_mixed):
-  """dW = dU P_w^T, [Bq, Bk, H] (dU itself without P_w)."""
   if refs.post is None:
-    return stack_heads(grad_mixed, problem.mix_heads)
-  return mix_in(problem, grad_mixed, refs.post, transposed=True)
+    return None, stack_heads([grad_of(j) for j in range(problem.value_heads)],
+                             problem.mix_heads)
+  grad_mixed = head_chunks(grad_of, problem.value_heads)
+  return grad_mixed, mix_in(problem, grad_mixed, refs.post,
+                            problem.tiles.block_q, transposed=True)
 
 
 def tile_grad_logits(weights, grad_weights, rowsum, allowed):
