@@ -87,7 +87,7 @@ d = 64: a = e = 768 and c_l = c_w = 256, so the forward's mixes are a
 third of its multiply-adds, at TF32's rate (half bfloat16's on an H100):
 about 2.5x flash's forward in tensor-core time, and the backward about
 4x flash's (3a + 2e), before the exps and the loads. At h = 24 (H = 32):
-c = 1024.
+c_l = c_w = 768 (three chunks of 8 heads, H = 32).
 
 Memory traffic: Q, K, V, dO, O and the [n, H] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
