@@ -66,7 +66,7 @@ def forward_kernel(problem, names, *refs):
   inverse_sum_ref[...] = stats[1]
 
 
-# ---- backward: per query tile (D and dP_w; then dQ and dbias) -------------
+# ---- backward: per query tile (D, dP_w, dP_l; then dQ and dbias) ----------
 
 
 def _zero_skipped_bias_gradient(problem, grad_bias_ref, end):
@@ -116,6 +116,7 @@ def _pair_sum_chunks(problem, transposed):
 
 
 def _write_pair_sums(ref, blocks, transposed):
+  """Writes `_pair_sum_chunks`-shaped blocks into the [H, H] output."""
   chunk = tile_math.MIX_CHUNK
   for c, block in enumerate(blocks):
     if transposed:
