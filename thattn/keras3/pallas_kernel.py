@@ -102,11 +102,12 @@ What a program keeps in registers: its accumulators (Bq x width float32
 in all: O, dQ, dK or dV), a few [Bq, Bk, H] float32 arrays (L, W, dW,
 dL), one chunk's per-head tiles, and the chunk stacks that feed the mixes.
 That is more than FlashAttention's program keeps for one head, so the
-tiles are the least a matrix product takes (16 x 16,
-`pallas_tiles.default_tiles`). Compiled for an H100 by Triton at width
-768, no program spills at h = 12; at h = 4, 8 and 16 a few do, a little
-(their head sizes pad up to 256, 128, 64); at h = 24 every program does
-(benchmarks/RESULTS.md).
+tiles have the fewest pairs a matrix product allows (16 query rows by 8
+keys, `pallas_tiles.default_tiles`). Compiled for an H100 by Triton at
+width 768, no program spills at h = 4, 12 or 16; at h = 8 (whose head
+size pads from 96 to 128) two programs spill 256 bytes in all, at h = 24
+three programs 300 (benchmarks/RESULTS.md, "The Pallas kernel's third
+design").
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products

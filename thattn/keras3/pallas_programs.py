@@ -200,7 +200,10 @@ def rows_kernel(problem, names, *refs):
       for g, grad in enumerate(tile_math.unstack_heads(grad_logits,
                                                        problem.heads)):
         grad_bias_ref[g, :, tile.cols] = grad
-    grad_dots = tile_math.tile_grad_dots(problem, refs, grad_logits)
+    # Every dJ tile before the dQ products: made a chunk at a time as they
+    # are used (as in the other programs), this program spilled more at
+    # h = 24 (288 bytes against 180; benchmarks/RESULTS.md).
+    grad_dots = list(tile_math.tile_grad_dots(problem, refs, grad_logits))
     return [dq + tile_math.dot(problem, g.astype(refs.key.dtype),
                                refs.key[tile.cols, f, :])
             for f, (dq, g) in enumerate(zip(grad_queries, grad_dots))]

@@ -37,8 +37,8 @@ def power_of_two(size, smallest=1):
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
-  """Tile sizes (powers of two, at least 16 on a GPU) and Triton's launch
-  options (ignored elsewhere)."""
+  """Tile sizes (powers of two; on a GPU at least 16 query rows and 8
+  keys) and Triton's launch options (ignored elsewhere)."""
   block_q: int = 32
   block_k: int = 32
   num_warps: int = 4
@@ -63,19 +63,20 @@ def mix_size(heads):
 
 
 def default_tiles(heads):
-  """Tiles for a GPU's registers: the least a matrix product takes
-  (16 x 16), with 8 warps.
+  """Tiles for a GPU's registers: 16 query rows by 8 keys, with 8 warps.
 
   A program holds an accumulator of every key or value head, [Bq, d] each
-  (Bq x width in all), and a few [Bq, Bk, H] float32 arrays of all heads
-  (L, W, dW, dL), so it wants the fewest pairs a tile can have. Compiled
-  for sm_90 (benchmarks/pallas_compile.py), 16 x 16 with 8 warps spilled
-  least at h = 12 and 24 of the sizes and warps tried (16 x 32, 32 x 16,
-  16 x 64; 2, 4, 8 and 16 warps); with 16 warps a thread has only 128
-  registers. `heads` is kept for callers: every head count gets these
-  tiles today."""
+  (Bq x width in all), a few [Bq, Bk, H] float32 arrays of all heads (L,
+  W, dW, dL), and while a pair sum runs, its operands, [H, Bq Bk] and
+  [Bq Bk, 8], whole on every warp; so it wants the fewest pairs a tile can
+  have. 16 rows are the least a matrix product takes, 8 keys the least
+  its other side takes. Compiled for sm_90 (benchmarks/pallas_compile.py),
+  16 x 8 with 8 warps spilled least at h = 12 and 24 of the sizes and
+  warps tried (16 x 16, 32 x 8, 16 x 32, 32 x 16, 16 x 64; 2 to 16 warps;
+  with 16 warps a thread has only 128 registers). `heads` is kept for
+  callers: every head count gets these tiles today."""
   del heads
-  return Tiles(16, 16, num_warps=8)
+  return Tiles(16, 8, num_warps=8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,20 +217,22 @@ def mix_in(problem, stacks, projection_ref, block_q, transposed=False):
 
 def mix_out(problem, stacked, projection_ref, count, transposed=False):
   """The `count` [Bq, Bk] tiles sum_g stacked[..., g] P[g, j] (or with
-  `transposed`, P[j, g]): U from W, dJ from dL; one matrix product per
-  chunk of MIX_CHUNK output heads."""
+  `transposed`, P[j, g]) in order: U from W, dJ from dL; one matrix product
+  per chunk of MIX_CHUNK output heads.
+
+  A generator: a chunk's product is made when its first tile is asked
+  for, so a program that uses each tile as it comes holds one chunk's
+  tiles at a time."""
   block_q, block_k, _ = stacked.shape
   pairs = _as_pairs(stacked)
-  tiles = []
   for start, stop in _chunks(count):
     if transposed:
       part = dot(problem, pairs,
                  projection_ref[start:start + MIX_CHUNK, :], 1, 1)
     else:
       part = dot(problem, pairs, projection_ref[:, start:start + MIX_CHUNK])
-    tiles += unstack_heads(part.reshape(block_q, block_k, MIX_CHUNK),
-                           stop - start)
-  return tiles
+    yield from unstack_heads(part.reshape(block_q, block_k, MIX_CHUNK),
+                             stop - start)
 
 
 def pair_sums_in(problem, stacks, stacked):
@@ -362,8 +365,9 @@ def tile_weights(logits, stats):
 
 
 def tile_mixed(problem, refs, weights):
-  """U = W P_w: the [Bq, Bk] tiles of the value heads (W's own without
-  P_w)."""
+  """U = W P_w: the [Bq, Bk] tiles of the value heads, in order (W's own
+  without P_w; with it, made a chunk at a time as they are used:
+  `mix_out`)."""
   if refs.post is None:
     return unstack_heads(weights, problem.value_heads)
   return mix_out(problem, weights, refs.post, problem.value_heads)
@@ -393,8 +397,9 @@ def tile_grad_logits(weights, grad_weights, rowsum, allowed):
 
 
 def tile_grad_dots(problem, refs, grad_logits):
-  """dJ = dL P_l^T: the [Bq, Bk] tiles of the key heads (dL's own without
-  P_l)."""
+  """dJ = dL P_l^T: the [Bq, Bk] tiles of the key heads, in order (dL's
+  own without P_l; with it, made a chunk at a time as they are used:
+  `mix_out`)."""
   if refs.pre is None:
     return unstack_heads(grad_logits, problem.key_heads)
   return mix_out(problem, grad_logits, refs.pre, problem.key_heads,
