@@ -1,8 +1,8 @@
 """How long Triton takes to compile thattn's Pallas kernel, with no GPU.
 
-A GPU runs the kernel only after compiling its three Triton programs
-(forward; backward per query tile; backward per key tile) on the host, once
-per shape. This script measures that step on any machine:
+A GPU runs the kernel only after compiling its Triton programs (the
+forward; the backward's row sums, rows, key columns and value columns) on
+the host, once per shape. This script measures that step on any machine:
 
 1. it lowers jax.jit(jax.grad) of `pallas_kernel.talking_heads_attention`
    for a CUDA GPU (lowering needs no GPU) at the benchmark's shapes: width
