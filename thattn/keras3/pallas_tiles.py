@@ -71,10 +71,12 @@ def default_tiles(heads):
   [Bq Bk, 8], whole on every warp; so it wants the fewest pairs a tile can
   have. 16 rows are the least a matrix product takes, 8 keys the least
   its other side takes. Compiled for sm_90 (benchmarks/pallas_compile.py),
-  16 x 8 with 8 warps spilled least at h = 12 and 24 of the sizes and
-  warps tried (16 x 16, 32 x 8, 16 x 32, 32 x 16, 16 x 64; 2 to 16 warps;
-  with 16 warps a thread has only 128 registers). `heads` is kept for
-  callers: every head count gets these tiles today."""
+  16 x 8 with 8 warps spilled least at h = 24 of the tiles tried with
+  this design (16 x 16, 32 x 8; 16 x 8 on 4 or 16 warps, where a thread
+  has only 128 registers), and none at h = 12; the second design's
+  larger tiles (16 x 32, 32 x 16, 16 x 64) and 2 or 4 warps spilled more
+  too. `heads` is kept for callers: every head count gets these tiles
+  today."""
   del heads
   return Tiles(16, 8, num_warps=8)
 
