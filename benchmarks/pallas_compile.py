@@ -121,7 +121,7 @@ def ttir_counts(text):
   """What a Triton program (TTIR text) of bfloat16 or float16 inputs
   holds: its operations, its tensor loads and stores, and its matrix
   products by kind: `head_mixes` (float32 products over a tile's (query,
-  key) pairs whose contraction runs over heads, a chunk of 16 or all H:
+  key) pairs whose contraction runs over heads, a chunk of 8 or all H:
   L = J P_l, U = W P_w, dW, dJ), `pair_sums` (float32 products that
   contract the pairs: dP_l, dP_w) and `per_head` (the products with Q, K,
   V and dO, in the input dtype)."""

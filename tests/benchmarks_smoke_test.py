@@ -84,10 +84,10 @@ def test_pallas_kernel_mixes_heads_by_matrix_products_linear_in_h(tmp_path):
   The head mixes and pair sums are matrix products (`tt.dot`), one per
   chunk of 8 heads, not per head; the per-head products are 2-D, k per
   head; and a program's length grows at most linearly in h from 4 to 8 to
-  16 (and on to 24, three chunks). The kernel's first design wrote the mixes out as
-  h_k h + h h_v elementwise multiply-adds, which made its programs about
-  3.5x longer for 2x the heads and took minutes to compile at h = 12
-  (benchmarks/RESULTS.md)."""
+  16 (and on to 24, three chunks). The kernel's first design wrote the
+  mixes out as h_k h + h h_v elementwise multiply-adds, which made its
+  programs about 3.5x longer for 2x the heads and took minutes to compile
+  at h = 12 (benchmarks/RESULTS.md)."""
   out = tmp_path / "programs.json"
   heads = (4, 8, 16, 24)
   result = forkserver.run(

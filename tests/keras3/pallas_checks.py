@@ -134,7 +134,8 @@ CASES = {
     "bfloat16": (2, 20, 37, 3, 4, 5, 16, 16, "bfloat16",
                  dict(mask="keys")),
     "float16": (2, 20, 37, 3, 4, 5, 16, 16, "float16", dict(causal=True)),
-    # More than MIX_CHUNK = 16 heads: the mixes take two chunks each.
+    # More than 16 heads (H = 32): every mix takes three chunks of
+    # MIX_CHUNK = 8 heads, the last one partly padding.
     "heads_17_18_20": (1, 9, 21, 17, 18, 20, 4, 4, "float32",
                        dict(mask="keys")),
 }

@@ -198,7 +198,7 @@ def head_chunks(product, count):
   return stacks
 
 
-def mix_in(problem, stacks, projection_ref, block_q, transposed=False):
+def mix_in(problem, stacks, projection_ref, transposed=False):
   """[Bq, Bk, H]: column g is sum_f tiles[f] P[f, g] (or with `transposed`,
   sum_f tiles[f] P[g, f]), from the tiles' `head_chunks`: L from J, dW
   from dU.
@@ -214,7 +214,7 @@ def mix_in(problem, stacks, projection_ref, block_q, transposed=False):
     else:
       part = dot(problem, rows, projection_ref[start:start + MIX_CHUNK, :])
     total = part if total is None else total + part
-  return total.reshape(block_q, -1, total.shape[-1])
+  return total.reshape(problem.tiles.block_q, -1, total.shape[-1])
 
 
 def mix_out(problem, stacked, projection_ref, count, transposed=False):
@@ -345,7 +345,7 @@ def tile_logits(problem, refs, tile):
                          problem.mix_heads)
   else:
     dots = head_chunks(dot_of, problem.key_heads)
-    logits = mix_in(problem, dots, refs.pre, problem.tiles.block_q)
+    logits = mix_in(problem, dots, refs.pre)
   if refs.bias is not None:
     logits = logits + stack_heads(
         [refs.bias[g, tile.rows, tile.cols].astype(jnp.float32)
@@ -387,8 +387,7 @@ def tile_grad_mixed(problem, refs, tile):
     return None, stack_heads([grad_of(j) for j in range(problem.value_heads)],
                              problem.mix_heads)
   grad_mixed = head_chunks(grad_of, problem.value_heads)
-  return grad_mixed, mix_in(problem, grad_mixed, refs.post,
-                            problem.tiles.block_q, transposed=True)
+  return grad_mixed, mix_in(problem, grad_mixed, refs.post, transposed=True)
 
 
 def tile_grad_logits(weights, grad_weights, rowsum, allowed):
