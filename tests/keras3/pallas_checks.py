@@ -36,6 +36,9 @@ assert os.environ.get("THATTN_PALLAS") == "interpret"
 
 TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
 TILES = pallas_kernel.default_tiles(0)  # 16 x 8: several tiles per sequence
+# Programs per slice of 8 heads (16 per key-tile program): more than 8
+# heads of a kind are split, 17 to 20 into slices of 8, 8 and the rest.
+SLICED = pallas_kernel.Tiles(16, 8, num_warps=8, heads_per_program=8)
 
 
 def paper_core(q, k, v, pre, post, mask=None, bias=None, causal=False,
@@ -128,7 +131,7 @@ CASES = {
     "broadcast_mask": (2, 18, 21, 2, 3, 4, 8, 8, "float32",
                        dict(mask="full_one")),
     "t5_bias_causal": (2, 20, 20, 2, 3, 2, 8, 8, "float32",
-                       dict(bias="one", causal=True)),
+                       dict(bias="one", causal=True, tiles=SLICED)),
     "batched_bias_mask": (2, 17, 25, 2, 3, 2, 8, 8, "float32",
                           dict(bias="batched", mask="full")),
     "bfloat16": (2, 20, 37, 3, 4, 5, 16, 16, "bfloat16",
@@ -138,6 +141,16 @@ CASES = {
     # MIX_CHUNK = 8 heads, the last one partly padding.
     "heads_17_18_20": (1, 9, 21, 17, 18, 20, 4, 4, "float32",
                        dict(mask="keys")),
+    # Programs per slice of the heads (`Tiles.heads_per_program`), the
+    # default above 16 heads: the slices' outputs, and dbias written once.
+    "sliced_heads_17_18_20": (1, 9, 21, 17, 18, 20, 4, 4, "float32",
+                              dict(mask="keys", tiles=SLICED)),
+    "sliced_bias_causal": (2, 20, 20, 9, 10, 11, 8, 8, "float32",
+                           dict(bias="one", causal=True, tiles=SLICED)),
+    "sliced_logits_only": (1, 19, 26, 9, 10, 10, 8, 8, "float32",
+                           dict(post=False, tiles=SLICED)),
+    "sliced_weights_only": (1, 19, 26, 17, 17, 9, 16, 16, "bfloat16",
+                            dict(pre=False, tiles=SLICED)),
 }
 
 
@@ -145,6 +158,7 @@ def _run_case(name):
   b, n, m, h_k, h, h_v, d_k, d_v, dtype, options = CASES[name]
   options = dict(options)
   causal, offset = options.pop("causal", False), options.pop("offset", 0)
+  tiles = options.pop("tiles", TILES)
   case = make_case(sum(map(ord, name)), b, n, m, h_k, h, h_v, d_k, d_v,
                    dtype, **options)
   mask, cotangent = case["mask"], case["cotangent"]
@@ -156,7 +170,7 @@ def _run_case(name):
                offset=offset)
     return jnp.sum(out.astype(jnp.float32) * cotangent), out
 
-  kernel = functools.partial(_kernel_core, tiles=TILES)
+  kernel = functools.partial(_kernel_core, tiles=tiles)
   grad = functools.partial(jax.value_and_grad, argnums=tuple(range(6)),
                            has_aux=True)
   (_, got), got_grads = jax.jit(grad(functools.partial(loss, kernel)))(*args)

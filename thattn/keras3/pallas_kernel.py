@@ -190,7 +190,9 @@ def _specs(problem, arrays, along):
   return tuple(names), inputs, specs
 
 
-def _call(problem, kernel, along, arrays, out_shapes, out_specs):
+def _call(problem, kernel, along, arrays, out_shapes, out_specs, heads=None):
+  """Launches `kernel` on the grid (batch, query or key tiles), for the
+  heads in `heads` (a [start, stop) range) where the kernel takes them."""
   names, inputs, in_specs = _specs(problem, arrays, along)
   tiles = problem.query_tiles if along == "rows" else problem.key_tiles
   params = {}
@@ -201,12 +203,16 @@ def _call(problem, kernel, along, arrays, out_shapes, out_specs):
     params["compiler_params"] = plgpu.CompilerParams(
         num_warps=problem.tiles.num_warps,
         num_stages=problem.tiles.num_stages)
+  name = f"thattn_talking_heads_{kernel.__name__.strip('_')}"
+  body = functools.partial(kernel, problem, names)
+  if heads is not None:
+    body = functools.partial(body, heads=heads)
+    if problem.tiles.heads_per_program is not None:
+      name += f"_heads_{heads[0]}_{heads[1]}"
   return pl.pallas_call(
-      functools.partial(kernel, problem, names),
-      grid=(problem.batch, tiles), in_specs=in_specs, out_specs=out_specs,
-      out_shape=out_shapes, interpret=problem.interpret,
-      name=f"thattn_talking_heads_{kernel.__name__.strip('_')}",
-      **params)(*inputs)
+      body, grid=(problem.batch, tiles), in_specs=in_specs,
+      out_specs=out_specs, out_shape=out_shapes,
+      interpret=problem.interpret, name=name, **params)(*inputs)
 
 
 def _row_table(problem):
@@ -219,20 +225,55 @@ def _row_table(problem):
                               problem.mix_heads), lambda b, i: (b, i, 0))
 
 
+def _heads_block(problem, like, heads, along):
+  """The shape and BlockSpec of a program's output shaped `like`, [b, n
+  or m, heads, d], for the heads in `heads` only, tiled over the queries
+  ("rows") or keys ("columns")."""
+  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
+  shape = (like.shape[0], like.shape[1], heads[1] - heads[0], like.shape[3])
+  return (jax.ShapeDtypeStruct(shape, like.dtype),
+          pl.BlockSpec((None, block) + shape[2:], lambda b, i: (b, i, 0, 0)))
+
+
+def _over_head_slices(problem, like, along, launch):
+  """The [b, length, heads, d] output shaped `like`, from one launch per
+  slice of its heads (`pallas_tiles.head_slices`): launch(heads, shape,
+  spec) returns the slice's [b, length, stop - start, d] part."""
+  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
+  parts = [launch(heads, *_heads_block(problem, like, heads, along))
+           for heads in pallas_tiles.head_slices(problem, like.shape[2],
+                                                 block)]
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)
+
+
 def _forward(problem, query, key, value, pre, post, mask, bias):
-  b, n = problem.batch, problem.length_padded
-  d_v = value.shape[-1]
+  """(O, row maxima, reciprocal row sums): one program per query tile, or
+  with slices of the value heads, a statistics program and then one per
+  slice (each would otherwise repeat the statistics' pass)."""
   row_stats, row_stats_spec = _row_table(problem)
-  out_shapes = (jax.ShapeDtypeStruct((b, n, problem.value_heads, d_v),
-                                     value.dtype), row_stats, row_stats)
-  out_specs = (pl.BlockSpec((None, problem.tiles.block_q,
-                             problem.value_heads, d_v),
-                            lambda b, i: (b, i, 0, 0)),
-               row_stats_spec, row_stats_spec)
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias)
-  return _call(problem, pallas_programs.forward_kernel, "rows", arrays,
-               out_shapes, out_specs)
+  # O is [b, n, h_v, d_v]: the queries' length, the values' heads.
+  like = jax.ShapeDtypeStruct((problem.batch, problem.length_padded) +
+                              value.shape[2:], value.dtype)
+  slices = pallas_tiles.head_slices(problem, problem.value_heads,
+                                    problem.tiles.block_q)
+  if len(slices) == 1:
+    out_shape, out_spec = _heads_block(problem, like, slices[0], "rows")
+    return _call(problem, pallas_programs.forward_kernel, "rows", arrays,
+                 (out_shape, row_stats, row_stats),
+                 (out_spec, row_stats_spec, row_stats_spec), heads=slices[0])
+  row_max, inverse_sum = _call(
+      problem, pallas_programs.statistics_kernel, "rows",
+      dict(arrays, value=None, post=None), (row_stats, row_stats),
+      (row_stats_spec, row_stats_spec))
+  arrays.update(row_max=row_max, inverse_sum=inverse_sum)
+  out = _over_head_slices(
+      problem, like, "rows",
+      lambda heads, shape, spec: _call(
+          problem, pallas_programs.forward_kernel, "rows", arrays, (shape,),
+          (spec,), heads=heads)[0])
+  return out, row_max, inverse_sum
 
 
 def _pair_sum_table(problem, tiles):
@@ -269,36 +310,41 @@ def _row_sums(problem, arrays):
 
 
 def _row_gradients(problem, arrays):
-  """(dQ, dbias or None) from the rows program."""
+  """(dQ, dbias or None) from the rows programs, one per slice of the key
+  heads; the first also writes dbias."""
   query, bias = arrays["query"], arrays["bias"]
   n, m, block_q = problem.length_padded, problem.memory_padded, \
       problem.tiles.block_q
-  out_shapes = [jax.ShapeDtypeStruct(query.shape, query.dtype)]
-  out_specs = [pl.BlockSpec((None, block_q) + query.shape[2:],
-                            lambda b, i: (b, i, 0, 0))]
-  if bias is not None:
-    out_shapes.append(jax.ShapeDtypeStruct(
-        (problem.batch, problem.heads, n, m), jnp.float32))
-    out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
-                                  lambda b, i: (b, 0, i, 0)))
-  outputs = _call(problem, pallas_programs.rows_kernel, "rows", arrays,
-                  tuple(out_shapes), tuple(out_specs))
-  grad_bias = None
-  if bias is not None:
-    grad_bias = outputs[1]
-    if not problem.bias_batched:
-      grad_bias = grad_bias.sum(axis=0, keepdims=True)
-    grad_bias = grad_bias.astype(bias.dtype)
-  return outputs[0], grad_bias
+  grad_bias = []
+
+  def launch(heads, shape, spec):
+    out_shapes, out_specs = [shape], [spec]
+    if bias is not None and heads[0] == 0:
+      out_shapes.append(jax.ShapeDtypeStruct(
+          (problem.batch, problem.heads, n, m), jnp.float32))
+      out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
+                                    lambda b, i: (b, 0, i, 0)))
+    outputs = _call(problem, pallas_programs.rows_kernel, "rows", arrays,
+                    tuple(out_shapes), tuple(out_specs), heads=heads)
+    grad_bias.extend(outputs[1:])
+    return outputs[0]
+
+  grad_query = _over_head_slices(problem, query, "rows", launch)
+  if bias is None:
+    return grad_query, None
+  grad_bias = grad_bias[0]
+  if not problem.bias_batched:
+    grad_bias = grad_bias.sum(axis=0, keepdims=True)
+  return grad_query, grad_bias.astype(bias.dtype)
 
 
 def _column_gradient(problem, kernel, arrays, like):
-  """The gradient shaped `like`, [b, m, heads, d], from a program per key
-  tile."""
-  return _call(problem, kernel, "columns", arrays,
-               jax.ShapeDtypeStruct(like.shape, like.dtype),
-               pl.BlockSpec((None, problem.tiles.block_k) + like.shape[2:],
-                            lambda b, i: (b, i, 0, 0)))
+  """The gradient shaped `like`, [b, m, heads, d], from programs per key
+  tile (one per slice of the heads)."""
+  return _over_head_slices(
+      problem, like, "columns",
+      lambda heads, shape, spec: _call(problem, kernel, "columns", arrays,
+                                       shape, spec, heads=heads))
 
 
 def _backward(problem, residuals, grad_out):

@@ -26,14 +26,10 @@ def _zeros(rows, size, count):
 # ---- forward ---------------------------------------------------------------
 
 
-def forward_kernel(problem, names, *refs):
-  refs, (out_ref, max_ref, inverse_sum_ref) = tile_math.split_refs(names, refs)
-  block_q = problem.tiles.block_q
-  q_tile = pl.program_id(1)
-  q_start = q_tile * block_q
-  end = tile_math.causal_key_tile_end(problem, q_tile)
-
-  def statistics(t, carry):  # pass 1: online row maxima and sums of exp
+def _row_statistics(problem, refs, q_start, end):
+  """The forward's first pass over the key tiles before `end`: online row
+  maxima and sums of exp of every head, as (maxima, 1 / sums), [Bq, H]."""
+  def statistics(t, carry):
     maxima, sums = carry
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
     _, logits = tile_math.tile_logits(problem, refs, tile)
@@ -42,28 +38,53 @@ def forward_kernel(problem, names, *refs):
             jnp.sum(jnp.exp(logits - new_max[:, None, :]), axis=1))
     return new_max, sums
 
-  table = (block_q, problem.mix_heads)
+  table = (problem.tiles.block_q, problem.mix_heads)
   maxima, sums = lax.fori_loop(
       0, end, statistics, (jnp.full(table, -jnp.inf, jnp.float32),
                            jnp.zeros(table, jnp.float32)))
-  stats = (maxima, 1.0 / sums)  # every head, padding ones too, sums >= 1
+  return maxima, 1.0 / sums  # every head, padding ones too, sums >= 1
+
+
+def statistics_kernel(problem, names, *refs):
+  """The row statistics of a query tile alone, for forward programs that
+  each make a slice of the value heads (`forward_kernel`)."""
+  refs, (max_ref, inverse_sum_ref) = tile_math.split_refs(names, refs)
+  q_tile = pl.program_id(1)
+  max_ref[...], inverse_sum_ref[...] = _row_statistics(
+      problem, refs, q_tile * problem.tiles.block_q,
+      tile_math.causal_key_tile_end(problem, q_tile))
+
+
+def forward_kernel(problem, names, *refs, heads):
+  """O of a query tile's value heads in `heads`, a [start, stop) range: a
+  first pass over the key tiles for the row statistics (or, given them as
+  inputs, none), then O_j += U_j V_j."""
+  refs, outs = tile_math.split_refs(names, refs)
+  out_ref = outs[0]
+  q_tile = pl.program_id(1)
+  q_start = q_tile * problem.tiles.block_q
+  end = tile_math.causal_key_tile_end(problem, q_tile)
+  if refs.row_max is None:
+    stats = _row_statistics(problem, refs, q_start, end)
+    outs[1][...], outs[2][...] = stats
+  else:
+    stats = (refs.row_max[...], refs.inverse_sum[...])
+  first = heads[0]
 
   def accumulate(t, outputs):  # pass 2: O_j += U_j V_j
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
     _, logits = tile_math.tile_logits(problem, refs, tile)
     mixed = tile_math.tile_mixed(
-        problem, refs, tile_math.tile_weights(logits, stats))
+        problem, refs, tile_math.tile_weights(logits, stats), heads)
     return [out + tile_math.dot(problem, u.astype(refs.value.dtype),
-                                refs.value[tile.cols, j, :])
+                                refs.value[tile.cols, first + j, :])
             for j, (out, u) in enumerate(zip(outputs, mixed))]
 
   outputs = lax.fori_loop(0, end, accumulate,
-                          _zeros(block_q, refs.value.shape[-1],
-                                 problem.value_heads))
+                          _zeros(problem.tiles.block_q, refs.value.shape[-1],
+                                 heads[1] - first))
   for j, out in enumerate(outputs):
     out_ref[:, j, :] = out.astype(out_ref.dtype)
-  max_ref[...] = stats[0]
-  inverse_sum_ref[...] = stats[1]
 
 
 # ---- backward: per query tile (D, dP_w, dP_l; then dQ and dbias) ----------
@@ -179,11 +200,13 @@ def _add(totals, parts):
   return [total + part for total, part in zip(totals, parts)]
 
 
-def rows_kernel(problem, names, *refs):
-  """dQ of a query tile, and the bias gradient's rows (given one)."""
+def rows_kernel(problem, names, *refs, heads):
+  """dQ of a query tile's key heads in `heads`, a [start, stop) range, and
+  (in the program of the first heads, given a bias) the bias gradient's
+  rows."""
   refs, outs = tile_math.split_refs(names, refs)
   grad_query_ref = outs[0]
-  grad_bias_ref = outs[1] if problem.bias_batched is not None else None
+  grad_bias_ref = outs[1] if len(outs) > 1 else None
   block_q = problem.tiles.block_q
   q_tile = pl.program_id(1)
   q_start = q_tile * block_q
@@ -203,14 +226,15 @@ def rows_kernel(problem, names, *refs):
     # Every dJ tile before the dQ products: made a chunk at a time as they
     # are used (as in the other programs), this program spilled more at
     # h = 24 (288 bytes against 180; benchmarks/RESULTS.md).
-    grad_dots = list(tile_math.tile_grad_dots(problem, refs, grad_logits))
+    grad_dots = list(tile_math.tile_grad_dots(problem, refs, grad_logits,
+                                              heads))
     return [dq + tile_math.dot(problem, g.astype(refs.key.dtype),
-                               refs.key[tile.cols, f, :])
+                               refs.key[tile.cols, heads[0] + f, :])
             for f, (dq, g) in enumerate(zip(grad_queries, grad_dots))]
 
   grad_queries = lax.fori_loop(
       0, end, gradients,
-      _zeros(block_q, refs.query.shape[-1], problem.key_heads))
+      _zeros(block_q, refs.query.shape[-1], heads[1] - heads[0]))
   for f, dq in enumerate(grad_queries):
     grad_query_ref[:, f, :] = dq.astype(grad_query_ref.dtype)
 
@@ -238,44 +262,46 @@ def _over_query_tiles(problem, refs, body, start):
 
 
 def _column_sums(problem, refs, out_ref, heads, head_tiles, operand_ref):
-  """out[:, f, :] = sum over the query tiles of T_f^T X_f, for the `heads`
-  [Bq, Bk] tiles T_f = head_tiles(tile, stats) and X = operand_ref's
-  [Bq, heads, d] rows: the gradient of this program's key tile."""
+  """out[:, f - start, :] = sum over the query tiles of T_f^T X_f, for the
+  heads f in `heads` = [start, stop), the [Bq, Bk] tiles T_f of
+  head_tiles(tile, stats) and X = operand_ref's [Bq, heads, d] rows: the
+  gradient of this program's key tile."""
+  first = heads[0]
+
   def accumulate(tile, stats, sums):
     return [total + tile_math.dot(problem, t.astype(operand_ref.dtype),
-                                  operand_ref[tile.rows, f, :], 0, 0)
+                                  operand_ref[tile.rows, first + f, :], 0, 0)
             for f, (total, t) in enumerate(zip(sums,
                                                head_tiles(tile, stats)))]
 
   sums = _over_query_tiles(
       problem, refs, accumulate,
-      _zeros(problem.tiles.block_k, out_ref.shape[-1], heads))
+      _zeros(problem.tiles.block_k, out_ref.shape[-1], heads[1] - first))
   for f, total in enumerate(sums):
     out_ref[:, f, :] = total.astype(out_ref.dtype)
 
 
-def key_columns_kernel(problem, names, *refs):
-  """dK of a key tile: sum over the query tiles of dJ^T Q."""
+def key_columns_kernel(problem, names, *refs, heads):
+  """dK of a key tile's key heads in `heads`: sum over the query tiles of
+  dJ^T Q."""
   refs, (grad_key_ref,) = tile_math.split_refs(names, refs)
 
   def grad_dots(tile, stats):
     _, grad_logits = _backward_tile(problem, refs, tile, stats,
                                     refs.rowsum[tile.rows, :])
-    return tile_math.tile_grad_dots(problem, refs, grad_logits)
+    return tile_math.tile_grad_dots(problem, refs, grad_logits, heads)
 
-  _column_sums(problem, refs, grad_key_ref, problem.key_heads, grad_dots,
-               refs.query)
+  _column_sums(problem, refs, grad_key_ref, heads, grad_dots, refs.query)
 
 
-def value_columns_kernel(problem, names, *refs):
-  """dV of a key tile: sum over the query tiles of U^T dO (U needs only W,
-  so no dU, dW or dL)."""
+def value_columns_kernel(problem, names, *refs, heads):
+  """dV of a key tile's value heads in `heads`: sum over the query tiles
+  of U^T dO (U needs only W, so no dU, dW or dL)."""
   refs, (grad_value_ref,) = tile_math.split_refs(names, refs)
 
   def mixed(tile, stats):
     _, logits = tile_math.tile_logits(problem, refs, tile)
     return tile_math.tile_mixed(problem, refs,
-                                tile_math.tile_weights(logits, stats))
+                                tile_math.tile_weights(logits, stats), heads)
 
-  _column_sums(problem, refs, grad_value_ref, problem.value_heads, mixed,
-               refs.grad_out)
+  _column_sums(problem, refs, grad_value_ref, heads, mixed, refs.grad_out)

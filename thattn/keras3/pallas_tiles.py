@@ -38,11 +38,17 @@ def power_of_two(size, smallest=1):
 @dataclasses.dataclass(frozen=True)
 class Tiles:
   """Tile sizes (powers of two; on a GPU at least 16 query rows and 8
-  keys) and Triton's launch options (ignored elsewhere)."""
+  keys), Triton's launch options (ignored elsewhere), and
+  `heads_per_program`: None, or the most heads (a multiple of MIX_CHUNK)
+  whose [Bq, d] accumulators one program per query tile holds. With it,
+  the forward's O and the backward's dQ, dK and dV are made by one program
+  per slice of heads (`head_slices`), each recomputing its tiles' J, L and
+  W of every head: more multiply-adds, fewer registers."""
   block_q: int = 32
   block_k: int = 32
   num_warps: int = 4
   num_stages: int = 1
+  heads_per_program: object = None
 
   def __post_init__(self):
     for name in ("block_q", "block_k", "num_warps"):
@@ -52,6 +58,12 @@ class Tiles:
     if not isinstance(self.num_stages, int) or self.num_stages < 1:
       raise ValueError(f"Tiles: num_stages={self.num_stages!r}, expected a "
                        "positive integer.")
+    slice_size = self.heads_per_program
+    if slice_size is not None and (
+        not isinstance(slice_size, int) or isinstance(slice_size, bool) or
+        slice_size < 1 or slice_size % MIX_CHUNK):
+      raise ValueError(f"Tiles: heads_per_program={slice_size!r}, expected "
+                       f"None or a positive multiple of {MIX_CHUNK}.")
 
 
 def mix_size(heads):
@@ -63,7 +75,8 @@ def mix_size(heads):
 
 
 def default_tiles(heads):
-  """Tiles for a GPU's registers: 16 query rows by 8 keys, with 8 warps.
+  """Tiles for a GPU's registers: 16 query rows by 8 keys, with 8 warps;
+  above 16 heads, slices of 16 heads per program.
 
   A program holds an accumulator of every key or value head, [Bq, d] each
   (Bq x width in all), a few [Bq, Bk, H] float32 arrays of all heads (L,
@@ -75,10 +88,16 @@ def default_tiles(heads):
   this design (16 x 16, 32 x 8; 16 x 8 on 4 or 16 warps, where a thread
   has only 128 registers), and none at h = 12; the second design's
   larger tiles (16 x 32, 32 x 16, 16 x 64) and 2 or 4 warps spilled more
-  too. `heads` is kept for callers: every head count gets these tiles
-  today."""
-  del heads
-  return Tiles(16, 8, num_warps=8)
+  too.
+
+  The accumulators are the floor: a [16, d] float32 accumulator takes 4
+  registers of every thread whatever d <= 64 is (a tensor core's output
+  tile is 16 x 8, and 8 warps share one accumulator only down to 8
+  columns each), so 24 heads' take 96 of a thread's 255. With 16 heads
+  per program the forward and rows programs at h = 24 spill nothing
+  (RESULTS.md, "Slices of 16 heads")."""
+  return Tiles(16, 8, num_warps=8,
+               heads_per_program=16 if heads > 16 else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +195,28 @@ def unstack_heads(stacked, count):
   return [part.reshape(part.shape[:-1]) for part in parts[:count]]
 
 
-def _chunks(count):
+def _chunks(count, first=0):
   """The head chunks a mix's matrix products take: [start, stop) ranges of
-  at most MIX_CHUNK heads covering `count` heads."""
+  at most MIX_CHUNK heads covering heads `first` (a multiple of MIX_CHUNK)
+  to `count`."""
   return [(start, min(start + MIX_CHUNK, count))
-          for start in range(0, count, MIX_CHUNK)]
+          for start in range(first, count, MIX_CHUNK)]
+
+
+def head_slices(problem, count, block):
+  """The [start, stop) ranges of the `count` heads whose accumulators
+  ([block, d] float32 each) one program holds: all of them, or with
+  `Tiles.heads_per_program`, slices of that many for a program per query
+  tile (block = Bq) and of that many times Bq / block for one per key
+  tile, whose accumulators have `block` rows (a multiple of MIX_CHUNK, at
+  least MIX_CHUNK)."""
+  per_program = problem.tiles.heads_per_program
+  if per_program is None:
+    return [(0, count)]
+  per_program = max(per_program * problem.tiles.block_q // block //
+                    MIX_CHUNK * MIX_CHUNK, MIX_CHUNK)
+  return [(start, min(start + per_program, count))
+          for start in range(0, count, per_program)]
 
 
 def head_chunks(product, count):
@@ -217,17 +253,18 @@ def mix_in(problem, stacks, projection_ref, transposed=False):
   return total.reshape(problem.tiles.block_q, -1, total.shape[-1])
 
 
-def mix_out(problem, stacked, projection_ref, count, transposed=False):
-  """The `count` [Bq, Bk] tiles sum_g stacked[..., g] P[g, j] (or with
-  `transposed`, P[j, g]) in order: U from W, dJ from dL; one matrix product
-  per chunk of MIX_CHUNK output heads.
+def mix_out(problem, stacked, projection_ref, heads, transposed=False):
+  """The [Bq, Bk] tiles sum_g stacked[..., g] P[g, j] (or with
+  `transposed`, P[j, g]) of the output heads j in `heads`, a [start, stop)
+  range, in order: U from W, dJ from dL; one matrix product per chunk of
+  MIX_CHUNK output heads.
 
   A generator: a chunk's product is made when its first tile is asked
   for, so a program that uses each tile as it comes holds one chunk's
   tiles at a time."""
   block_q, block_k, _ = stacked.shape
   pairs = _as_pairs(stacked)
-  for start, stop in _chunks(count):
+  for start, stop in _chunks(heads[1], heads[0]):
     if transposed:
       part = dot(problem, pairs,
                  projection_ref[start:start + MIX_CHUNK, :], 1, 1)
@@ -366,13 +403,13 @@ def tile_weights(logits, stats):
   return jnp.exp(logits - maxima[:, None, :]) * inverse_sums[:, None, :]
 
 
-def tile_mixed(problem, refs, weights):
-  """U = W P_w: the [Bq, Bk] tiles of the value heads, in order (W's own
-  without P_w; with it, made a chunk at a time as they are used:
-  `mix_out`)."""
+def tile_mixed(problem, refs, weights, heads):
+  """U = W P_w: the [Bq, Bk] tiles of the value heads in `heads`, a
+  [start, stop) range, in order (W's own without P_w; with it, made a
+  chunk at a time as they are used: `mix_out`)."""
   if refs.post is None:
-    return unstack_heads(weights, problem.value_heads)
-  return mix_out(problem, weights, refs.post, problem.value_heads)
+    return unstack_heads(weights, heads[1])[heads[0]:]
+  return mix_out(problem, weights, refs.post, heads)
 
 
 def tile_grad_mixed(problem, refs, tile):
@@ -397,14 +434,13 @@ def tile_grad_logits(weights, grad_weights, rowsum, allowed):
   return grad if allowed is None else jnp.where(allowed, grad, 0.0)
 
 
-def tile_grad_dots(problem, refs, grad_logits):
-  """dJ = dL P_l^T: the [Bq, Bk] tiles of the key heads, in order (dL's
-  own without P_l; with it, made a chunk at a time as they are used:
-  `mix_out`)."""
+def tile_grad_dots(problem, refs, grad_logits, heads):
+  """dJ = dL P_l^T: the [Bq, Bk] tiles of the key heads in `heads`, a
+  [start, stop) range, in order (dL's own without P_l; with it, made a
+  chunk at a time as they are used: `mix_out`)."""
   if refs.pre is None:
-    return unstack_heads(grad_logits, problem.key_heads)
-  return mix_out(problem, grad_logits, refs.pre, problem.key_heads,
-                 transposed=True)
+    return unstack_heads(grad_logits, heads[1])[heads[0]:]
+  return mix_out(problem, grad_logits, refs.pre, heads, transposed=True)
 
 
 def causal_key_tile_end(problem, q_tile):
