@@ -269,10 +269,11 @@ def test_the_kernel_lowers_to_triton_for_a_cuda_gpu():
       jax.jit(jax.grad(loss, argnums=tuple(range(6)))), platforms=["cuda"],
       disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)])(*args)
   module = exported.mlir_module()
-  # Forward, then the four backward programs (D and the pair sums per
+  # Forward, then the five backward programs (D and dP_w, then dP_l, per
   # query tile; dQ per query tile; dK, then dV, per key tile).
-  assert module.count(triton) == 5
-  for kernel in ("forward_kernel", "row_sums_kernel", "rows_kernel",
+  assert module.count(triton) == 6
+  for kernel in ("forward_kernel", "row_sums_kernel",
+                 "logits_pair_sums_kernel", "rows_kernel",
                  "key_columns_kernel", "value_columns_kernel"):
     assert f"thattn_talking_heads_{kernel}" in module
 

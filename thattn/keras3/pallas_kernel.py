@@ -292,21 +292,25 @@ def _sum_pair_sums(partial):
 
 
 def _row_sums(problem, arrays):
-  """(D [b, n, H], dP_w or None, dP_l or None) from the row-sums
-  program."""
+  """(D [b, n, H], dP_w or None) from the row-sums program."""
   table, table_spec = _row_table(problem)
   out_shapes, out_specs = [table], [table_spec]
-  for present in (problem.has_post, problem.has_pre):
-    if present:
-      shape, spec = _pair_sum_table(problem, problem.query_tiles)
-      out_shapes.append(shape)
-      out_specs.append(spec)
-  outputs = list(_call(problem, pallas_programs.row_sums_kernel, "rows",
-                       arrays, tuple(out_shapes), tuple(out_specs)))
-  rowsum = outputs.pop(0)
-  grad_post = _sum_pair_sums(outputs.pop(0)) if problem.has_post else None
-  grad_pre = _sum_pair_sums(outputs.pop(0)) if problem.has_pre else None
-  return rowsum, grad_post, grad_pre
+  if problem.has_post:
+    shape, spec = _pair_sum_table(problem, problem.query_tiles)
+    out_shapes.append(shape)
+    out_specs.append(spec)
+  outputs = _call(problem, pallas_programs.row_sums_kernel, "rows", arrays,
+                  tuple(out_shapes), tuple(out_specs))
+  grad_post = _sum_pair_sums(outputs[1]) if problem.has_post else None
+  return outputs[0], grad_post
+
+
+def _logits_pair_sums(problem, arrays):
+  """dP_l, from a program per query tile (given D)."""
+  shape, spec = _pair_sum_table(problem, problem.query_tiles)
+  return _sum_pair_sums(_call(
+      problem, pallas_programs.logits_pair_sums_kernel, "rows", arrays,
+      shape, spec))
 
 
 def _row_gradients(problem, arrays):
@@ -356,7 +360,8 @@ def _backward(problem, residuals, grad_out):
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias, row_max=row_max,
                 inverse_sum=inverse_sum, grad_out=grad_out)
-  arrays["rowsum"], grad_post, grad_pre = _row_sums(problem, arrays)
+  arrays["rowsum"], grad_post = _row_sums(problem, arrays)
+  grad_pre = _logits_pair_sums(problem, arrays) if problem.has_pre else None
   grad_query, grad_bias = _row_gradients(problem, arrays)
   grad_key = _column_gradient(problem, pallas_programs.key_columns_kernel,
                               arrays, key)

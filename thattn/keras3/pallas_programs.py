@@ -147,24 +147,25 @@ def _write_pair_sums(ref, blocks, transposed):
 
 
 def row_sums_kernel(problem, names, *refs):
-  """The backward's statistics and pair sums of a query tile, in two passes
-  over its key tiles: D[:, g] = sum_m W_g dW_g, [Bq, H], with P_w's
-  gradient dP_w = sum_pairs W^T dU (it needs no D); then, with P_l, dP_l =
-  sum_pairs J^T dL (dL needs D).
+  """The backward's row statistics of a query tile, in one pass over its
+  key tiles: D[:, g] = sum_m W_g dW_g, [Bq, H], and P_w's gradient dP_w =
+  sum_pairs W^T dU (it needs no D). dP_l, whose dL needs D, is the next
+  program's (`logits_pair_sums_kernel`).
 
-  Each pair sum is a matrix product that contracts the tile's Bq Bk pairs;
-  its operands are held whole on every warp, so each pass makes last the
-  head chunks its pair sum takes, and nothing else accumulates here (with
-  dQ or dK beside it, the program spills: benchmarks/RESULTS.md)."""
+  A pair sum is a matrix product that contracts the tile's Bq Bk pairs;
+  its operands are held whole on every warp, so the pass makes dU's head
+  chunks last, and nothing else accumulates here (with dQ or dK beside
+  it, the program spills: benchmarks/RESULTS.md). With slices of heads
+  (`Tiles.heads_per_program`, the default above 16 heads) it makes dU's
+  chunks again for the pair sum rather than hold them from dW's mix
+  (held, they spilled 8 bytes at h = 24)."""
   refs, outs = tile_math.split_refs(names, refs)
-  outs = list(outs)
-  rowsum_ref = outs.pop(0)
-  grad_post_ref = outs.pop(0) if problem.has_post else None
-  grad_pre_ref = outs.pop(0) if problem.has_pre else None
+  rowsum_ref = outs[0]
+  grad_post_ref = outs[1] if problem.has_post else None
   q_tile = pl.program_id(1)
   q_start = q_tile * problem.tiles.block_q
   stats = (refs.row_max[...], refs.inverse_sum[...])
-  end = tile_math.causal_key_tile_end(problem, q_tile)
+  remake = problem.tiles.heads_per_program is not None
 
   def statistics(t, carry):
     rowsum, grad_post = carry
@@ -172,19 +173,31 @@ def row_sums_kernel(problem, names, *refs):
     _, weights, grad_mixed, grad_weights = _weights_and_grads(
         problem, refs, tile, stats, keep="grad_mixed")
     if grad_post is not None:  # dP_w += W^T dU
+      if remake:
+        grad_mixed = tile_math.tile_grad_mixed_chunks(problem, refs, tile)
       grad_post = _add(grad_post, tile_math.pair_sums_out(
           problem, weights, grad_mixed))
     return rowsum + jnp.sum(weights * grad_weights, axis=1), grad_post
 
   rowsum, grad_post = lax.fori_loop(
-      0, end, statistics,
+      0, tile_math.causal_key_tile_end(problem, q_tile), statistics,
       (jnp.zeros((problem.tiles.block_q, problem.mix_heads), jnp.float32),
        _pair_sum_chunks(problem, True) if problem.has_post else None))
   rowsum_ref[...] = rowsum
   if grad_post_ref is not None:
     _write_pair_sums(grad_post_ref, grad_post, True)
-  if grad_pre_ref is None:
-    return
+
+
+def logits_pair_sums_kernel(problem, names, *refs):
+  """P_l's gradient's partial sum over a query tile, dP_l = sum_pairs J^T
+  dL, in one pass over its key tiles, given D (`row_sums_kernel`). Apart
+  from that program: together, the two passes spilled 80 bytes at h = 24
+  where each alone spills none."""
+  refs, (grad_pre_ref,) = tile_math.split_refs(names, refs)
+  q_tile = pl.program_id(1)
+  q_start = q_tile * problem.tiles.block_q
+  stats = (refs.row_max[...], refs.inverse_sum[...])
+  rowsum = refs.rowsum[...]
 
   def logits_pair_sums(t, grad_pre):  # dP_l += J^T dL
     tile = tile_math.row_kernel_tile(problem, refs, q_start, t)
@@ -193,7 +206,8 @@ def row_sums_kernel(problem, names, *refs):
                                                  grad_logits))
 
   _write_pair_sums(grad_pre_ref, lax.fori_loop(
-      0, end, logits_pair_sums, _pair_sum_chunks(problem, False)), False)
+      0, tile_math.causal_key_tile_end(problem, q_tile), logits_pair_sums,
+      _pair_sum_chunks(problem, False)), False)
 
 
 def _add(totals, parts):

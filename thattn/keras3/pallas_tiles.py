@@ -416,15 +416,25 @@ def tile_grad_mixed(problem, refs, tile):
   """dU and dW = dU P_w^T of the tile: dU as the `head_chunks` of the
   [Bq, Bk] tiles dO_j V_j^T of the value heads (None without P_w, where
   dW is dU), dW [Bq, Bk, H]."""
-  def grad_of(j):
-    return dot(problem, refs.grad_out[tile.rows, j, :],
-               refs.value[tile.cols, j, :], 1, 1)
-
   if refs.post is None:
-    return None, stack_heads([grad_of(j) for j in range(problem.value_heads)],
+    return None, stack_heads([_grad_mixed_of(problem, refs, tile, j)
+                              for j in range(problem.value_heads)],
                              problem.mix_heads)
-  grad_mixed = head_chunks(grad_of, problem.value_heads)
+  grad_mixed = tile_grad_mixed_chunks(problem, refs, tile)
   return grad_mixed, mix_in(problem, grad_mixed, refs.post, transposed=True)
+
+
+def tile_grad_mixed_chunks(problem, refs, tile):
+  """dU's `head_chunks`: the [Bq, Bk] tiles dO_j V_j^T of the value
+  heads, 8 to a stack."""
+  return head_chunks(lambda j: _grad_mixed_of(problem, refs, tile, j),
+                     problem.value_heads)
+
+
+def _grad_mixed_of(problem, refs, tile, j):
+  """dU_j = dO_j V_j^T, [Bq, Bk]."""
+  return dot(problem, refs.grad_out[tile.rows, j, :],
+             refs.value[tile.cols, j, :], 1, 1)
 
 
 def tile_grad_logits(weights, grad_weights, rowsum, allowed):
