@@ -31,6 +31,7 @@ so a run stopped by its --budget (seconds) keeps what it measured.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -172,6 +173,10 @@ CHECKS = (
      dict(post=False, mask="keys")),
     ("bf16 weights-only full mask", "bfloat16", (1, 50, 70, 6, 6, 3, 16),
      dict(pre=False, mask="full")),
+    # Programs per slice of heads, the default above 16 heads, at a size
+    # that compiles fast: slices of 8 of 12 heads.
+    ("bf16 h=12 slices of 8, key mask", "bfloat16",
+     (2, 130, 130, 12, 12, 12, 64), dict(mask="keys", heads_per_program=8)),
 )
 
 
@@ -204,8 +209,14 @@ def child_check(spec):
       cotangent = normal(b, n, hv, d)
 
       def kernel_loss(q, k, v, pre, post, bias):
+        tiles = None
+        if options.get("heads_per_program"):
+          tiles = dataclasses.replace(
+              pallas_kernel.default_tiles(max(hk, h, hv)),
+              heads_per_program=options["heads_per_program"])
         out = pallas_kernel.talking_heads_attention(
             q, k, v, pre, post, mask=mask, bias=bias, causal=causal,
+            tiles=tiles,
             interpret=os.environ.get("THATTN_PALLAS") == "interpret")
         return jnp.sum(out.astype(jnp.float32) * cotangent), out
 

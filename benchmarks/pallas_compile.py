@@ -1,8 +1,9 @@
 """How long Triton takes to compile thattn's Pallas kernel, with no GPU.
 
 A GPU runs the kernel only after compiling its Triton programs (the
-forward; the backward's row sums, rows, key columns and value columns) on
-the host, once per shape. This script measures that step on any machine:
+forward, or its statistics and a program per slice of heads; the
+backward's row sums, logits pair sums, rows, key columns and value
+columns, the last three per slice of heads) on the host, once per shape. This script measures that step on any machine:
 
 1. it lowers jax.jit(jax.grad) of `pallas_kernel.talking_heads_attention`
    for a CUDA GPU (lowering needs no GPU) at the benchmark's shapes: width
@@ -190,7 +191,8 @@ def main():
   parser.add_argument("--length", type=int, default=4096)
   parser.add_argument("--tokens", type=int, default=16384)
   parser.add_argument("--tiles", default=None,
-                      help="Bq,Bk,warps (default: the kernel's default_tiles)")
+                      help="Bq,Bk,warps[,heads per program] (default: the "
+                      "kernel's default_tiles)")
   parser.add_argument("--triton_python", default=sys.executable)
   parser.add_argument("--timeout", type=int, default=900,
                       help="seconds per program's compile")
@@ -204,8 +206,11 @@ def main():
   for heads in (int(h) for h in args.heads.split(",")):
     tiles = pallas_kernel.default_tiles(heads)
     if args.tiles:
-      block_q, block_k, warps = (int(x) for x in args.tiles.split(","))
-      tiles = pallas_kernel.Tiles(block_q, block_k, num_warps=warps)
+      block_q, block_k, warps, *per_program = (
+          int(x) for x in args.tiles.split(","))
+      tiles = pallas_kernel.Tiles(
+          block_q, block_k, num_warps=warps,
+          heads_per_program=per_program[0] if per_program else None)
     start = time.perf_counter()
     programs = triton_programs(heads, args.width, args.length, args.tokens,
                                tiles)
@@ -217,7 +222,9 @@ def main():
                       None if args.lower_only else args.triton_python,
                       folder, args.timeout)
         rows.append(dict(row, heads=heads, tiles=(
-            f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}")))
+            f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}" + (
+                f", {tiles.heads_per_program} heads per program"
+                if tiles.heads_per_program else ""))))
         print(json.dumps(rows[-1]), flush=True)
   print(markdown(rows))
   if args.out:

@@ -311,6 +311,14 @@ def test_tiles_must_be_powers_of_two(value):
     pallas_kernel.Tiles(block_q=value)
 
 
+@pytest.mark.parametrize("value", [0, 12, True, "16"])
+def test_heads_per_program_must_be_whole_chunks(value):
+  with pytest.raises(ValueError, match=rf"heads_per_program={value!r}, "
+                     "expected None or a positive multiple of 8"):
+    pallas_kernel.Tiles(heads_per_program=value)
+  assert pallas_kernel.Tiles(heads_per_program=24).heads_per_program == 24
+
+
 # ---- through the Keras 3 layer ---------------------------------------------
 
 

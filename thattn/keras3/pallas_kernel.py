@@ -34,11 +34,11 @@ Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
   forward   pass 1 over key tiles: J, L; per softmax head the running row
               maximum and sum of exp (online softmax) -> max[h, n], sum[h, n]
             pass 2 over key tiles: J, L, W = exp(L - max) / sum, U, O += U V
-  backward  per query tile ("row sums"), pass 1 over key tiles: J, L, W,
+  backward  per query tile ("row sums"), over key tiles: J, L, W,
               dU = dO V^T, dW = dU P_w^T; D[h, n] = sum_m W dW,
               dP_w += W^T dU
-            the same program, pass 2 (with P_l): dU, dW, J, L, W,
-              dL = W (dW - D) (zero where masked); dP_l += J^T dL
+            per query tile ("logits pair sums", with P_l): dU, dW, J, L,
+              W, dL = W (dW - D) (zero where masked); dP_l += J^T dL
             per query tile ("rows"): dU, dW, J, L, W, dL, dJ = dL P_l^T;
               dQ += dJ K (and dbias = dL)
             per key tile ("key columns"), over query tiles: the same;
@@ -47,17 +47,29 @@ Algorithm (Bq, Bk: the tile sizes; per batch element and query tile):
               U; dV += U^T dO
             (`pallas_programs`)
 
-Why the backward takes four programs and five passes where
-FlashAttention takes one or two: registers. A program keeps an
-accumulator per key or value head ([Bq, d] float32 each: dQ, dK or dV),
-and a pair sum (dP_l or dP_w, a matrix product that contracts the tile's
-Bq Bk pairs) holds both its operands whole on every warp while it runs.
-Either beside the other, or two accumulator sets together, spill
-registers at h = 12 (benchmarks/RESULTS.md, "The Pallas kernel's third
-design"), so each program has one accumulator set or the pair sums, and
-a pair sum's operands are made last in its pass (dU for dP_w, J for
-dP_l), so they are held across as little as possible. Recomputing a tile
-costs multiply-adds; spilling costs memory traffic in every iteration.
+Why the backward takes five programs and passes where FlashAttention
+takes one or two: registers. A program keeps an accumulator per key or
+value head ([Bq, d] float32 each: dQ, dK or dV), and a pair sum (dP_l or
+dP_w, a matrix product that contracts the tile's Bq Bk pairs) holds both
+its operands whole on every warp while it runs. Either beside the other,
+or two accumulator sets together, spill registers at h = 12
+(benchmarks/RESULTS.md, "The Pallas kernel's third design"), and so do
+the two pair sums' passes in one program at h = 24; so each program has
+one accumulator set or one pair sum, and a pair sum's operands are made
+last in its pass (dU for dP_w, J for dP_l), so they are held across as
+little as possible. Recomputing a tile costs multiply-adds; spilling
+costs memory traffic in every iteration.
+
+Slices of heads (`Tiles.heads_per_program`; by default 16 above 16
+heads). A [16, d] float32 accumulator takes 4 registers of every thread
+for any d <= 64 (a tensor core's output tile is 16 x 8), so at h = 24
+the accumulators alone take 96 of a thread's 255, and at h = 48, 192.
+With slices, the forward's O and the backward's dQ are made by one
+program per slice of 16 heads (dK and dV per slice of 32: their
+accumulators have Bk = 8 rows), each recomputing the tiles of every head
+that its slice's outputs mix; the forward's first pass becomes a
+statistics program of its own, and the row sums make dU's chunks again
+for dP_w rather than hold them from dW's mix.
 
 Why two forward passes: multi-head FlashAttention rescales its running
 output per head when the row maximum moves; here every output head mixes
@@ -73,21 +85,27 @@ padded head mixes c_l = 8 ceil(h_k / 8) H and c_w = 8 ceil(h_v / 8) H
 dtype (mm) and in TF32 (mix, pair sums included; float32 inputs: full
 float32), exp, and passes over the keys and values (K/V):
 
-  |               | mm                          | mix         | exp | K/V |
-  |---------------|-----------------------------|-------------|-----|-----|
-  | MHA flash fwd | a + e                       | -           | h   | 1   |
-  | TH fwd        | 2a + e                      | 2c_l + c_w  | 2h  | 2   |
-  | MHA flash bwd | 3a + 2e (dQ by atomics),    | -           | h   | 1   |
-  |               | 4a + 3e (a dQ kernel apart) |             | 2h  | 2   |
-  | TH bwd        | 7a + 5e                     | 7c_l + 6c_w | 5h  | 5   |
+  |                 | mm                          | mix         | exp | K/V |
+  |-----------------|-----------------------------|-------------|-----|-----|
+  | MHA flash fwd   | a + e                       | -           | h   | 1   |
+  | TH fwd          | 2a + e                      | 2c_l + c_w  | 2h  | 2   |
+  | MHA flash bwd   | 3a + 2e (dQ by atomics),    | -           | h   | 1   |
+  |                 | 4a + 3e (a dQ kernel apart) |             | 2h  | 2   |
+  | TH bwd          | 7a + 5e                     | 8c_l + 6c_w | 5h  | 5   |
+  | TH fwd, h = 24  | 3a + e                      | 3c_l + c_w  | 3h  | 3   |
+  | TH bwd, h = 24  | 8a + 7e                     | 9c_l + 7c_w | 6h  | 6   |
 
-(Without P_l the row-sums program's second pass goes: 6a + 4e. The
-backward's column programs pass over Q and dO, per key tile.) At h = 12,
-d = 64: a = e = 768 and c_l = c_w = 256, so the forward's mixes are a
-third of its multiply-adds, at TF32's rate (half bfloat16's on an H100):
-about 2.5x flash's forward in tensor-core time, and the backward about
-4x flash's (3a + 2e), before the exps and the loads. At h = 24 (H = 32):
-c_l = c_w = 768 (three chunks of 8 heads, H = 32).
+(The last two rows: two slices of 16 heads for O and dQ, one of 32 for
+dK and dV, dU made again for dP_w. Without P_l the logits-pair-sums
+program is not run: 6a + 4e. The backward's column programs pass over Q
+and dO, per key tile.) At h = 12, d = 64: a = e = 768 and c_l = c_w =
+256, so the forward's mixes are a third of its multiply-adds, at TF32's
+rate (half bfloat16's on an H100): about 2.5x flash's forward in
+tensor-core time, and the backward about 4x flash's (3a + 2e), before the
+exps and the loads. At h = 24, d = 32: a = e = 768 and c_l = c_w = 768
+(three chunks of 8 heads, H = 32), so the mixes outweigh the per-head
+products, and the slices add a third to the forward's work and a fifth
+to the backward's, the price of spilling nothing.
 
 Memory traffic: Q, K, V, dO, O and the [n, H] statistics, read once per
 pass (K and V once per query tile, as FlashAttention); nothing of size
@@ -99,15 +117,15 @@ log-sum-exp: in float32, -1e9 + log(m) is -1e9, which would lose the m of
 a fully masked row).
 
 What a program keeps in registers: its accumulators (Bq x width float32
-in all: O, dQ, dK or dV), a few [Bq, Bk, H] float32 arrays (L, W, dW,
-dL), one chunk's per-head tiles, and the chunk stacks that feed the mixes.
-That is more than FlashAttention's program keeps for one head, so the
-tiles have the fewest pairs a matrix product allows (16 query rows by 8
-keys, `pallas_tiles.default_tiles`). Compiled for an H100 by Triton at
-width 768, no program spills at h = 4, 12 or 16; at h = 8 (whose head
-size pads from 96 to 128) two programs spill 256 bytes in all, at h = 24
-three programs 300 (benchmarks/RESULTS.md, "The Pallas kernel's third
-design").
+in all, or a slice's: O, dQ, dK or dV), a few [Bq, Bk, H] float32 arrays
+(L, W, dW, dL), one chunk's per-head tiles, and the chunk stacks that
+feed the mixes. That is more than FlashAttention's program keeps for one
+head, so the tiles have the fewest pairs a matrix product allows (16
+query rows by 8 keys, `pallas_tiles.default_tiles`). Compiled for an
+H100 by Triton at width 768, no program spills at h = 4, 12, 16 or 24;
+at h = 8 (whose head size pads from 96 to 128) the forward and rows
+programs spill 272 bytes in all (benchmarks/RESULTS.md, "Slices of 16
+heads").
 
 Inputs: `query[b, n, h_k, d_k]`, `key[b, m, h_k, d_k]`,
 `value[b, m, h_v, d_v]` in float32, bfloat16 or float16 (matrix products
@@ -352,10 +370,11 @@ def _column_gradient(problem, kernel, arrays, like):
 
 
 def _backward(problem, residuals, grad_out):
-  """The gradients, by four programs, each holding as few accumulators as
-  it can (a Triton program spills registers as they grow:
-  benchmarks/RESULTS.md): D, dP_w and dP_l per query tile; dQ and dbias
-  per query tile; dK per key tile; dV per key tile."""
+  """The gradients, by five programs (and slices of them), each holding
+  as few accumulators as it can (a Triton program spills registers as
+  they grow: benchmarks/RESULTS.md): D and dP_w per query tile; dP_l per
+  query tile; dQ and dbias per query tile; dK per key tile; dV per key
+  tile."""
   query, key, value, pre, post, mask, bias, row_max, inverse_sum = residuals
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias, row_max=row_max,

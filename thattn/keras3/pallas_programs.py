@@ -1,7 +1,8 @@
 """The programs of thattn's Pallas talking-heads kernel: what one cell of
-the grid runs: the forward pass per query tile; the backward pass per
-query tile (D and the pair sums dP_w, dP_l; then dQ and dbias) and per
-key tile (dK; then dV): one set of accumulators per program, so that
+the grid runs: the forward pass per query tile (or its statistics, then
+a program per slice of the value heads); the backward pass per query
+tile (D and dP_w; dP_l; then dQ and dbias) and per key tile (dK; then
+dV): one set of accumulators or one pair sum per program, so that
 Triton's registers hold it (why: `thattn.keras3.pallas_kernel`).
 
 The arithmetic of one tile, all heads at once, is in
