@@ -37,7 +37,8 @@ from thattn.data import tokenizers
 # and the other idle).
 LONGEST_FILES = (
     "tests/keras3/backends_test.py", "tests/training/keras3_backend_test.py",
-    "tests/mtf/train_backend_test.py", "tests/training/dtensor_train_test.py",
+    "tests/mtf/train_backend_test.py", "tests/pallas_compile_test.py",
+    "tests/training/dtensor_train_test.py",
     "tests/training/multi_worker_test.py", "tests/readme_test.py",
     "tests/mtf/processes_test.py",
     "tests/training/multi_client_dtensor_test.py",

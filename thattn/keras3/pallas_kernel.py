@@ -149,6 +149,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from thattn.keras3 import pallas_launch as launch
 from thattn.keras3 import pallas_programs
 from thattn.keras3 import pallas_tiles
 
@@ -157,118 +158,11 @@ Tiles = pallas_tiles.Tiles
 default_tiles = pallas_tiles.default_tiles
 
 
-# ---- launching -------------------------------------------------------------
-
-
-def _specs(problem, arrays, along):
-  """(names, arrays, BlockSpecs) of a kernel's inputs on the grid
-  (batch, tile), where `along` says whether the grid's tiles run over the
-  queries ("rows") or the keys ("columns")."""
-  block_q, block_k = problem.tiles.block_q, problem.tiles.block_k
-  n, m = problem.length_padded, problem.memory_padded
-  rows_block = block_q if along == "rows" else n
-  cols_block = block_k if along == "columns" else m
-
-  def row_tile(i):
-    return i if along == "rows" else 0
-
-  def col_tile(i):
-    return i if along == "columns" else 0
-
-  names, inputs, specs = [], [], []
-  for name in pallas_tiles.INPUT_ORDER:
-    array = arrays.get(name)
-    if array is None:
-      continue
-    if name in ("query", "grad_out"):
-      spec = pl.BlockSpec((None, rows_block) + array.shape[2:],
-                          lambda b, i: (b, row_tile(i), 0, 0))
-    elif name in ("key", "value"):
-      spec = pl.BlockSpec((None, cols_block) + array.shape[2:],
-                          lambda b, i: (b, col_tile(i), 0, 0))
-    elif name in ("pre", "post"):
-      spec = pl.BlockSpec(array.shape, lambda b, i: (0, 0))
-    elif name == "mask" and problem.mask_kind == "keys":
-      spec = pl.BlockSpec((None, cols_block), lambda b, i: (
-          b if problem.mask_batched else 0, col_tile(i)))
-    elif name == "mask":
-      spec = pl.BlockSpec((None, rows_block, cols_block), lambda b, i: (
-          b if problem.mask_batched else 0, row_tile(i), col_tile(i)))
-    elif name == "bias":
-      spec = pl.BlockSpec(
-          (None, problem.heads, rows_block, cols_block),
-          lambda b, i: (b if problem.bias_batched else 0, 0, row_tile(i),
-                        col_tile(i)))
-    else:  # row_max, inverse_sum, rowsum: [b, n, H]
-      spec = pl.BlockSpec((None, rows_block, problem.mix_heads),
-                          lambda b, i: (b, row_tile(i), 0))
-    names.append(name)
-    inputs.append(array)
-    specs.append(spec)
-  return tuple(names), inputs, specs
-
-
-def _call(problem, kernel, along, arrays, out_shapes, out_specs, heads=None):
-  """Launches `kernel` on the grid (batch, query or key tiles), for the
-  heads in `heads` (a [start, stop) range) where the kernel takes them."""
-  names, inputs, in_specs = _specs(problem, arrays, along)
-  tiles = problem.query_tiles if along == "rows" else problem.key_tiles
-  params = {}
-  # GPUs lower through Triton, named by its options (without them Pallas
-  # may pick its Mosaic GPU backend, which this kernel is not written for).
-  if not problem.interpret and jax.default_backend() != "tpu":
-    from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
-    params["compiler_params"] = plgpu.CompilerParams(
-        num_warps=problem.tiles.num_warps,
-        num_stages=problem.tiles.num_stages)
-  name = f"thattn_talking_heads_{kernel.__name__.strip('_')}"
-  body = functools.partial(kernel, problem, names)
-  if heads is not None:
-    body = functools.partial(body, heads=heads)
-    if problem.tiles.heads_per_program is not None:
-      name += f"_heads_{heads[0]}_{heads[1]}"
-  return pl.pallas_call(
-      body, grid=(problem.batch, tiles), in_specs=in_specs,
-      out_specs=out_specs, out_shape=out_shapes,
-      interpret=problem.interpret, name=name, **params)(*inputs)
-
-
-def _row_table(problem):
-  """The shape and BlockSpec of a [b, n, H] float32 table of
-  per-row values, tiled over the queries."""
-  shape = jax.ShapeDtypeStruct(
-      (problem.batch, problem.length_padded, problem.mix_heads),
-      jnp.float32)
-  return shape, pl.BlockSpec((None, problem.tiles.block_q,
-                              problem.mix_heads), lambda b, i: (b, i, 0))
-
-
-def _heads_block(problem, like, heads, along):
-  """The shape and BlockSpec of a program's output shaped `like`, [b, n
-  or m, heads, d], for the heads in `heads` only, tiled over the queries
-  ("rows") or keys ("columns")."""
-  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
-  shape = (like.shape[0], like.shape[1], heads[1] - heads[0], like.shape[3])
-  return (jax.ShapeDtypeStruct(shape, like.dtype),
-          pl.BlockSpec((None, block) + shape[2:], lambda b, i: (b, i, 0, 0)))
-
-
-def _over_head_slices(problem, like, along, launch):
-  """The [b, length, heads, d] output shaped `like`, from one launch per
-  slice of its heads (`pallas_tiles.head_slices`): launch(heads, shape,
-  spec) returns the slice's [b, length, stop - start, d] part."""
-  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
-  parts = [launch(heads, *_heads_block(problem, like, heads, along))
-           for heads in pallas_tiles.head_slices(problem, like.shape[2],
-                                                 block)]
-  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)
-
-
 def _forward(problem, query, key, value, pre, post, mask, bias):
   """(O, row maxima, reciprocal row sums): one program per query tile, or
   with slices of the value heads, a statistics program and then one per
   slice (each would otherwise repeat the statistics' pass)."""
-  row_stats, row_stats_spec = _row_table(problem)
+  row_stats, row_stats_spec = launch.row_table(problem)
   arrays = dict(query=query, key=key, value=value, pre=pre, post=post,
                 mask=mask, bias=bias)
   # O is [b, n, h_v, d_v]: the queries' length, the values' heads.
@@ -277,56 +171,43 @@ def _forward(problem, query, key, value, pre, post, mask, bias):
   slices = pallas_tiles.head_slices(problem, problem.value_heads,
                                     problem.tiles.block_q)
   if len(slices) == 1:
-    out_shape, out_spec = _heads_block(problem, like, slices[0], "rows")
-    return _call(problem, pallas_programs.forward_kernel, "rows", arrays,
-                 (out_shape, row_stats, row_stats),
-                 (out_spec, row_stats_spec, row_stats_spec), heads=slices[0])
-  row_max, inverse_sum = _call(
+    out_shape, out_spec = launch.heads_block(problem, like, slices[0],
+                                             "rows")
+    return launch.call(problem, pallas_programs.forward_kernel, "rows",
+                       arrays, (out_shape, row_stats, row_stats),
+                       (out_spec, row_stats_spec, row_stats_spec),
+                       heads=slices[0])
+  row_max, inverse_sum = launch.call(
       problem, pallas_programs.statistics_kernel, "rows",
       dict(arrays, value=None, post=None), (row_stats, row_stats),
       (row_stats_spec, row_stats_spec))
   arrays.update(row_max=row_max, inverse_sum=inverse_sum)
-  out = _over_head_slices(
+  out = launch.over_head_slices(
       problem, like, "rows",
-      lambda heads, shape, spec: _call(
+      lambda heads, shape, spec: launch.call(
           problem, pallas_programs.forward_kernel, "rows", arrays, (shape,),
           (spec,), heads=heads)[0])
   return out, row_max, inverse_sum
 
 
-def _pair_sum_table(problem, tiles):
-  """The shape and BlockSpec of [b, tiles, H, H] float32 partial sums of
-  dP_l or dP_w, one per program."""
-  size = problem.mix_heads
-  return (jax.ShapeDtypeStruct((problem.batch, tiles, size, size),
-                               jnp.float32),
-          pl.BlockSpec((None, None, size, size), lambda b, i: (b, i, 0, 0)))
-
-
-def _sum_pair_sums(partial):
-  """dP_l or dP_w from its per-program partial sums: [H, H] as the padded
-  P_l and P_w (the padding's gradient is dropped by jnp.pad's)."""
-  return partial.sum(axis=(0, 1))
-
-
 def _row_sums(problem, arrays):
   """(D [b, n, H], dP_w or None) from the row-sums program."""
-  table, table_spec = _row_table(problem)
+  table, table_spec = launch.row_table(problem)
   out_shapes, out_specs = [table], [table_spec]
   if problem.has_post:
-    shape, spec = _pair_sum_table(problem, problem.query_tiles)
+    shape, spec = launch.pair_sum_table(problem, problem.query_tiles)
     out_shapes.append(shape)
     out_specs.append(spec)
-  outputs = _call(problem, pallas_programs.row_sums_kernel, "rows", arrays,
-                  tuple(out_shapes), tuple(out_specs))
-  grad_post = _sum_pair_sums(outputs[1]) if problem.has_post else None
+  outputs = launch.call(problem, pallas_programs.row_sums_kernel, "rows",
+                        arrays, tuple(out_shapes), tuple(out_specs))
+  grad_post = launch.sum_pair_sums(outputs[1]) if problem.has_post else None
   return outputs[0], grad_post
 
 
 def _logits_pair_sums(problem, arrays):
   """dP_l, from a program per query tile (given D)."""
-  shape, spec = _pair_sum_table(problem, problem.query_tiles)
-  return _sum_pair_sums(_call(
+  shape, spec = launch.pair_sum_table(problem, problem.query_tiles)
+  return launch.sum_pair_sums(launch.call(
       problem, pallas_programs.logits_pair_sums_kernel, "rows", arrays,
       shape, spec))
 
@@ -339,19 +220,20 @@ def _row_gradients(problem, arrays):
       problem.tiles.block_q
   grad_bias = []
 
-  def launch(heads, shape, spec):
+  def launch_slice(heads, shape, spec):
     out_shapes, out_specs = [shape], [spec]
     if bias is not None and heads[0] == 0:
       out_shapes.append(jax.ShapeDtypeStruct(
           (problem.batch, problem.heads, n, m), jnp.float32))
       out_specs.append(pl.BlockSpec((None, problem.heads, block_q, m),
                                     lambda b, i: (b, 0, i, 0)))
-    outputs = _call(problem, pallas_programs.rows_kernel, "rows", arrays,
-                    tuple(out_shapes), tuple(out_specs), heads=heads)
+    outputs = launch.call(problem, pallas_programs.rows_kernel, "rows",
+                          arrays, tuple(out_shapes), tuple(out_specs),
+                          heads=heads)
     grad_bias.extend(outputs[1:])
     return outputs[0]
 
-  grad_query = _over_head_slices(problem, query, "rows", launch)
+  grad_query = launch.over_head_slices(problem, query, "rows", launch_slice)
   if bias is None:
     return grad_query, None
   grad_bias = grad_bias[0]
@@ -363,10 +245,11 @@ def _row_gradients(problem, arrays):
 def _column_gradient(problem, kernel, arrays, like):
   """The gradient shaped `like`, [b, m, heads, d], from programs per key
   tile (one per slice of the heads)."""
-  return _over_head_slices(
+  return launch.over_head_slices(
       problem, like, "columns",
-      lambda heads, shape, spec: _call(problem, kernel, "columns", arrays,
-                                       shape, spec, heads=heads))
+      lambda heads, shape, spec: launch.call(problem, kernel, "columns",
+                                             arrays, shape, spec,
+                                             heads=heads))
 
 
 def _backward(problem, residuals, grad_out):

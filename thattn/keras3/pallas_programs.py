@@ -6,11 +6,12 @@ dV): one set of accumulators or one pair sum per program, so that
 Triton's registers hold it (why: `thattn.keras3.pallas_kernel`).
 
 The arithmetic of one tile, all heads at once, is in
-`thattn.keras3.pallas_tiles`; the algorithm, its cost and the launching in
-`thattn.keras3.pallas_kernel`, the entry point; letters as in
-`thattn.dims`. Each program loops over tiles only: the heads are the last
-axis of its [Bq, Bk, H] arrays, the per-head products with Q, K, V and dO
-are unrolled, and the accumulators are [Bq, d] (or [Bk, d]) per head.
+`thattn.keras3.pallas_tiles`; the algorithm and its cost in
+`thattn.keras3.pallas_kernel`, the entry point, the launching in
+`thattn.keras3.pallas_launch`; letters as in `thattn.dims`. Each program
+loops over tiles only: the heads are the last axis of its [Bq, Bk, H]
+arrays, the per-head products with Q, K, V and dO are unrolled, and the
+accumulators are [Bq, d] (or [Bk, d]) per head.
 """
 
 from jax import lax

@@ -1,8 +1,9 @@
 """The tiles of thattn's Pallas talking-heads kernel: their sizes, the
 static description of a call (`Problem`), and the arithmetic of one
 [Bq, Bk] tile that the kernel's programs (`thattn.keras3.pallas_programs`)
-share. The algorithm, its cost and the launching are in
-`thattn.keras3.pallas_kernel`, the entry point; letters as in `thattn.dims`.
+share. The algorithm and its cost are in `thattn.keras3.pallas_kernel`,
+the entry point, the launching in `thattn.keras3.pallas_launch`; letters
+as in `thattn.dims`.
 """
 
 import dataclasses
