@@ -36,10 +36,6 @@ EXTRAS_REQUIRE = {
     # (2.13.0+cpu) satisfies it, and sorts above the CUDA build on PyPI.
     "jax": ["jax[cpu]"],
     "torch": ["torch==2.13.*"],
-    # Compiles the Pallas kernel's Triton programs for an H100 without a
-    # GPU (benchmarks/pallas_compile.py, tests/pallas_compile_test.py):
-    # registers, spills and tensor-core instructions.
-    "triton": ["triton==3.9.0"],
 }
 
 setuptools.setup(

@@ -15,10 +15,12 @@ columns, the last three per slice of heads) on the host, once per shape. This sc
    Triton do on the GPU machine's host; and runs ptxas on the PTX for the
    registers and spilled bytes (spills cost memory traffic at run time).
 
-The `triton` package is not a thattn dependency; give a Python that has it:
+The `triton` package is not a thattn dependency, and belongs in a venv of
+its own (benchmarks/requirements-triton.txt says why); give its Python:
 
-    python3 -m venv /tmp/triton && /tmp/triton/bin/pip install triton==3.9.0
-    python benchmarks/pallas_compile.py --triton_python /tmp/triton/bin/python
+    python3 -m venv .venv-triton
+    .venv-triton/bin/pip install -r benchmarks/requirements-triton.txt
+    python benchmarks/pallas_compile.py --triton_python .venv-triton/bin/python
 
 Step 2 reads Pallas's Triton lowering through a private JAX function
 (`jax._src.pallas.triton.lowering.lower_jaxpr_to_triton_module`): a JAX

@@ -155,10 +155,12 @@ class _Server:
           cwd=_ROOT, env=env)
     ready = self.process.stdout.readline()
     if ready.strip() != b"ready":
-      self.close()
+      self.process.wait()  # its stderr is complete once it has exited
       with open(log, errors="replace") as f:
-        raise RuntimeError(f"the fork server for {key} did not start:"
-                           f"\n{f.read()[-3000:]}")
+        reason = f.read()[-3000:]
+      self.close()  # removes the folder, the log with it
+      raise RuntimeError(f"the fork server for {key} did not start:"
+                         f"\n{reason}")
 
   def spawn(self, request, fds):
     """Sends a command and its stdin, stdout and stderr; returns the

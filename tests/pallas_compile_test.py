@@ -1,10 +1,12 @@
 """The Pallas kernel's Triton programs compiled for an H100, with no GPU.
 
 benchmarks/pallas_compile.py lowers the kernel's forward and backward for
-CUDA and compiles every program with the `triton` package (the `[triton]`
-extra; `.ci/run` installs it) to PTX and a cubin for sm_90, as a GPU
-host's Triton would. At width 768 in bfloat16, with P_l and P_w, and the
-default tiles, at h = 12 (BERT-base's heads) and h = 24:
+CUDA and compiles every program with the `triton` package to PTX and a
+cubin for sm_90, as a GPU host's Triton would. Triton lives in a venv of
+its own, `.venv-triton` (benchmarks/requirements-triton.txt says why;
+`.ci/run` makes it), or the Python named by THATTN_TRITON_PYTHON. At
+width 768 in bfloat16, with P_l and P_w, and the default tiles, at h = 12
+(BERT-base's heads) and h = 24:
 
 - no program spills a register (spills cost memory traffic in every
   iteration of the program's loops; the kernel's second design spilled
@@ -18,7 +20,6 @@ per chunk of heads are checked faster, without Triton, in
 tests/benchmarks_smoke_test.py.
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -29,14 +30,14 @@ import pytest
 from tests import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRITON_PYTHON = os.environ.get("THATTN_TRITON_PYTHON",
+                               str(ROOT / ".venv-triton" / "bin" / "python"))
 
-# Looked up, not imported: importing triton beside TensorFlow (which
-# tests/conftest.py loads) aborts the process; the compiles run in
-# processes of their own.
-if importlib.util.find_spec("triton") is None:
-  pytest.skip("the `triton` package is missing (pip install -e "
-              "'.[triton]'; .ci/run installs it and fails without it)",
-              allow_module_level=True)
+if not os.path.exists(TRITON_PYTHON):
+  pytest.skip(f"no Python with `triton` at {TRITON_PYTHON} (python3 -m venv "
+              ".venv-triton && .venv-triton/bin/pip install -r "
+              "benchmarks/requirements-triton.txt; .ci/run makes it and "
+              "fails without it)", allow_module_level=True)
 
 
 def test_no_program_spills_and_the_mixes_are_mma_at_12_and_24_heads(
@@ -45,7 +46,7 @@ def test_no_program_spills_and_the_mixes_are_mma_at_12_and_24_heads(
   result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "pallas_compile.py"),
        "--heads", "12,24", "--width", "768", "--length", "256",
-       "--tokens", "512", "--triton_python", sys.executable,
+       "--tokens", "512", "--triton_python", TRITON_PYTHON,
        "--out", str(out)],
       capture_output=True, text=True, timeout=1200, check=False,
       env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"))
