@@ -30,6 +30,7 @@ be faster or slower than this one, so compare programs within one run.
 
 import argparse
 import collections
+from concurrent import futures
 import json
 import os
 import pathlib
@@ -198,6 +199,9 @@ def main():
   parser.add_argument("--triton_python", default=sys.executable)
   parser.add_argument("--timeout", type=int, default=900,
                       help="seconds per program's compile")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="programs compiled at once (each on one core; "
+                      "their compile seconds then share the machine)")
   parser.add_argument("--lower_only", action="store_true",
                       help="count the programs' operations; compile nothing")
   parser.add_argument("--out", default=None, help="a .json to write")
@@ -218,11 +222,14 @@ def main():
                                tiles)
     print(f"h={heads}: lowered in {time.perf_counter() - start:.1f} s",
           flush=True)
-    with tempfile.TemporaryDirectory() as folder:
-      for program, text in programs.items():
-        row = measure(program, text, tiles.num_warps,
-                      None if args.lower_only else args.triton_python,
-                      folder, args.timeout)
+    with tempfile.TemporaryDirectory() as folder, \
+        futures.ThreadPoolExecutor(args.jobs) as pool:
+      measured = pool.map(
+          lambda item: measure(  # pylint: disable=cell-var-from-loop
+              item[0], item[1], tiles.num_warps,
+              None if args.lower_only else args.triton_python, folder,
+              args.timeout), programs.items())
+      for row in measured:  # in the programs' order, as each is done
         rows.append(dict(row, heads=heads, tiles=(
             f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}" + (
                 f", {tiles.heads_per_program} heads per program"

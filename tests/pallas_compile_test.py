@@ -15,7 +15,8 @@ width 768 in bfloat16, with P_l and P_w, and the default tiles, at h = 12
   `wgmma` per mix in its TTIR, and an `mma.sync` per pair sum and per-head
   product.
 
-About two and a half minutes of one core; the lowered programs' counts
+About two and a half minutes of one core, on two at once where CI's
+other worker leaves one idle; the lowered programs' counts
 per chunk of heads are checked faster, without Triton, in
 tests/benchmarks_smoke_test.py.
 """
@@ -46,7 +47,7 @@ def test_no_program_spills_and_the_mixes_are_mma_at_12_and_24_heads(
   result = forkserver.run(
       [sys.executable, str(ROOT / "benchmarks" / "pallas_compile.py"),
        "--heads", "12,24", "--width", "768", "--length", "256",
-       "--tokens", "512", "--triton_python", TRITON_PYTHON,
+       "--tokens", "512", "--triton_python", TRITON_PYTHON, "--jobs", "2",
        "--out", str(out)],
       capture_output=True, text=True, timeout=1200, check=False,
       env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"))
