@@ -99,11 +99,17 @@ def row_table(problem):
                               problem.mix_heads), lambda b, i: (b, i, 0))
 
 
+def _tile_length(problem, along):
+  """Bq for programs per query tile ("rows"), Bk per key tile
+  ("columns")."""
+  return problem.tiles.block_q if along == "rows" else problem.tiles.block_k
+
+
 def heads_block(problem, like, heads, along):
   """The shape and BlockSpec of a program's output shaped `like`, [b, n
   or m, heads, d], for the heads in `heads` only, tiled over the queries
   ("rows") or keys ("columns")."""
-  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
+  block = _tile_length(problem, along)
   shape = (like.shape[0], like.shape[1], heads[1] - heads[0], like.shape[3])
   return (jax.ShapeDtypeStruct(shape, like.dtype),
           pl.BlockSpec((None, block) + shape[2:], lambda b, i: (b, i, 0, 0)))
@@ -113,10 +119,9 @@ def over_head_slices(problem, like, along, launch):
   """The [b, length, heads, d] output shaped `like`, from one launch per
   slice of its heads (`pallas_tiles.head_slices`): launch(heads, shape,
   spec) returns the slice's [b, length, stop - start, d] part."""
-  block = problem.tiles.block_q if along == "rows" else problem.tiles.block_k
   parts = [launch(heads, *heads_block(problem, like, heads, along))
-           for heads in pallas_tiles.head_slices(problem, like.shape[2],
-                                                 block)]
+           for heads in pallas_tiles.head_slices(
+               problem, like.shape[2], _tile_length(problem, along))]
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)
 
 
