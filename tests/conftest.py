@@ -26,6 +26,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from tests import forkserver
 from thattn.data import corpus
 from thattn.data import tokenizers
 
@@ -54,6 +55,10 @@ def pytest_collection_modifyitems(items):
   rank = {path: index for index, path in enumerate(LONGEST_FILES)}
   items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0],
                                        len(rank)))
+
+
+def pytest_sessionfinish():
+  forkserver.close_servers()
 
 
 @pytest.fixture(scope="session")

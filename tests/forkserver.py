@@ -203,8 +203,14 @@ def _server(key):
 
 
 @atexit.register
-def _close_servers():
-  for server in _servers.values():
+def close_servers():
+  """Ends every server and removes its folder. tests/conftest.py calls it
+  when a session ends: a pytest-xdist worker can be ended before its atexit
+  handlers run, which left a folder per server in the temporary folder."""
+  with _servers_lock:
+    servers = list(_servers.values())
+    _servers.clear()
+  for server in servers:
     server.close()
 
 
