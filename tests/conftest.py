@@ -5,9 +5,11 @@
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 # TensorFlow turns oneDNN on by default only on some x86 CPUs; without it,
 # its CPU allocator keeps no memory statistics (reset_memory_stats("CPU:0")
@@ -23,6 +25,21 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # ended 1.4e-6 away from the straight one, the Keras and mtf backends 0.03
 # apart after 8 Adafactor steps), which it has always been with the
 # defaults. Not diagnosed further.
+
+# JAX's persistent compilation cache, in a folder of this pytest process's
+# own (removed when the session ends): the JAX processes the tests start
+# (thattn-train --backend=keras3, the Keras 3 checks) compile many of the
+# same programs (a tiny BERT's train step, the same layers' ops), and each
+# compiled each afresh. The cache's key holds the program, the compile
+# options, the device and JAX's version, so a hit runs the executable a
+# compile would have built. Thresholds 0: on CPU the tiny programs compile
+# in under JAX's default 1 s floor. A user's own cache setting is kept.
+_JAX_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _JAX_CACHE = tempfile.mkdtemp(prefix="thattn_jax_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -59,6 +76,8 @@ def pytest_collection_modifyitems(items):
 
 def pytest_sessionfinish():
   forkserver.close_servers()
+  if _JAX_CACHE:
+    shutil.rmtree(_JAX_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -71,14 +71,19 @@ def _attention_layers(model):
 def _build_and_measure(preset, **overrides):
   model = models.create_model(preset, **overrides)
   attention = _attention_layers(model)
+  mixes = [weight for weight in model.weights
+           if "_softmax_projection" in weight.name]  # P_l and P_w
   measured = {
       "total": model.count_params(),
       "attention_layers": len(attention),
       "per_attention_layer": {layer.count_params() for layer in attention},
       "pre_softmax_projections": sum(
-          "pre_softmax_projection" in weight.name for weight in model.weights),
+          "pre_softmax_projection" in weight.name for weight in mixes),
+      "mix_shapes": {tuple(weight.shape) for weight in mixes},
+      "mix_parameters": sum(int(weight.shape.num_elements())
+                            for weight in mixes),
   }
-  del model, attention
+  del model, attention, mixes
   tf_keras.backend.clear_session()
   gc.collect()
   return measured
@@ -86,22 +91,30 @@ def _build_and_measure(preset, **overrides):
 
 @pytest.mark.parametrize("preset", sorted(PUBLISHED))
 def test_published_count_and_twelve_talking_heads_add_2_h_squared(preset):
-  multi_head = _build_and_measure(preset)
-  assert multi_head["total"] == PUBLISHED[preset]
-  assert multi_head["attention_layers"] == ATTENTION_LAYERS[preset]
-  assert multi_head["pre_softmax_projections"] == 0
-
+  """One build, with talking heads (a base model takes seconds to build
+  on 2 cores): without its P_l and P_w it has the published multi-head
+  count, and they add 2 h^2 per attention layer, nothing else."""
   talking = _build_and_measure(preset, attention="talking_heads")
-  # P_l[12, 12] and P_w[12, 12] in every attention layer, nothing else.
-  assert (talking["total"] - multi_head["total"] ==
-          ATTENTION_LAYERS[preset] * 2 * 12 * 12)
+  assert talking["attention_layers"] == ATTENTION_LAYERS[preset]
+  # P_l[12, 12] and P_w[12, 12] in every attention layer.
   assert talking["pre_softmax_projections"] == ATTENTION_LAYERS[preset]
+  assert talking["mix_shapes"] == {(12, 12)}
+  assert talking["mix_parameters"] == ATTENTION_LAYERS[preset] * 2 * 12 * 12
+  assert talking["total"] - talking["mix_parameters"] == PUBLISHED[preset]
   if preset == "t5_base":
     # The paper's Table 1, "parameters per att. layer" (no biases in T5).
-    assert multi_head["per_attention_layer"] == {2_359_296}
     assert talking["per_attention_layer"] == {2_359_584}
+    assert 2_359_584 - 2 * 12 * 12 == 2_359_296  # multi-head's
   else:  # BERT and ALBERT add the four projection biases.
-    assert multi_head["per_attention_layer"] == {4 * 768 * 768 + 4 * 768}
+    assert talking["per_attention_layer"] == {
+        4 * 768 * 768 + 4 * 768 + 2 * 12 * 12}
+
+
+def test_the_multi_head_preset_has_no_head_mixes():
+  multi_head = _build_and_measure("albert_base")  # the fastest to build
+  assert multi_head["total"] == PUBLISHED["albert_base"]
+  assert multi_head["pre_softmax_projections"] == 0
+  assert multi_head["mix_parameters"] == 0
 
 
 def test_fixed_head_size_preset_matches_bhojanapalli_table_3a():
