@@ -31,6 +31,7 @@ be faster or slower than this one, so compare programs within one run.
 import argparse
 import collections
 from concurrent import futures
+import functools
 import json
 import os
 import pathlib
@@ -206,6 +207,8 @@ def main():
                       help="count the programs' operations; compile nothing")
   parser.add_argument("--out", default=None, help="a .json to write")
   args = parser.parse_args()
+  if args.jobs < 1:
+    parser.error(f"--jobs={args.jobs}: at least 1 program at a time")
   sys.path.insert(0, str(ROOT))
   from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
   rows = []
@@ -224,11 +227,11 @@ def main():
           flush=True)
     with tempfile.TemporaryDirectory() as folder, \
         futures.ThreadPoolExecutor(args.jobs) as pool:
-      measured = pool.map(
-          lambda item: measure(  # pylint: disable=cell-var-from-loop
-              item[0], item[1], tiles.num_warps,
-              None if args.lower_only else args.triton_python, folder,
-              args.timeout), programs.items())
+      measure_one = functools.partial(
+          measure, warps=tiles.num_warps,
+          triton_python=None if args.lower_only else args.triton_python,
+          folder=folder, timeout=args.timeout)
+      measured = pool.map(measure_one, programs, programs.values())
       for row in measured:  # in the programs' order, as each is done
         rows.append(dict(row, heads=heads, tiles=(
             f"{tiles.block_q} x {tiles.block_k}, {tiles.num_warps}" + (

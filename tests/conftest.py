@@ -26,21 +26,6 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # apart after 8 Adafactor steps), which it has always been with the
 # defaults. Not diagnosed further.
 
-# JAX's persistent compilation cache, in a folder of this pytest process's
-# own (removed when the session ends): the JAX processes the tests start
-# (thattn-train --backend=keras3, the Keras 3 checks) compile many of the
-# same programs (a tiny BERT's train step, the same layers' ops), and each
-# compiled each afresh. The cache's key holds the program, the compile
-# options, the device and JAX's version, so a hit runs the executable a
-# compile would have built. Thresholds 0: on CPU the tiny programs compile
-# in under JAX's default 1 s floor. A user's own cache setting is kept.
-_JAX_CACHE = None
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _JAX_CACHE = tempfile.mkdtemp(prefix="thattn_jax_cache_")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tests import forkserver
@@ -72,6 +57,34 @@ def pytest_collection_modifyitems(items):
   rank = {path: index for index, path in enumerate(LONGEST_FILES)}
   items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0],
                                        len(rank)))
+
+
+# JAX's persistent compilation cache, a folder per test process (each
+# pytest-xdist worker, or a run without workers), removed when its session
+# ends: the JAX processes the tests start (thattn-train --backend=keras3,
+# the Keras 3 checks) compile many of the same programs (a tiny BERT's
+# train step, the same layers' ops), and each compiled each afresh. The
+# cache's key holds the program, the compile options, the device and
+# JAX's version, so a hit runs the executable a compile would have built.
+# Not one folder for both workers: JAX writes an entry in place, unlocked,
+# so one worker's process could read another's half-written entry (JAX
+# then warns and compiles). Thresholds 0: on CPU the tiny programs compile
+# in under JAX's default 1 s floor. A user's own cache setting is kept.
+_JAX_CACHE = None
+
+
+def pytest_configure(config):
+  global _JAX_CACHE
+  # pytest-xdist's controller runs no test; its workers inherit its
+  # environment, so a folder made here would be theirs to share.
+  controller = (not hasattr(config, "workerinput") and
+                bool(getattr(config.option, "numprocesses", None)))
+  if controller or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  _JAX_CACHE = tempfile.mkdtemp(prefix="thattn_jax_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 def pytest_sessionfinish():

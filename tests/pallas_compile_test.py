@@ -15,8 +15,8 @@ width 768 in bfloat16, with P_l and P_w, and the default tiles, at h = 12
   `wgmma` per mix in its TTIR, and an `mma.sync` per pair sum and per-head
   product.
 
-About two and a half minutes of one core, on two at once where CI's
-other worker leaves one idle; the lowered programs' counts
+About two and a half minutes of one core, compiled two programs at a
+time (`--jobs 2`); the lowered programs' counts
 per chunk of heads are checked faster, without Triton, in
 tests/benchmarks_smoke_test.py.
 """
