@@ -59,30 +59,32 @@ def pytest_collection_modifyitems(items):
                                        len(rank)))
 
 
-# JAX's persistent compilation cache, a folder per test process (each
-# pytest-xdist worker, or a run without workers), removed when its session
-# ends: the JAX processes the tests start (thattn-train --backend=keras3,
-# the Keras 3 checks) compile many of the same programs (a tiny BERT's
-# train step, the same layers' ops), and each compiled each afresh. The
-# cache's key holds the program, the compile options, the device and
-# JAX's version, so a hit runs the executable a compile would have built.
-# Not one folder for both workers: JAX writes an entry in place, unlocked,
-# so one worker's process could read another's half-written entry (JAX
-# then warns and compiles). Thresholds 0: on CPU the tiny programs compile
-# in under JAX's default 1 s floor. A user's own cache setting is kept.
+# JAX's persistent compilation cache, one folder for the whole test session
+# (made by pytest-xdist's controller before it starts its workers, which
+# inherit the environment), removed when the session ends: the JAX
+# processes the tests start (thattn-train --backend=keras3, the Keras 3
+# checks) compile many of the same programs (a tiny BERT's train step, the
+# same layers' ops), and each compiled each afresh. The cache's key holds
+# the program, the compile options, the device and JAX's version, so a hit
+# runs the executable a compile would have built. A size cap is set because
+# only with one does JAX hold a file lock (the filelock package) around
+# each read and write: without it, an entry is written in place, unlocked,
+# and a process could read another's half-written entry. Thresholds 0: on
+# CPU the tiny programs compile in under JAX's default 1 s floor. A user's
+# own cache setting is kept.
 _JAX_CACHE = None
+_JAX_CACHE_MAX_BYTES = 2 << 30
 
 
 def pytest_configure(config):
   global _JAX_CACHE
-  # pytest-xdist's controller runs no test; its workers inherit its
-  # environment, so a folder made here would be theirs to share.
-  controller = (not hasattr(config, "workerinput") and
-                bool(getattr(config.option, "numprocesses", None)))
-  if controller or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+  del config  # A worker finds the controller's folder in its environment.
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return
   _JAX_CACHE = tempfile.mkdtemp(prefix="thattn_jax_cache_")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE",
+                        str(_JAX_CACHE_MAX_BYTES))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
