@@ -15,9 +15,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    # matplotlib: tests draw thattn-ablate's plots. filelock: JAX locks
-    # the tests' shared compilation cache with it (tests/conftest.py).
-    "test": ["pytest", "pytest-xdist", "matplotlib", "filelock"],
+    # matplotlib: tests draw thattn-ablate's plots.
+    "test": ["pytest", "pytest-xdist", "matplotlib"],
     # tf-models-official==2.20.0 pins tensorflow~=2.20, which would pull a
     # second TensorFlow. It is installed separately with --no-deps; see
     # benchmarks/README.md. These are the packages it then still needs.

@@ -16,12 +16,17 @@ from tests import forkserver
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
 BACKENDS = ("tensorflow", "jax", "torch")
-# XLA compiles each test's small functions once, and on CPU most of that
-# time is LLVM optimizing the machine code: level 0 halves the JAX checks'
-# time (backend_checks.py: 100 s -> 55 s on 2 cores) and changes no result
-# they compare (each check is against NumPy or keras.ops at its own
-# tolerance). What users run, optimized, is what thattn-train's tests run.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# XLA compiles each test's small functions once (eager JAX compiles each
+# op for each new shape), and on CPU that compiling is most of the JAX
+# checks' time. Level 0 skips LLVM's optimizations (backend_checks.py:
+# 100 s -> 55 s on 2 cores); XLA's older elemental emitters in place of
+# its fusion emitters compile the same programs faster again (360 tiny
+# programs: 20.9 s -> 12.8 s; gpu_paths_checks.py 25 s -> 16 s). Neither
+# changes a result the checks compare (each is against NumPy or keras.ops
+# at its own tolerance). What users run, as XLA's defaults compile it, is
+# what thattn-train's tests run.
+UNOPTIMIZED_XLA_FLAGS = "--xla_backend_optimization_level=0"
+TEST_XLA_FLAGS = UNOPTIMIZED_XLA_FLAGS + " --xla_cpu_use_fusion_emitters=false"
 
 
 def require(backend):
