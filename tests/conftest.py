@@ -71,10 +71,11 @@ def pytest_collection_modifyitems(items):
 # Thresholds 0: on CPU the tiny programs compile in under JAX's default
 # 1 s floor. No size cap: with one, JAX locks the folder for each read and
 # write, but each write then lists the whole folder to evict (the same
-# checks: 29 s from an empty folder, 72 s beside 1,800 entries). Unlocked,
-# a read that races another process's write of the same entry can find it
-# half-written; JAX then warns and compiles, so no result changes. A
-# user's own cache setting is kept.
+# checks: 29 s from an empty folder, 72 s beside the entries one run of
+# backend_checks.py leaves). Unlocked, a read that races another
+# process's write of the same entry can find it half-written; JAX then
+# warns and compiles, so no result changes. A user's own cache setting is
+# kept.
 _JAX_CACHE = None
 
 
