@@ -79,9 +79,9 @@ def pytest_collection_modifyitems(items):
 _JAX_CACHE = None
 
 
-def pytest_configure(config):
+def pytest_configure():
   global _JAX_CACHE
-  del config  # A worker finds the controller's folder in its environment.
+  # A worker finds the controller's folder in its environment.
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return
   _JAX_CACHE = tempfile.mkdtemp(prefix="thattn_jax_cache_")
