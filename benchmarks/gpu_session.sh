@@ -8,7 +8,9 @@
 #   bash benchmarks/gpu_session.sh OUT_DIR          # on the GPU machine
 #   bash benchmarks/gpu_session.sh OUT_DIR --quick  # tiny sizes, any CPU
 #
-# The device machine has JAX but no Keras: carry the wheels in .whl/ (kept
+# The device machine has JAX but no Keras and no TensorFlow (CI runs both
+# scripts' --quick sizes where TensorFlow cannot be imported:
+# tests/benchmarks_smoke_test.py). Carry Keras's wheels in .whl/ (kept
 # out of git by .git/info/exclude), fetched for its Python 3.12 with
 #   python3 -m pip download --no-deps --only-binary=:all: \
 #     --python-version 3.12 --implementation cp \
@@ -25,12 +27,13 @@ out=${1:?usage: gpu_session.sh OUT_DIR [--quick]}
 quick=${2:-}
 python=${PYTHON:-python3}
 mkdir -p "$out"
+# Before the check below: Keras 3 with no backend named imports TensorFlow.
+export KERAS_BACKEND=jax
 if [ -d .whl ] && ! "$python" -c "import keras" 2>/dev/null; then
   "$python" -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export KERAS_BACKEND=jax
 kernel_sizes=(--heads 12,24,48 --lengths 1024,4096,16384
               --baseline_lengths 4096)
 if [ "$quick" = "--quick" ]; then

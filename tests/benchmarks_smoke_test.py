@@ -1,17 +1,50 @@
-"""One quick run of benchmarks/attention.py, so the benchmark cannot rot.
+"""Quick runs of the benchmarks, at tiny sizes, so they cannot rot.
 
-The real measurement (minutes, full sizes) stays out of the test suite.
+The real measurements (minutes, full sizes) stay out of the test suite.
+The GPU scripts (accelerator.py, model_steps.py: benchmarks/gpu_session.sh
+runs them on a device machine) run here where TensorFlow cannot be
+imported, as there.
 """
 
 import json
 import os
 import pathlib
+import subprocess
 import sys
 
 from tests import forkserver
 from tests.keras3 import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# On PYTHONPATH, it makes TensorFlow and the other packages the GPU machines
+# lack unimportable (tests/gpu_machine/sitecustomize.py).
+GPU_MACHINE_IMPORTS = str(ROOT / "tests" / "gpu_machine")
+
+
+def _run_as_on_the_gpu_machine(args, **env):
+  """Runs a GPU benchmark script as the device machine would: a fresh
+  Python (not a fork of the test server, which has TensorFlow imported)
+  in which what that machine lacks, TensorFlow first, cannot be
+  imported."""
+  path = os.pathsep.join([GPU_MACHINE_IMPORTS] + [
+      part for part in [os.environ.get("PYTHONPATH")] if part])
+  return subprocess.run(
+      [sys.executable] + args, capture_output=True, text=True, timeout=600,
+      check=False, env=dict(os.environ, PYTHONPATH=path, **env))
+
+
+def test_the_gpu_scripts_smoke_runs_cannot_import_tensorflow():
+  """What keeps the two GPU scripts' runs below honest: there, TensorFlow
+  and its relatives fail to import, Keras 3 on JAX does not."""
+  for module in ("tensorflow", "tf_keras", "tensorflow_text", "kagglehub"):
+    result = _run_as_on_the_gpu_machine(["-c", f"import {module}"])
+    assert result.returncode == 1, (module, result.stderr[-2000:])
+    assert f"import of {module} halted" in result.stderr, result.stderr
+  result = _run_as_on_the_gpu_machine(
+      ["-c", "import keras, sys; print(keras.backend.backend(), "
+       "sys.modules['tensorflow'])"], KERAS_BACKEND="jax")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["jax", "None"], result.stdout
 
 
 def test_attention_benchmark_quick_run_writes_its_table(tmp_path):
@@ -60,15 +93,14 @@ def test_fused_kernel_benchmark_quick_run_prints_its_table():
 def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
   """benchmarks/accelerator.py is meant for a GPU; here the Pallas kernel
   runs in interpret mode (THATTN_PALLAS=interpret) at tiny sizes, so the
-  script's plumbing cannot rot between GPU sessions."""
-  result = forkserver.run(
-      [sys.executable, str(ROOT / "benchmarks" / "accelerator.py"),
-       "--quick", "--check_cases", "0", "--kinds", "TH kernel,TH keras.ops",
-       "--out", str(tmp_path)],
-      capture_output=True, text=True, timeout=600, check=False,
-      env=dict(os.environ, THATTN_PALLAS="interpret", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS=processes.TEST_XLA_FLAGS))  # its plumbing, not speed
+  script's plumbing cannot rot between GPU sessions; with no TensorFlow
+  to import, as on the GPU machines."""
+  result = _run_as_on_the_gpu_machine(
+      [str(ROOT / "benchmarks" / "accelerator.py"), "--quick",
+       "--check_cases", "0", "--kinds", "TH kernel,TH keras.ops", "--out",
+       str(tmp_path)],
+      THATTN_PALLAS="interpret", JAX_PLATFORMS="cpu",
+      XLA_FLAGS=processes.TEST_XLA_FLAGS)  # its plumbing, not speed
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / "results.json").read_text())
   timed = {(r["kind"], r["length"]) for r in report["results"] if "ms" in r}
@@ -147,17 +179,16 @@ def test_model_steps_benchmark_quick_run_writes_its_tables(tmp_path):
   """benchmarks/model_steps.py is meant for a GPU; here its tiny sizes run
   on the CPU with XLA's attention (the cuDNN rows say why they are empty),
   so its plain-JAX and KerasHub anchors and thattn's models stay runnable
-  between GPU sessions."""
-  result = forkserver.run(
-      [sys.executable, str(ROOT / "benchmarks" / "model_steps.py"),
-       "--quick", "--out", str(tmp_path)],
-      capture_output=True, text=True, timeout=600, check=False,
-      env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               # Its plumbing, not speed. XLA's default emitters: it reads
-               # the scatters from the compiled HLO, and with the older
-               # emitters (processes.TEST_XLA_FLAGS) it found none.
-               XLA_FLAGS=processes.UNOPTIMIZED_XLA_FLAGS))
+  between GPU sessions; with no TensorFlow to import, as on the GPU
+  machines."""
+  result = _run_as_on_the_gpu_machine(
+      [str(ROOT / "benchmarks" / "model_steps.py"), "--quick", "--out",
+       str(tmp_path)],
+      KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+      # Its plumbing, not speed. XLA's default emitters: it reads the
+      # scatters from the compiled HLO, and with the older emitters
+      # (processes.TEST_XLA_FLAGS) it found none.
+      XLA_FLAGS=processes.UNOPTIMIZED_XLA_FLAGS)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / "results.json").read_text())
   rows = report["fwd_bwd"]["16"]
