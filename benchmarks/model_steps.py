@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -533,8 +534,10 @@ def main(argv=None):
       table.setdefault(key, {})[name] = row
     except Exception as error:  # pylint: disable=broad-except
       traceback.print_exc()
+      # One line, without Keras's ANSI bold codes: it is a table cell.
+      text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split())
       table.setdefault(key, {})[name] = {
-          "error": f"{type(error).__name__}: {str(error)[:300]}"}
+          "error": f"{type(error).__name__}: {text[:300]}"}
     save()
 
   def fwd_bwd(make_step):
