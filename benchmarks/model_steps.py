@@ -565,10 +565,13 @@ def main(argv=None):
     report[key] = {} if "error" in cases else cases
     report.setdefault("errors", {})[key] = cases.get("error")
     save()
+  # The comparison at every length first, then the diagnostics
+  # at the first length: a run stopped by --budget keeps the former.
+  inputs_at = {}
   for length in sizes["lengths"]:
     batch = sizes["tokens"] // length
-    inputs = {k: jnp.asarray(v) for k, v in
-              bert_inputs(batch, length, sizes["vocab_size"]).items()}
+    inputs = inputs_at[length] = {k: jnp.asarray(v) for k, v in bert_inputs(
+        batch, length, sizes["vocab_size"]).items()}
     table = report["fwd_bwd"]
     for name, make_step in (
         ("JAX reference (cuDNN)",
@@ -583,22 +586,24 @@ def main(argv=None):
                                         sizes["heads"][0]), inputs)),
     ):
       measure(table, length, name, fwd_bwd(make_step))
-    if length == first_length:
-      # Each diagnostic holds its setting while the step is traced.
-      measure(table, length, "thattn MHA as before: tables autocast to "
-              "bf16, token types by gather",
-              under(gather_for_types, fwd_bwd(lambda: keras_step(
-                  autocast_tables(thattn_bert(sizes), "word_embeddings",
-                                  "type_embeddings"), inputs))))
-      measure(table, length, "thattn MHA, word table autocast to bf16",
-              fwd_bwd(lambda: keras_step(autocast_tables(
-                  thattn_bert(sizes), "word_embeddings"), inputs)))
-      measure(table, length, "JAX reference (cuDNN), token types by gather",
-              fwd_bwd(lambda: reference_step(sizes, inputs, "cudnn",
-                                             types_by_gather=True)))
-      measure(table, length, "thattn MHA, key lengths unverified",
-              under(unverified_key_lengths, fwd_bwd(
-                  lambda: keras_step(thattn_bert(sizes), inputs))))
+  inputs = inputs_at[first_length]
+  table = report["fwd_bwd"]
+  # Each diagnostic holds its setting while the step is traced.
+  measure(table, first_length, "thattn MHA as before: tables autocast to "
+          "bf16, token types by gather",
+          under(gather_for_types, fwd_bwd(lambda: keras_step(
+              autocast_tables(thattn_bert(sizes), "word_embeddings",
+                              "type_embeddings"), inputs))))
+  measure(table, first_length, "thattn MHA, word table autocast to bf16",
+          fwd_bwd(lambda: keras_step(autocast_tables(
+              thattn_bert(sizes), "word_embeddings"), inputs)))
+  measure(table, first_length, "JAX reference (cuDNN), token types by "
+          "gather", fwd_bwd(lambda: reference_step(
+              sizes, inputs, "cudnn", types_by_gather=True)))
+  measure(table, first_length, "thattn MHA, key lengths unverified",
+          under(unverified_key_lengths, fwd_bwd(
+              lambda: keras_step(thattn_bert(sizes), inputs))))
+
   def train(family, attention, heads, length):
     def run():
       steps, data = train_step(sizes, family, attention, heads,
