@@ -300,6 +300,26 @@ def _cell(value, limit=300):
   return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _kernel_choice_rows(report, index):
+  """`kernel_choice.Measurement(...)` lines for each (h, n) where the
+  kernel was timed and keras.ops was timed or ran out of memory."""
+  rows = []
+  device_kind = report.get("device_kind", report["machine"])
+  for (heads, length, kind), kernel in sorted(index.items()):
+    if kind != "TH kernel" or "ms" not in kernel:
+      continue
+    ops = index.get((heads, length, "TH keras.ops"), {})
+    if "ms" in ops:
+      ops_ms = ops["ms"]
+    elif ops.get("error") == "out of memory":
+      ops_ms = None
+    else:
+      continue
+    rows.append(f"    Measurement({device_kind!r}, {heads}, "
+                f"{length}, {ops_ms}, {kernel['ms']}),")
+  return rows
+
+
 def _markdown(report):
   lines = [f"# {report['machine']}", "",
            f"jax {report['jax']}, keras {report['keras']}; "
@@ -334,6 +354,13 @@ def _markdown(report):
         f"{_cell(r.get('ms', r.get('error', '-')))} | {ratio('MHA flash')} | "
         f"{ratio('TH keras.ops')} | {gib(r.get('peak_bytes'))} | "
         f"{gib(r.get('planned_bytes'))} | {r.get('compile_s', '-')} |")
+  measured = _kernel_choice_rows(report, index)
+  if measured:
+    lines += ["", "## For thattn/keras3/kernel_choice.py", "",
+              "The default switch's table (`MEASUREMENTS`) reads these "
+              "rows: the kernel and keras.ops at each (h, n) where the "
+              "kernel ran (None: out of memory).", "", "```python"]
+    lines += measured + ["```"]
   failures = [r for r in report["results"] if "status" in r]
   if failures:
     lines += ["", "## Processes that failed", ""]
@@ -375,6 +402,7 @@ def main():
   import keras  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   report = dict(machine=f"{device.device_kind} ({device.platform})",
+                device_kind=device.device_kind,
                 jax=jax.__version__, keras=keras.__version__,
                 sizes={k: list(v) if isinstance(v, tuple) else v
                        for k, v in sizes.items()},

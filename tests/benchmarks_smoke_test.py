@@ -106,7 +106,13 @@ def test_accelerator_benchmark_quick_run_writes_its_tables(tmp_path):
   timed = {(r["kind"], r["length"]) for r in report["results"] if "ms" in r}
   assert timed == {(kind, n) for kind in ("TH kernel", "TH keras.ops")
                    for n in (64, 128)}, report["results"]
-  assert "| 4 | 128 | 2 | TH kernel |" in (tmp_path / "results.md").read_text()
+  table = (tmp_path / "results.md").read_text()
+  assert "| 4 | 128 | 2 | TH kernel |" in table
+  # The rows for the default switch's table, one per (h, n) timed both ways.
+  ms = {(r["kind"], r["length"]): r["ms"] for r in report["results"]}
+  for n in (64, 128):
+    assert (f"    Measurement('cpu', 4, {n}, {ms['TH keras.ops', n]}, "
+            f"{ms['TH kernel', n]}),") in table, table
 
 
 def _expected_dots(program, heads, own, slicing):
