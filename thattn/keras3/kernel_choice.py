@@ -32,6 +32,8 @@ class Measurement:
 
 
 # Issue 41's H200 table (2026-11-27, jax 0.11.2; benchmarks/RESULTS.md).
+# A run of benchmarks/accelerator.py ends its results.md with these rows,
+# as measured, for its device.
 MEASUREMENTS = (
     Measurement("NVIDIA H200", 12, 4096, 23.4, 134.4),
     Measurement("NVIDIA H200", 12, 16384, 65.4, 532.6),
