@@ -68,26 +68,31 @@ def _attention_layers(model):
   return list(found.values())
 
 
+def _mixes(weights):
+  """The head mixes P_l and P_w among `weights`."""
+  return [weight for weight in weights if "_softmax_projection" in weight.name]
+
+
+def _size(weights):
+  return sum(int(weight.shape.num_elements()) for weight in weights)
+
+
 def _build_and_measure(preset, **overrides):
   model = models.create_model(preset, **overrides)
   attention = _attention_layers(model)
-  mixes = [weight for weight in model.weights
-           if "_softmax_projection" in weight.name]  # P_l and P_w
+  mixes = _mixes(model.weights)
   measured = {
       "total": model.count_params(),
       "attention_layers": len(attention),
       "per_attention_layer": {layer.count_params() for layer in attention},
       # Each layer less its own P_l and P_w: the multi-head layer's count.
       "per_attention_layer_without_mixes": {
-          layer.count_params() - sum(
-              int(weight.shape.num_elements()) for weight in layer.weights
-              if "_softmax_projection" in weight.name)
+          layer.count_params() - _size(_mixes(layer.weights))
           for layer in attention},
       "pre_softmax_projections": sum(
           "pre_softmax_projection" in weight.name for weight in mixes),
       "mix_shapes": {tuple(weight.shape) for weight in mixes},
-      "mix_parameters": sum(int(weight.shape.num_elements())
-                            for weight in mixes),
+      "mix_parameters": _size(mixes),
   }
   del model, attention, mixes
   tf_keras.backend.clear_session()
@@ -113,6 +118,8 @@ def test_published_count_and_twelve_talking_heads_add_2_h_squared(preset):
     assert talking["per_attention_layer"] == {2_359_584}
     assert talking["per_attention_layer_without_mixes"] == {2_359_296}
   else:  # BERT and ALBERT add the four projection biases.
+    assert talking["per_attention_layer"] == {
+        4 * 768 * 768 + 4 * 768 + 2 * 12 * 12}
     assert talking["per_attention_layer_without_mixes"] == {
         4 * 768 * 768 + 4 * 768}
 
