@@ -567,12 +567,12 @@ def main(argv=None):
     save()
   # The comparison at every length first, then the diagnostics
   # at the first length: a run stopped by --budget keeps the former.
+  table = report["fwd_bwd"]
   inputs_at = {}
   for length in sizes["lengths"]:
     batch = sizes["tokens"] // length
     inputs = inputs_at[length] = {k: jnp.asarray(v) for k, v in bert_inputs(
         batch, length, sizes["vocab_size"]).items()}
-    table = report["fwd_bwd"]
     for name, make_step in (
         ("JAX reference (cuDNN)",
          lambda: reference_step(sizes, inputs, "cudnn")),
@@ -587,7 +587,6 @@ def main(argv=None):
     ):
       measure(table, length, name, fwd_bwd(make_step))
   inputs = inputs_at[first_length]
-  table = report["fwd_bwd"]
   # Each diagnostic holds its setting while the step is traced.
   measure(table, first_length, "thattn MHA as before: tables autocast to "
           "bf16, token types by gather",

@@ -26,8 +26,8 @@ def _run_as_on_the_gpu_machine(args, **env):
   Python (not a fork of the test server, which has TensorFlow imported)
   in which what that machine lacks, TensorFlow first, cannot be
   imported."""
-  path = os.pathsep.join([GPU_MACHINE_IMPORTS] + [
-      part for part in [os.environ.get("PYTHONPATH")] if part])
+  path = os.pathsep.join(
+      filter(None, [GPU_MACHINE_IMPORTS, os.environ.get("PYTHONPATH")]))
   return subprocess.run(
       [sys.executable] + args, capture_output=True, text=True, timeout=600,
       check=False, env=dict(os.environ, PYTHONPATH=path, **env))
