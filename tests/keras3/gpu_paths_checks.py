@@ -108,7 +108,8 @@ def _random(shape, seed, dtype="float32"):
 def test_key_lengths_compute_what_the_mask_says(case):
   """The lengths cuDNN gets, and the check that sends a mask that is not a
   prefix (or a row with no key) to the mask itself: computed here with
-  XLA, against jax.nn.dot_product_attention of the mask."""
+  XLA, values and gradients against jax.nn.dot_product_attention of the
+  mask."""
   batch, n, heads, d = 3, 12, 2, 8
   query, key, value = (_random((batch, n, heads, d), seed)
                        for seed in range(3))
@@ -126,12 +127,25 @@ def test_key_lengths_compute_what_the_mask_says(case):
   elif case == "bias":
     bias = _random((1, heads, n, n), 4)
   mask = jnp.asarray(mask[:, None, None, :])
-  got = cudnn.attention(query, key, value, bias, mask, causal,
-                        implementation="xla")
-  want = jax.nn.dot_product_attention(query, key, value, bias=bias,
-                                      mask=mask, scale=1.0,
-                                      is_causal=causal is not None)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  weights = _random((batch, n, heads, d), 5)
+
+  def ours(*qkv):
+    return cudnn.attention(*qkv, bias, mask, causal, implementation="xla")
+
+  def reference(*qkv):
+    return jax.nn.dot_product_attention(*qkv, bias=bias, mask=mask,
+                                        scale=1.0,
+                                        is_causal=causal is not None)
+
+  # Values and gradients (through either branch of the prefix check).
+  for fn in (lambda f: f, lambda f: jax.grad(
+      lambda *qkv: jnp.sum(weights * f(*qkv)), argnums=(0, 1, 2))):
+    np.testing.assert_allclose(
+        np.concatenate([np.ravel(x) for x in
+                        jax.tree.leaves(fn(ours)(query, key, value))]),
+        np.concatenate([np.ravel(x) for x in
+                        jax.tree.leaves(fn(reference)(query, key, value))]),
+        rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture
@@ -161,7 +175,7 @@ def cudnn_calls(monkeypatch):
 
 
 def _bert_inputs(batch=2, length=8):
-  lengths = np.array([length, length // 2])[:batch]
+  lengths = np.array([length, length // 2, length - 1])[:batch]
   mask = (np.arange(length)[None] < lengths[:, None]).astype("int32")
   rng = np.random.default_rng(0)
   return {"input_word_ids": rng.integers(1, 50, (batch, length)) * mask,
@@ -231,6 +245,61 @@ def test_mixed_precision_gradients_scatter_only_into_the_float32_word_table(
   grad, args = _gradient_of(t5, {"encoder_input_tokens": tokens,
                                  "decoder_input_tokens": tokens}, None)
   assert set(_scatters(grad, *args)) == {"f32[50,32]"}
+
+
+@pytest.fixture
+def traced_on_cudnn(monkeypatch):
+  """thattn's layers as on an NVIDIA GPU, calling JAX's real cuDNN
+  attention: a CPU can trace those calls (make_jaxpr) but not compile
+  them, so JAX's cuDNN version check is answered as on a GPU."""
+  monkeypatch.setattr(jax_cudnn, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(cudnn, "available", lambda: True)
+  monkeypatch.setattr(flash, "on_accelerator", lambda: True)
+  monkeypatch.setattr(cudnn, "max_head_dim", lambda: 256)
+
+
+def _primitives(jaxpr):
+  """The names of every primitive in a jaxpr, nested ones included."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          names |= _primitives(inner)
+  return names
+
+
+def test_the_cudnn_path_keeps_no_score_sized_value_between_the_passes(
+    mixed_bfloat16, traced_on_cudnn):
+  """Memory flat in n x m on cuDNN: no value of a BERT's or T5's gradient
+  (outside the fallback's own recomputation) has the batch, a query and a
+  key axis. The fallback for masks that are not prefixes used to leave its
+  residuals (11 bytes per score: a mask, two float32 and one bfloat16
+  [b, h, n, m]) in the forward cond's outputs, written as zeros by the
+  cuDNN branch and kept for the backward: 1.1 GB a layer at BERT-base,
+  batch 32, n = 512."""
+  del mixed_bfloat16, traced_on_cudnn
+  batch, length = 3, 12
+
+  def score_sized(grad, args):
+    jaxpr = jax.make_jaxpr(grad)(*args).jaxpr
+    assert "dot_product_attention_fwd_wrapper" in _primitives(jaxpr)
+    return [str(var.aval) for eqn in jaxpr.eqns for var in eqn.outvars
+            if list(var.aval.shape).count(length) >= 2 and
+            batch in var.aval.shape]
+
+  bert = models.create_model("bert_base", **TINY_BERT)
+  inputs = {k: jnp.asarray(v) for k, v in _bert_inputs(batch, length).items()}
+  assert not score_sized(*_gradient_of(bert, inputs, "sequence_output"))
+  t5 = models.create_model("t5_base", **TINY_T5)
+  tokens = np.ones((batch, length), "int32")
+  tokens[0, 7:] = 0
+  tokens = jnp.asarray(tokens)
+  assert not score_sized(*_gradient_of(t5, {"encoder_input_tokens": tokens,
+                                            "decoder_input_tokens": tokens},
+                                       None))
 
 
 @pytest.mark.parametrize("rows,dtype", [(2, "float32"), (16, "bfloat16"),

@@ -140,4 +140,11 @@ def attention(query, key, value, bias=None, mask=None, causal_offset=None,
         query, key, value, bias=bias, mask=mask, scale=1.0,
         is_causal=is_causal, implementation="xla")
 
-  return jax.lax.cond(is_prefix, on_cudnn, on_xla, lengths)
+  # Under a gradient, a cond's forward returns the residuals of both
+  # branches, the branch not taken filling the other's with zeros. XLA's
+  # attention keeps four [b, h, n, m] arrays (a mask, two float32, one
+  # bfloat16: 11 bytes a score), so the cuDNN branch would write 1.1 GB of
+  # zeros a layer at BERT-base (batch 32, n = 512) and hold them to the
+  # backward pass. Recomputed instead, the fallback keeps only its inputs
+  # (tests/keras3/gpu_paths_checks.py holds it).
+  return jax.lax.cond(is_prefix, on_cudnn, jax.checkpoint(on_xla), lengths)
