@@ -11,7 +11,7 @@
 # The device machine has JAX but no Keras and no TensorFlow (CI runs both
 # scripts' --quick sizes where TensorFlow cannot be imported:
 # tests/benchmarks_smoke_test.py). Carry Keras's wheels in .whl/ (kept
-# out of git by .git/info/exclude), fetched for its Python 3.12 with
+# out of git by .gitignore), fetched for its Python 3.12 with
 #   python3 -m pip download --no-deps --only-binary=:all: \
 #     --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
