@@ -19,8 +19,10 @@ sequence grows), dropout 0, median of --repeats steps after two warm-ups:
     d_k = 768 / h);
   - diagnostics: the thattn and reference models with the token types
     looked up by a gather (the constant this benchmark was written to
-    find), and thattn MHA with `cudnn.VERIFY_PREFIX = False` (the cost of
-    checking that the padding mask is a prefix before using key lengths);
+    find), thattn MHA with `cudnn.VERIFY_PREFIX = False` (the padding
+    mask trusted to be a prefix: what making it one costs), and with
+    `cudnn.REORDER_KEYS = False` (the prefix check's `lax.cond` instead
+    of reordering the keys);
 - `train step`: one step of `--backend=keras3`'s training (`thattn.
   training.keras3_steps.Steps`: masked LM on BERT, span corruption on T5,
   Adafactor with the inverse-square-root schedule), batch from the host.
@@ -303,6 +305,17 @@ def unverified_key_lengths():
     cudnn.VERIFY_PREFIX = True
 
 
+@contextlib.contextmanager
+def prefix_check_by_cond():
+  """Steps traced inside check key masks by a lax.cond, not reordering
+  the keys."""
+  cudnn.REORDER_KEYS = False
+  try:
+    yield
+  finally:
+    cudnn.REORDER_KEYS = True
+
+
 def under(context, run):
   """`run` with `context()` entered around it."""
   def wrapped():
@@ -397,14 +410,18 @@ def cudnn_against_core(sizes):
   lengths = np.array([64, 40, 17, 1])
   prefix = np.arange(length)[None] < lengths[:, None]
   holes = prefix.copy()
-  holes[1, 5] = False  # not a prefix: cuDNN's key lengths cannot say this
+  holes[1, 5] = False  # not a prefix: keys reordered, or XLA with a bias
+  empty = prefix.copy()
+  empty[3] = False  # no key at all: the mean of V
   bias = jnp.asarray(rng.normal(size=(1, heads, length, length)), jnp.float32)
   cases = {"padding (prefix)": dict(mask=prefix),
            "padding with a hole": dict(mask=holes),
+           "padding with an empty row": dict(mask=empty),
            "causal": dict(causal=True),
            "causal + padding": dict(mask=prefix, causal=True),
            "T5 bias + causal": dict(bias=bias, causal=True),
-           "T5 bias + padding": dict(bias=bias, mask=prefix)}
+           "T5 bias + padding": dict(bias=bias, mask=prefix),
+           "T5 bias + padding with a hole": dict(bias=bias, mask=holes)}
   with policy_scope():
     fast = keras3.MultiHeadAttention(heads, d // heads, name="fast")
     core = keras3.MultiHeadAttention(heads, d // heads, name="core",
@@ -601,6 +618,9 @@ def main(argv=None):
               sizes, inputs, "cudnn", types_by_gather=True)))
   measure(table, first_length, "thattn MHA, key lengths unverified",
           under(unverified_key_lengths, fwd_bwd(
+              lambda: keras_step(thattn_bert(sizes), inputs))))
+  measure(table, first_length, "thattn MHA, prefix check by lax.cond",
+          under(prefix_check_by_cond, fwd_bwd(
               lambda: keras_step(thattn_bert(sizes), inputs))))
 
   def train(family, attention, heads, length):

@@ -200,7 +200,8 @@ def test_model_steps_benchmark_quick_run_writes_its_tables(tmp_path):
   rows = report["fwd_bwd"]["16"]
   timed = {name for name, row in rows.items() if row.get("ms", 0) > 0}
   assert {"JAX reference (XLA)", "thattn MHA", "KerasHub BertBackbone",
-          "thattn TH h=4", "thattn MHA, key lengths unverified"} <= timed, rows
+          "thattn TH h=4", "thattn MHA, key lengths unverified",
+          "thattn MHA, prefix check by lax.cond"} <= timed, rows
   assert rows["JAX reference (cuDNN)"] == {"error": "no cuDNN on this device"}
   assert all(row["warnings"] == 0 for name, row in rows.items()
              if name.startswith("thattn"))

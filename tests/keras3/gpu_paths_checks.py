@@ -103,28 +103,33 @@ def _random(shape, seed, dtype="float32"):
   return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
-@pytest.mark.parametrize("case", ["prefix", "hole", "empty row", "batch-1",
-                                  "causal", "bias"])
+@pytest.mark.parametrize("case", [
+    "prefix", "hole", "empty row", "holes, empty row", "batch-1", "causal",
+    "bias", "hole, causal", "hole, bias", "empty row, bias"])
 def test_key_lengths_compute_what_the_mask_says(case):
-  """The lengths cuDNN gets, and the check that sends a mask that is not a
-  prefix (or a row with no key) to the mask itself: computed here with
-  XLA, values and gradients against jax.nn.dot_product_attention of the
-  mask."""
+  """The lengths cuDNN gets, with the allowed keys moved first (no causal
+  mask or bias), or the check that sends a mask that is not a prefix (or a
+  row with no key) to the mask itself: computed here with XLA, values and
+  gradients against jax.nn.dot_product_attention of the mask."""
   batch, n, heads, d = 3, 12, 2, 8
   query, key, value = (_random((batch, n, heads, d), seed)
                        for seed in range(3))
   lengths = np.array([12, 7, 3])
   mask = np.arange(n)[None] < lengths[:, None]
   bias, causal = None, None
-  if case == "hole":
+  parts = case.split(", ")
+  if "hole" in parts:
     mask[1, 2] = False
-  elif case == "empty row":
+  if "holes" in parts:
+    mask[0, [0, 5, 6, 11]] = False
+    mask[1, 2] = False
+  if "empty row" in parts:
     mask[2] = False
-  elif case == "batch-1":
+  if "batch-1" in parts:
     mask = mask[:1]
-  elif case == "causal":
+  if "causal" in parts:
     causal = 0
-  elif case == "bias":
+  if "bias" in parts:
     bias = _random((1, heads, n, n), 4)
   mask = jnp.asarray(mask[:, None, None, :])
   weights = _random((batch, n, heads, d), 5)
@@ -258,17 +263,15 @@ def traced_on_cudnn(monkeypatch):
   monkeypatch.setattr(cudnn, "max_head_dim", lambda: 256)
 
 
-def _primitives(jaxpr):
-  """The names of every primitive in a jaxpr, nested ones included."""
-  names = set()
+def _equations(jaxpr):
+  """Every equation of a jaxpr, nested ones included."""
   for eqn in jaxpr.eqns:
-    names.add(eqn.primitive.name)
+    yield eqn
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else [param]:
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
-          names |= _primitives(inner)
-  return names
+          yield from _equations(inner)
 
 
 def test_the_cudnn_path_keeps_no_score_sized_value_between_the_passes(
@@ -279,27 +282,38 @@ def test_the_cudnn_path_keeps_no_score_sized_value_between_the_passes(
   residuals (11 bytes per score: a mask, two float32 and one bfloat16
   [b, h, n, m]) in the forward cond's outputs, written as zeros by the
   cuDNN branch and kept for the backward: 1.1 GB a layer at BERT-base,
-  batch 32, n = 512."""
+  batch 32, n = 512. BERT's padding takes no branch at all (its keys are
+  reordered instead), and reordering adds no scatter to the gradient."""
   del mixed_bfloat16, traced_on_cudnn
   batch, length = 3, 12
 
-  def score_sized(grad, args):
+  def traced(grad, args):
     jaxpr = jax.make_jaxpr(grad)(*args).jaxpr
-    assert "dot_product_attention_fwd_wrapper" in _primitives(jaxpr)
-    return [str(var.aval) for eqn in jaxpr.eqns for var in eqn.outvars
-            if list(var.aval.shape).count(length) >= 2 and
-            batch in var.aval.shape]
+    names = {eqn.primitive.name for eqn in _equations(jaxpr)}
+    assert "dot_product_attention_fwd_wrapper" in names
+    score_sized = [str(var.aval) for eqn in jaxpr.eqns for var in eqn.outvars
+                   if list(var.aval.shape).count(length) >= 2 and
+                   batch in var.aval.shape]
+    scatters = [str(var.aval) for eqn in _equations(jaxpr)
+                if "scatter" in eqn.primitive.name for var in eqn.outvars]
+    return score_sized, names, scatters
 
   bert = models.create_model("bert_base", **TINY_BERT)
   inputs = {k: jnp.asarray(v) for k, v in _bert_inputs(batch, length).items()}
-  assert not score_sized(*_gradient_of(bert, inputs, "sequence_output"))
+  score_sized, names, scatters = traced(
+      *_gradient_of(bert, inputs, "sequence_output"))
+  assert not score_sized
+  assert "cond" not in names
+  assert scatters == ["float32[50,32]"]  # the word table's gradient
   t5 = models.create_model("t5_base", **TINY_T5)
   tokens = np.ones((batch, length), "int32")
   tokens[0, 7:] = 0
   tokens = jnp.asarray(tokens)
-  assert not score_sized(*_gradient_of(t5, {"encoder_input_tokens": tokens,
-                                            "decoder_input_tokens": tokens},
-                                       None))
+  score_sized, names, _ = traced(*_gradient_of(
+      t5, {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens},
+      None))
+  assert not score_sized
+  assert "cond" in names  # the encoder's padding with T5's position bias
 
 
 @pytest.mark.parametrize("rows,dtype", [(2, "float32"), (16, "bfloat16"),

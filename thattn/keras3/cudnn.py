@@ -10,9 +10,16 @@ with the masks in the forms cuDNN takes:
 
 - a key mask [b or 1, 1, 1, m] (BERT's and T5's padding) as key lengths
   (`key_value_seq_lengths`), which also lets cuDNN skip the padded tiles.
-  Lengths mean "the first L keys": a mask that is not such a prefix, or a
-  row with no key at all, goes to XLA's attention with the mask itself, by
-  a `lax.cond` on the mask's values, decided on the device each call;
+  Lengths mean "the first L keys", and any key mask becomes such a prefix
+  once each row's allowed keys are moved to the front: without a causal
+  mask or a bias, attention does not depend on the keys' order, so K and V
+  are permuted that way (the identity for BERT's padding) and no branch is
+  taken. A row with no key at all is uniform over every key, as in the
+  keras.ops core. With a causal mask or a bias, positions matter: a mask
+  that is not a prefix goes to XLA's attention with the mask itself, by a
+  `lax.cond` on the mask's values, decided each call (XLA's GPU runtime
+  copies a cond's predicate to the host and waits for it, outside CUDA
+  graphs: one reason to take no branch where none is needed);
 - a causal mask at offset 0 as `is_causal` (with key lengths too, cuDNN's
   padding-causal mask);
 - T5's position bias [1 or b, h, n, m] as the bias.
@@ -20,20 +27,26 @@ with the masks in the forms cuDNN takes:
 `obstacle` names what cuDNN cannot take, from the conditions JAX's cuDNN
 path checks before it builds the call (`jax._src.cudnn.
 fused_attention_stablehlo`: `check_layout`, `check_is_flash_attention`;
-tests/keras3/cudnn_test.py holds thattn's conditions against them). Such a
+tests/keras3/gpu_paths_checks.py holds thattn's conditions against them). Such a
 call runs on thattn's keras.ops core, chosen before the call: nothing is
 tried and logged.
 
 Letters as in `thattn.dims`: Q[b, n, h, d], K and V [b, m, h, d] (BTNH).
 """
 
+import functools
+
 import keras
 
-# Where a key mask goes to cuDNN as lengths, the call first checks on the
-# device that the mask is a prefix of each row (else XLA's attention with
-# the mask). False skips that check and trusts the lengths: only for
-# measuring the check's cost (benchmarks/model_steps.py).
+# Where a key mask goes to cuDNN as lengths, the call makes it a prefix
+# of each row (REORDER_KEYS), or checks on the device that it is one. False
+# trusts the lengths: only for measuring what that costs
+# (benchmarks/model_steps.py).
 VERIFY_PREFIX = True
+# Without a causal mask or a bias, the allowed keys are moved to the front
+# (no branch); False takes the prefix check's lax.cond there too: only for
+# measuring one against the other (benchmarks/model_steps.py).
+REORDER_KEYS = True
 
 
 def available():
@@ -109,8 +122,8 @@ def attention(query, key, value, bias=None, mask=None, causal_offset=None,
               implementation="cudnn"):
   """O[b, n, h, d] = softmax(Q K^T + bias, masked) V on cuDNN (scale 1: P_q
   holds 1/sqrt(d_k)), for a call `obstacle` accepts. `implementation=
-  "xla"` computes the same calls (key lengths, the prefix check) with XLA's
-  attention, which is how a CPU tests them."""
+  "xla"` computes the same calls (key lengths, the reordered keys, the
+  prefix check) with XLA's attention, which is how a CPU tests them."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -130,6 +143,9 @@ def attention(query, key, value, bias=None, mask=None, causal_offset=None,
   lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
   if not VERIFY_PREFIX:
     return on_cudnn(lengths)
+  if REORDER_KEYS and bias is None and not is_causal:
+    return _on_allowed_keys_first(query, key, value, key_mask, lengths,
+                                  implementation)
   positions = jnp.arange(key.shape[1], dtype=jnp.int32)
   is_prefix = jnp.logical_and(
       jnp.all(key_mask == (positions < lengths[:, None])),
@@ -148,3 +164,62 @@ def attention(query, key, value, bias=None, mask=None, causal_offset=None,
   # backward pass. Recomputed instead, the fallback keeps only its inputs
   # (tests/keras3/gpu_paths_checks.py holds it).
   return jax.lax.cond(is_prefix, on_cudnn, jax.checkpoint(on_xla), lengths)
+
+
+def _on_allowed_keys_first(query, key, value, key_mask, lengths,
+                           implementation):
+  """cuDNN's attention with key lengths for any key mask [b, m], no causal
+  mask, no bias: each row's allowed keys (K and V at once) moved to the
+  front in their order, the rest after them. A row with no allowed key
+  gets the mean of V, what softmax over equally masked logits gives."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  # A stable sort of "masked?" puts the allowed keys first, in order.
+  order = jnp.argsort(jnp.logical_not(key_mask), axis=-1, stable=True)
+  inverse = jnp.argsort(order, axis=-1)
+  empty = lengths == 0
+  # cuDNN never sees a row of length 0; such a row attends to every key,
+  # and its output (and so every gradient through it) is replaced below.
+  lengths = jnp.where(empty, key.shape[1], lengths)
+  key, value = _permute_keys(key, order, inverse), _permute_keys(
+      value, order, inverse)
+  attended = jax.nn.dot_product_attention(
+      query, key, value, key_value_seq_lengths=lengths, scale=1.0,
+      implementation=implementation)
+  uniform = jnp.mean(value.astype(jnp.float32), axis=1, keepdims=True)
+  return jnp.where(empty[:, None, None, None],
+                   uniform.astype(attended.dtype), attended)
+
+
+def _permute_keys(tensor, order, inverse):
+  """tensor[b, order[b, j], ...] along the keys; its gradient is the same
+  gather by the inverse order (a permutation: no scatter-add, which GPUs
+  serialize for bfloat16)."""
+  return _key_permutation()(tensor, order, inverse)
+
+
+@functools.cache
+def _key_permutation():
+  """permute(x[b, m, ...], order[b, m], inverse[b, m]), made once (JAX is
+  imported only where Keras runs on it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  def gather(x, index):
+    return jnp.take_along_axis(
+        x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+  @jax.custom_vjp
+  def permute(x, order, inverse):
+    del inverse
+    return gather(x, order)
+
+  def forward(x, order, inverse):
+    return gather(x, order), inverse
+
+  def backward(inverse, cotangent):
+    return gather(cotangent, inverse), None, None
+
+  permute.defvjp(forward, backward)
+  return permute
