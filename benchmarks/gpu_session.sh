@@ -34,6 +34,12 @@ if [ -d .whl ] && ! "$python" -c "import keras" 2>/dev/null; then
       --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# Fail in a second, not in each script, while the device is still warm.
+if ! "$python" -c "import keras, keras_hub" 2>/dev/null; then
+  echo "gpu_session.sh: Keras 3 or KerasHub does not import with $python;" \
+       "carry their wheels in .whl/ (this file's header fetches them)" >&2
+  exit 2
+fi
 kernel_sizes=(--heads 12,24,48 --lengths 1024,4096,16384
               --baseline_lengths 4096)
 if [ "$quick" = "--quick" ]; then
