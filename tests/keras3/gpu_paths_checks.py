@@ -7,7 +7,9 @@ so they cannot come back unseen:
 - multi-head attention reaches cuDNN for the masks models use: thattn's
   conditions (`thattn.keras3.cudnn.obstacle`) against the ones JAX's cuDNN
   path checks, and every attention call of a BERT and a T5 passing them,
-  computed through the same key lengths with XLA here;
+  computed through the same key lengths with XLA here; traced through
+  JAX's real cuDNN primitives, their gradients hold nothing [b, h, n, m]
+  (found on a CPU, not yet measured on a GPU), and BERT's no branch;
 - no bfloat16 scatter-add and no scatter into a small table in a model's
   gradient (the lowered step's HLO, before XLA's CPU passes upcast it);
 - the default talking-heads path on a GPU is keras.ops unless measured
