@@ -296,24 +296,16 @@ def autocast_tables(model, *names):
 
 
 @contextlib.contextmanager
-def unverified_key_lengths():
-  """Steps traced inside pass key masks to cuDNN as lengths unchecked."""
-  cudnn.VERIFY_PREFIX = False
+def cudnn_switch(name, value):
+  """Steps traced inside see `thattn.keras3.cudnn.<name> = value`
+  (VERIFY_PREFIX False: key masks passed as lengths unchecked;
+  REORDER_KEYS False: checked by a lax.cond, keys not reordered)."""
+  previous = getattr(cudnn, name)
+  setattr(cudnn, name, value)
   try:
     yield
   finally:
-    cudnn.VERIFY_PREFIX = True
-
-
-@contextlib.contextmanager
-def prefix_check_by_cond():
-  """Steps traced inside check key masks by a lax.cond, not reordering
-  the keys."""
-  cudnn.REORDER_KEYS = False
-  try:
-    yield
-  finally:
-    cudnn.REORDER_KEYS = True
+    setattr(cudnn, name, previous)
 
 
 def under(context, run):
@@ -616,12 +608,12 @@ def main(argv=None):
   measure(table, first_length, "JAX reference (cuDNN), token types by "
           "gather", fwd_bwd(lambda: reference_step(
               sizes, inputs, "cudnn", types_by_gather=True)))
-  measure(table, first_length, "thattn MHA, key lengths unverified",
-          under(unverified_key_lengths, fwd_bwd(
-              lambda: keras_step(thattn_bert(sizes), inputs))))
-  measure(table, first_length, "thattn MHA, prefix check by lax.cond",
-          under(prefix_check_by_cond, fwd_bwd(
-              lambda: keras_step(thattn_bert(sizes), inputs))))
+  for name, switch in (
+      ("thattn MHA, key lengths unverified", ("VERIFY_PREFIX", False)),
+      ("thattn MHA, prefix check by lax.cond", ("REORDER_KEYS", False))):
+    measure(table, first_length, name, under(
+        lambda switch=switch: cudnn_switch(*switch),
+        fwd_bwd(lambda: keras_step(thattn_bert(sizes), inputs))))
 
   def train(family, attention, heads, length):
     def run():
