@@ -292,9 +292,10 @@ def _run_child(spec, timeout, log):
   return results
 
 
-def _cell(value, limit=300):
+def table_cell(value, limit=300):
   """`value` as one table cell: Keras's errors span lines and carry ANSI
-  bold codes, which would break the Markdown row."""
+  bold codes, which would break the Markdown row (model_steps.py uses it
+  too)."""
   text = re.sub(r"\x1b\[[0-9;]*m", "", str(value))
   text = " ".join(text.split()).replace("|", "/")
   return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -331,7 +332,7 @@ def _markdown(report):
   for check in report["checks"]:
     detail = check.get("error") or ", ".join(
         f"{k} {v}" for k, v in check.get("relative_errors", {}).items())
-    lines.append(f"| {check.get('check')} | {_cell(detail)} |")
+    lines.append(f"| {check.get('check')} | {table_cell(detail)} |")
   lines += ["", "## Time and memory", "",
             "| h | n | batch | kind | ms | vs MHA flash | vs TH keras.ops | "
             "peak GiB (runtime) | planned GiB (XLA) | compile s |",
@@ -351,7 +352,7 @@ def _markdown(report):
 
     lines.append(
         f"| {r['heads']} | {r['length']} | {r['batch']} | {r['kind']} | "
-        f"{_cell(r.get('ms', r.get('error', '-')))} | {ratio('MHA flash')} | "
+        f"{table_cell(r.get('ms', r.get('error', '-')))} | {ratio('MHA flash')} | "
         f"{ratio('TH keras.ops')} | {gib(r.get('peak_bytes'))} | "
         f"{gib(r.get('planned_bytes'))} | {r.get('compile_s', '-')} |")
   measured = _kernel_choice_rows(report, index)

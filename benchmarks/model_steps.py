@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import statistics
 import sys
 import time
@@ -66,6 +65,8 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# accelerator.py sits beside this script (sys.path[0] when it runs).
+from accelerator import table_cell  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.keras3 import cudnn  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.keras3 import lookups  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -543,10 +544,8 @@ def main(argv=None):
       table.setdefault(key, {})[name] = row
     except Exception as error:  # pylint: disable=broad-except
       traceback.print_exc()
-      # One line, without Keras's ANSI bold codes: it is a table cell.
-      text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split())
       table.setdefault(key, {})[name] = {
-          "error": f"{type(error).__name__}: {text[:300]}"}
+          "error": table_cell(f"{type(error).__name__}: {error}")}
     save()
 
   def fwd_bwd(make_step):
