@@ -1,5 +1,7 @@
 """`thattn-train`'s library function: one run, from devices to export.
 
+::
+
     from thattn import launch
     summary = launch.train(model_dir="runs/demo", task="mlm",
                            options=TrainOptions(train_steps=100))

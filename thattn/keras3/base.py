@@ -43,7 +43,8 @@ class AttentionLayer(keras.layers.Layer):
   """Base class; subclasses implement `create_weights`, `project_query`,
   `project_memory` and `attend` (see the module docstring).
 
-  Call:
+  Call::
+
     layer(query, value, key=None, attention_mask=None,
           return_attention_scores=False, training=None,
           use_causal_mask=False, *, position_bias=None, cache=None,
@@ -113,7 +114,7 @@ class AttentionLayer(keras.layers.Layer):
 
   @property
   def attention_scores_heads(self):
-    """The heads of the returned scores (talking heads: h_v)."""
+    """The heads of the returned scores (h_v for talking heads)."""
     return self.num_heads
 
   # ---- the projections, as keras.layers.MultiHeadAttention names them ------
@@ -200,7 +201,7 @@ class AttentionLayer(keras.layers.Layer):
 
   @property
   def logical_axes(self):
-    """{variable path: logical axes tuple} for every weight of the layer."""
+    """{variable path -> logical axes tuple} for every weight of the layer."""
     return dict(self._axes_by_path)
 
   # ---- building -----------------------------------------------------------

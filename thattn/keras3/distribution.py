@@ -4,7 +4,7 @@
 (`thattn.sharding.LayoutRules`: logical axis -> mesh axis) into a
 `keras.distribution.LayoutMap` for every weight the Keras 3 layers create,
 matched by the weight's path ending (`.../query/kernel`,
-`.../pre_softmax_projection`, ...), so
+`.../pre_softmax_projection`, ...), so::
 
     mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
     keras.distribution.set_distribution(keras.distribution.ModelParallel(

@@ -1,6 +1,6 @@
 """General bilinear multihead attention (Section 6) as a Keras 3 layer.
 
-Computation (per example; letters as in `thattn.dims`):
+Computation (per example; letters as in `thattn.dims`)::
 
     L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
     W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)

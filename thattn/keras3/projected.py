@@ -1,7 +1,7 @@
 """Multi-head and talking-heads attention as Keras 3 layers.
 
 Computation (per example; letters as in `thattn.dims`; the equations are
-`thattn.attention_spec`'s, shared with `thattn.layers`):
+`thattn.attention_spec`'s, shared with `thattn.layers`)::
 
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])

@@ -55,7 +55,8 @@ def _write_positions(cache, update, start):
 class AttentionLayer(tf_keras.layers.Layer):
   """Base class: subclasses implement the three hooks below.
 
-  Hooks (public, so subclasses never touch a private method):
+  Hooks (public, so subclasses never touch a private method)::
+
     create_weights(query_width, key_width, value_width)
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
@@ -74,7 +75,8 @@ class AttentionLayer(tf_keras.layers.Layer):
   `kernel_constraint`, `bias_constraint`; `output_dim` and `dropout_rate`
   are accepted aliases (see `thattn.layers.keras_arguments`).
 
-  Call, in tf_keras.layers.MultiHeadAttention's positional order:
+  Call, in tf_keras.layers.MultiHeadAttention's positional order::
+
     layer(query, value, key=None, attention_mask=None,
           return_attention_scores=False, training=None,
           use_causal_mask=False, *, position_bias=None, cache=None,
@@ -202,7 +204,7 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   @property
   def logical_axes(self):
-    """{variable name: logical axes tuple} for every weight of the layer."""
+    """{variable name -> logical axes tuple} for every weight of the layer."""
     return dict(self._axes_by_variable_name)
 
   # ---- building ----------------------------------------------------------

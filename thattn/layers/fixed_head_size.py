@@ -27,7 +27,7 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
   """An attention layer whose heads have a fixed size.
 
   Args:
-    num_heads: h.
+    num_heads: h, the number of heads.
     sequence_length: n. When given (and `head_size` is not), the head size is
       set to n, as Bhojanapalli et al. propose: d_k = d_v = n.
     head_size: an explicit d_k = d_v instead.

@@ -1,13 +1,13 @@
 """General bilinear multihead attention (GBMA), Section 6 of the paper.
 
-Computation (per example; letters as in `thattn.dims`):
+Computation (per example; letters as in `thattn.dims`)::
 
     L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
     W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
     Y[n, d_Y]  = einsum(dropout(W[h, n, m]), M[m, d_M], Q[d_M, d_Y, h])
 
 Multi-head attention is GBMA with P and Q each factored into two matrices,
-and talking-heads attention is GBMA with each factored into three:
+and talking-heads attention is GBMA with each factored into three::
 
     P[d_X, d_M, h] = einsum(P_q[d_X, h_k, d_k], P_k[d_M, h_k, d_k], P_l[h_k, h])
     Q[d_M, d_Y, h] = einsum(P_v[d_M, h_v, d_v], P_o[h_v, d_v, d_Y], P_w[h, h_v])
@@ -37,7 +37,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
   """General bilinear multihead attention with h heads.
 
   Args:
-    num_heads: h.
+    num_heads: h, the number of heads.
     output_shape: d_Y, an int or a 1-tuple; defaults to the query width
       (alias: output_dim).
     dropout: attention dropout on W (alias: dropout_rate).

@@ -5,7 +5,7 @@
 `official.nlp.modeling.layers.TalkingHeadsAttention` (a subclass of it);
 `to_keras(layer)` goes back where the layer is representable there.
 
-The weights map one to one (no transposes), named by their last components:
+The weights map one to one (no transposes), named by their last components::
 
 | tf_keras / Model Garden        | thattn                    | paper |
 |--------------------------------|---------------------------|-------|
@@ -20,7 +20,7 @@ The weights map one to one (no transposes), named by their last components:
 with one difference: tf_keras and Model Garden multiply the logits by
 1/sqrt(d_k) at run time, and thattn never does (the factor is folded into
 P_q, as in the paper, Mesh TensorFlow and T5). Since the logits are linear
-in Q, scaling Q's kernel and bias by 1/sqrt(d_k) gives the same logits:
+in Q, scaling Q's kernel and bias by 1/sqrt(d_k) gives the same logits::
 
     J[h, n, m] / sqrt(d_k) = einsum((X P_q + b_q) / sqrt(d_k), K)
 
@@ -149,7 +149,7 @@ def to_keras(layer, **kwargs):
   Garden's `TalkingHeadsAttention` (needs tf-models-official installed); a
   missing P_l or P_w becomes the identity, head groups their dense
   block-diagonal matrices. Anything else raises ValueError naming what
-  tf_keras cannot express. **kwargs go to the new layer's constructor.
+  tf_keras cannot express. `**kwargs` go to the new layer's constructor.
   """
   shapes = layer.build_shapes if hasattr(layer, "build_shapes") else None
   if not isinstance(layer, (multi_head.MultiHeadAttention,

@@ -1,6 +1,6 @@
 """Multi-head attention (Vaswani et al., 2017) in the paper's notation.
 
-Computation (per example; letters as in `thattn.dims`; Section 3.3):
+Computation (per example; letters as in `thattn.dims`; Section 3.3)::
 
     Q[n, h, d_k] = einsum(X[n, d_X], P_q[d_X, h, d_k])
     K[m, h, d_k] = einsum(M[m, d_M], P_k[d_M, h, d_k])
@@ -33,7 +33,7 @@ class MultiHeadAttention(projected.ProjectedAttention):
   included, with equal outputs.
 
   Args:
-    num_heads: h.
+    num_heads: h, the number of heads.
     key_dim: d_k; free, not tied to d_model / h (fixed head size of
       Bhojanapalli et al., 2020).
     value_dim: d_v; defaults to key_dim.
@@ -45,9 +45,9 @@ class MultiHeadAttention(projected.ProjectedAttention):
     attention_axes: only None or (1,), tf_keras's default for rank-3 inputs.
     kernel_initializer: for P_q (scaled by d_k**-0.5), P_k, P_v and P_o.
     bias_initializer: for the biases.
-    kernel_regularizer, bias_regularizer, activity_regularizer,
-    kernel_constraint, bias_constraint: as in tf_keras (the activity
-      regularizer applies to the layer's output).
+    kernel_regularizer, bias_regularizer, activity_regularizer: as in
+      tf_keras (the activity regularizer applies to the layer's output).
+    kernel_constraint, bias_constraint: as in tf_keras.
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries with recomputation in the backward pass (see
       `TalkingHeadsAttention`).

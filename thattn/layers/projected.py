@@ -40,7 +40,8 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
   """Shared base of MultiHeadAttention and TalkingHeadsAttention (the hooks
   around the core: `thattn.attention_wiring.ProjectedHooks`).
 
-  Computation (per example; letters as in `thattn.dims`):
+  Computation (per example; letters as in `thattn.dims`)::
+
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
     V[m, h_v, d_v] = einsum(M[m, d_M], P_v[d_M, h_v, d_v])

@@ -1,7 +1,7 @@
 """Talking-heads attention (Shazeer et al., 2020), with dynamic projections.
 
 Computation (per example; letters as in `thattn.dims`; Section 4 and
-Appendix A of the paper):
+Appendix A of the paper)::
 
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
@@ -34,7 +34,7 @@ P_l, P_w and the dynamic projections are block-diagonal, so heads talk only
 within their group. Heads are group-major: group g holds key heads
 [g*h_k/G, (g+1)*h_k/G), softmax heads [g*h/G, (g+1)*h/G) and value heads
 [g*h_v/G, (g+1)*h_v/G). Only the blocks are stored, with i, h, j counting
-heads within a group and g the group:
+heads within a group and g the group::
 
     L[g, h, n, m]  = einsum(J[g, i, n, m], P_l[g, i, h])           # P_l
                    + einsum(J[g, i, n, m], R_Xl[n, g, i, h])       # x2l
@@ -94,10 +94,13 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
     bias_initializer: for the biases.
     talking_heads_initializer: for P_l and P_w; defaults to a normal with
       stddev 1/sqrt(fan_in), as Mesh TensorFlow does.
-    kernel_regularizer, bias_regularizer, activity_regularizer,
-    kernel_constraint, bias_constraint: as in tf_keras; the kernel ones
-      also apply to P_l, P_w and the dynamic projections (as Model Garden
-      does for its pre- and post-softmax weights).
+    kernel_regularizer, bias_regularizer, activity_regularizer: as in
+      tf_keras; kernel_regularizer also applies to P_l, P_w and the
+      dynamic projections (as Model Garden does for its pre- and
+      post-softmax weights).
+    kernel_constraint, bias_constraint: as in tf_keras; kernel_constraint
+      also applies to P_l, P_w and the dynamic projections (as Model
+      Garden does).
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries and recompute the scores in the backward pass
       (`thattn.layers.chunked`): same results, memory about linear in the
@@ -196,7 +199,7 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
 
   @property
   def attention_scores_heads(self):
-    """h_v: the scores returned are U, the weights applied to the values."""
+    """h_v; the scores returned are U, the weights applied to the values."""
     return self.num_value_heads
 
   def get_config(self):

@@ -1,5 +1,7 @@
 """Attention variants by name, as the `--attention` flag and model overrides use.
 
+::
+
 | name              | layer                                                    |
 |-------------------|----------------------------------------------------------|
 | multi_head        | MultiHeadAttention                                       |

@@ -71,7 +71,7 @@ class RMSNorm(block_wiring.RMSNormWiring, tf_keras.layers.Layer):
 class FeedForward(block_wiring.FeedForwardWiring, embeddings.TfKerasGlue,
                   tf_keras.layers.Layer):
   """Position-wise feed-forward network (the computation is
-  `thattn.models.block_wiring.FeedForwardWiring`'s):
+  `thattn.models.block_wiring.FeedForwardWiring`'s)::
 
       H[f]  = act(X[d] W_i[d, f] (+ b_i))          plain
       H[f]  = act(X[d] W_i[d, f]) * X[d] W_g[d, f]  gated (T5.1.1's gated-GELU)
@@ -122,7 +122,8 @@ class PreNormBlock(block_wiring.PreNormWiring, embeddings.TfKerasGlue,
     dropout_rate: on every sublayer's output, before the residual add.
     epsilon: of the RMSNorms.
 
-  Call:
+  Call::
+
     block(x, memory=None, attention_mask=None, memory_mask=None,
           position_bias=None, training=None, cache=None, decode_step=None)
 

@@ -1,14 +1,17 @@
 """Model configurations: frozen dataclasses, and keyword overrides on them.
 
 One dataclass per model family:
+
 - `BertConfig`: BERT, and ALBERT (`embedding_size` and `share_layers`).
 - `T5Config`: T5's encoder-decoder.
-Both hold their attention layers as `AttentionConfig`s: BERT one, T5 one per
-attention type (encoder self, decoder self, encoder-decoder), so the
-experiments of the paper's Table 4 are a config, not a code change.
+
+Both hold their attention layers as `AttentionConfig` objects: BERT one,
+T5 one per attention type (encoder self, decoder self, encoder-decoder), so
+the experiments of the paper's Table 4 are a config, not a code change.
 
 `apply_overrides(config, **overrides)` is what `create_model(preset,
 **overrides)` uses. Besides the dataclass fields, it understands:
+
 - `attention=`: a variant name (see `thattn.layers.VARIANTS`), a dict of
   `AttentionConfig` fields, or an `AttentionConfig`, for every attention
   layer of the model;
@@ -22,6 +25,7 @@ experiments of the paper's Table 4 are a config, not a code change.
   gives each layer its own config (as a converted Mesh TensorFlow model may
   need: `thattn.mtf`); the self-attention layers of one stack share its
   relative position bias, so they need one num_heads.
+
 Bad values raise ValueError naming them, before any model is built.
 """
 

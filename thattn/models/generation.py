@@ -13,6 +13,7 @@ once (`PreNormBlock.initial_cache`); the decoder itself is
 `thattn.models.t5.run_decoder`, the same code the model is built from.
 
 Methods:
+
 - "greedy": the most likely token at every step.
 - "sample": a draw from softmax(logits / temperature), optionally restricted
   to the `top_k` most likely tokens. The module holds a seeded

@@ -1,6 +1,7 @@
 """Presets: named model configurations, each citing its source.
 
 Published architectures:
+
 - `bert_base`: BERT-Base, uncased (Devlin et al., 2018, Section 3 and the
   released bert_config.json): L=12, H=768, A=12, d_ff=3072, vocab 30522,
   512 positions, 2 token types, GELU, dropout 0.1. 109,482,240 parameters
@@ -20,6 +21,7 @@ Published architectures:
 
 The paper's experiments (talking-heads-attention.md; the experiment name is
 the row of the table it comes from):
+
 - T5, Section 7.1, Tables 1-4 and 8-10: `t5_base_<variant>_<h>` and the
   rows described next to each preset below. As in Section 7.1, there is no
   dropout during pre-training.

@@ -17,6 +17,7 @@ called, so a bare layer keeps lazy variables. The creator scope needs
 neither.
 
 Known TensorFlow 2.21 DTensor pitfalls (measured on logical CPU devices):
+
 - `x[:, tf.newaxis]` (a strided slice with a new axis) on a DTensor inside
   tf.function crashes the process (SIGSEGV) or fails the SPMD pass
   ("'tf.StridedSlice' op ComputeLayoutForward error"); `tf.expand_dims`

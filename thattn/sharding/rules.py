@@ -4,7 +4,7 @@ This module imports no TensorFlow, so flags can be parsed and layouts
 checked before any device exists. Both backends read the same
 objects: `thattn.sharding.dtensor_layouts` turns them into DTensor layouts,
 and `LayoutRules.to_mtf_layout()` / `MeshSpec.to_mtf_mesh_shape()` give the
-strings Mesh TensorFlow parses.
+strings Mesh TensorFlow parses::
 
     mesh = MeshSpec.parse("batch:2,model:2")
     rules = LayoutRules.parse("batch:batch;heads:model;d_ff:model")

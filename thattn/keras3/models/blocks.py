@@ -6,10 +6,13 @@ shapes, order): a block owns its norms and residual dropout, and takes the
 attention layers (any `thattn.keras3` variant) and the feed-forward network
 as instances.
 
-- `PostNormBlock` (BERT, ALBERT):
+- `PostNormBlock` (BERT, ALBERT)::
+
       x = LayerNorm(x + dropout(attention(x, x)))
       x = LayerNorm(x + dropout(feed_forward(x)))
-- `PreNormBlock` (T5), with RMSNorm:
+
+- `PreNormBlock` (T5), with RMSNorm::
+
       x += dropout(self_attention(norm(x), norm(x)))
       x += dropout(cross_attention(norm(x), memory))      (decoder only)
       x += dropout(feed_forward(norm(x)))
