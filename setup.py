@@ -1,47 +1,84 @@
-"""Packaging for thattn: talking-heads attention and its relatives for tf-keras."""
+"""Packaging for thattn: talking-heads attention and its relatives.
+
+Installed by need (thattn/extras.py says what needs which extra):
+
+    pip install 'thattn[jax]'         # Keras 3 layers and models on JAX
+    pip install 'thattn[torch]'       # ... on PyTorch
+    pip install 'thattn[tensorflow]'  # tf_keras layers, thattn-train, export
+    pip install 'thattn[mtf]'         # and the Mesh TensorFlow backend
+"""
+
+import pathlib
+import re
 
 import setuptools
 
-# One pin per dependency; every other version follows from these.
-INSTALL_REQUIRES = [
+ROOT = pathlib.Path(__file__).parent
+# One place for the version: thattn/__init__.py.
+VERSION = re.search(r'^__version__ = "([^"]+)"',
+                    (ROOT / "thattn" / "__init__.py").read_text(),
+                    flags=re.M).group(1)
+
+# What every install needs; no framework.
+INSTALL_REQUIRES = ["absl-py", "numpy"]
+
+# Keras 3: the layers follow keras.layers.MultiHeadAttention of 3.15.
+KERAS = ["keras>=3.15,<4"]
+
+# One pin per framework; every other version follows from these.
+TENSORFLOW = KERAS + [
     "tensorflow==2.21.*",
     "tf-keras==2.21.*",
     "tensorflow-text==2.21.*",
-    "mesh-tensorflow==0.1.21",
-    "absl-py",
-    "numpy",
     # Trains SentencePiece models; tensorflow-text runs them in the graph.
     "sentencepiece",
 ]
 
 EXTRAS_REQUIRE = {
+    # Keras 3 on JAX or PyTorch, without TensorFlow. jax[cpu]: on a GPU add
+    # JAX's CUDA wheels (jax[cuda13]). torch 2.13: on CPU machines pip's
+    # local CPU-only wheel (2.13.0+cpu) satisfies it, and sorts above the
+    # CUDA build on PyPI.
+    "jax": KERAS + ["jax[cpu]"],
+    "torch": KERAS + ["torch==2.13.*"],
+    # The tf_keras layers and models, thattn-train, thattn-export, the data
+    # pipeline, and thattn.keras3 on TensorFlow.
+    "tensorflow": TENSORFLOW,
+    # The Mesh TensorFlow backend (thattn.mtf, thattn-convert):
+    # mesh_tensorflow.transformer imports gin, tensorflow_datasets and
+    # pkg_resources (gone in setuptools 81). thattn.mtf.compat says why each
+    # is needed.
+    "mtf": TENSORFLOW + ["mesh-tensorflow==0.1.21", "gin-config",
+                         "tensorflow-datasets", "setuptools<81"],
+    # TFDS sources (c4, lm1b, wikipedia, glue, squad); tested with mock data.
+    "tfds": TENSORFLOW + ["tensorflow-datasets"],
+    # Viewing thattn-train's summaries (writing them needs only TensorFlow).
+    "tensorboard": ["tensorboard"],
+    # thattn-ablate's plots and heatmaps.
+    "plot": ["matplotlib"],
+    # The API reference (docs/api): Sphinx autodoc.
+    "docs": ["sphinx>=8.1,<10"],
     # matplotlib: tests draw thattn-ablate's plots.
     "test": ["pytest", "pytest-xdist", "matplotlib"],
     # tf-models-official==2.20.0 pins tensorflow~=2.20, which would pull a
     # second TensorFlow. It is installed separately with --no-deps; see
     # benchmarks/README.md. These are the packages it then still needs.
     "bench": ["gin-config", "scipy"],
-    # TFDS sources (c4, lm1b, wikipedia, glue, squad); tested with mock data.
-    "tfds": ["tensorflow-datasets"],
-    # The Mesh TensorFlow backend (thattn.mtf): mesh_tensorflow.transformer
-    # imports gin, tensorflow_datasets and pkg_resources (gone in
-    # setuptools 81). thattn.mtf.compat says why each is needed.
-    "mtf": ["gin-config", "tensorflow-datasets", "setuptools<81"],
-    # Viewing thattn-train's summaries (writing them needs only TensorFlow).
-    "tensorboard": ["tensorboard"],
-    # thattn-ablate's plots and heatmaps.
-    "plot": ["matplotlib"],
-    # Keras 3 backends for thattn.keras3 (keras itself comes with
-    # TensorFlow). torch 2.13: on CPU machines pip's local CPU-only wheel
-    # (2.13.0+cpu) satisfies it, and sorts above the CUDA build on PyPI.
-    "jax": ["jax[cpu]"],
-    "torch": ["torch==2.13.*"],
 }
 
 setuptools.setup(
     name="thattn",
-    version="0.1.0",
-    description="Talking-heads attention and its relatives as tf-keras layers.",
+    version=VERSION,
+    description=("Talking-heads attention and its relatives as Keras 3 and "
+                 "tf_keras layers, in BERT, ALBERT and T5."),
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=setuptools.find_packages(include=["thattn", "thattn.*"]),
     # Kernel sources, compiled against the installed TensorFlow on first use.
     package_data={"thattn.kernels": ["*.cc"]},

@@ -7,11 +7,16 @@ variables (colocated under a distribution strategy, laid out under
 DTensor) and assigned.
 """
 
-import tensorflow as tf
-import tf_keras
+from thattn import extras  # pylint: disable=g-bad-import-order
 
-from thattn import adafactor_rules
-from thattn import tf_ops
+# Before the first TensorFlow import: names the pip extra if it is missing.
+extras.require("thattn.optimizers", ("tensorflow", "tf_keras"))
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tf_keras  # pylint: disable=g-import-not-at-top
+
+from thattn import adafactor_rules  # pylint: disable=g-import-not-at-top
+from thattn import tf_ops  # pylint: disable=g-import-not-at-top
 
 
 # The tensor functions `thattn.adafactor_rules` computes with, in

@@ -31,6 +31,8 @@ import logging as python_logging
 import os
 import sys
 
+from thattn import extras
+
 _QUIET_LEVEL = "3"
 # --backend=keras3's framework when KERAS_BACKEND is not set: the first of
 # these installed (Keras 3 reads KERAS_BACKEND once, when TensorFlow's
@@ -62,7 +64,16 @@ def choose_keras3_framework(argv, environ=None):
 
 
 def quiet_tensorflow():
-  """Imports TensorFlow with its C++ start-up lines silenced; see the module."""
+  """Imports TensorFlow with its C++ start-up lines silenced; see the module.
+
+  Where the `[tensorflow]` extra is not installed (a Keras 3 install on JAX
+  or PyTorch), exits naming the pip command.
+  """
+  program = os.path.basename(sys.argv[0]) if sys.argv[0] else "thattn"
+  try:
+    extras.require(program)
+  except ImportError as error:
+    sys.exit(f"{program}: error: {error}")
   quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # else the user's choice
   if quiet:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_LEVEL
@@ -128,8 +139,7 @@ def run(main, module_name, doc):
 
 _HELP_FLAGS = {"--help", "--helpshort", "--helpfull", "--helpxml", "-?"}
 # What pip installs for the Mesh TensorFlow backend (setup.py's extra).
-MTF_EXTRA = ("pip install 'thattn[mtf]' (from a checkout: pip install -e "
-             "'.[mtf]')")
+MTF_EXTRA = extras.install_command("mtf")
 
 
 def import_mtf(module, program):

@@ -5,3 +5,9 @@ Nothing here knows a model or a task. Readers (`glue`, `squad`) raise
 it; pipelines (`batches`) address every batch by (seed, step), so a resumed
 run sees exactly the batches an uninterrupted one would.
 """
+
+from thattn import extras  # pylint: disable=g-bad-import-order
+
+# Before the first TensorFlow import: names the pip extra if it is missing.
+extras.require("thattn.data",
+               ("tensorflow", "tensorflow_text", "sentencepiece"))

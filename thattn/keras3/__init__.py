@@ -1,9 +1,28 @@
 """thattn's attention layers for Keras 3 (TensorFlow, JAX and PyTorch).
 
-The same layers, arguments, call and weights as `thattn.layers` (tf_keras),
-written with `keras.ops`; importing this package needs neither tf_keras nor
-Mesh TensorFlow nor tensorflow-text. docs/keras3.md has the guide.
+The layers, arguments, call and weights of `thattn.layers` (tf_keras),
+written with `keras.ops`, less what docs/keras3.md lists ("The same layers,
+with these differences": `query_chunk_size`, ragged inputs, `make_attention`,
+`VARIANTS`, `causal_mask`); importing this package needs neither tf_keras
+nor Mesh TensorFlow nor tensorflow-text. docs/keras3.md has the guide.
+
+Keras 3 and its backend come with thattn's `[jax]`, `[torch]` or
+`[tensorflow]` extra; KERAS_BACKEND chooses the backend before Keras is
+first imported (Keras 3's default is tensorflow).
 """
+
+# pylint: disable=g-bad-import-order,g-import-not-at-top
+import importlib
+
+from thattn import extras
+
+try:  # one line naming the pip extra or KERAS_BACKEND, not Keras's traceback
+  import keras  # pylint: disable=unused-import
+except ModuleNotFoundError as error:
+  _friendly = extras.keras3_import_error(error)
+  if _friendly is None:
+    raise
+  raise _friendly from error
 
 from thattn import attention_spec
 from thattn import validation
@@ -33,3 +52,14 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
   validation.one_of("variant", variant, sorted(_FIXED_HEAD_SIZE_VARIANTS))
   return _FIXED_HEAD_SIZE_VARIANTS[variant](
       num_heads=num_heads, key_dim=size, value_dim=size, **kwargs)
+
+
+# Subpackages loaded on first use (PEP 562): `thattn.keras3.models` after
+# a plain `import thattn`, without paying for the models at import.
+_SUBPACKAGES = ("models", "optimizers")
+
+
+def __getattr__(name):
+  if name in _SUBPACKAGES:
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,13 @@
-"""Keras attention layers: multi-head, talking-heads and general bilinear."""
+"""Keras attention layers: multi-head, talking-heads and general bilinear.
+
+tf_keras (Keras 2) layers: the `[tensorflow]` extra. The same layers for
+Keras 3 on JAX, PyTorch or TensorFlow are `thattn.keras3`.
+"""
+
+from thattn import extras  # pylint: disable=g-bad-import-order
+
+# Before the first TensorFlow import: names the pip extra if it is missing.
+extras.require("thattn.layers", ("tensorflow", "tf_keras"))
 
 from thattn.layers.attention_ops import causal_mask
 from thattn.layers.base import AttentionLayer

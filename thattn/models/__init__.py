@@ -8,6 +8,8 @@ same configs on JAX and PyTorch.
 
 import importlib
 
+from thattn import extras
+
 # Public name -> the module (in this package) that defines it.
 _EXPORTS = {
     "FeedForward": "blocks", "PostNormBlock": "blocks",
@@ -29,14 +31,21 @@ _EXPORTS = {
 
 _SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory",
                "generation", "loading", "presets", "recall_encoder", "t5")
+# The submodules that are plain Python; the others build tf_keras models.
+_PLAIN = ("config", "presets")
+
+
+def _submodule(name):
+  if name not in _PLAIN:
+    extras.require(f"{__name__}.{name}", ("tensorflow", "tf_keras"))
+  return importlib.import_module(f"{__name__}.{name}")
 
 
 def __getattr__(name):
   if name in _EXPORTS:
-    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-    return getattr(module, name)
+    return getattr(_submodule(_EXPORTS[name]), name)
   if name in _SUBMODULES:
-    return importlib.import_module(f"{__name__}.{name}")
+    return _submodule(name)
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

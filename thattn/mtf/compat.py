@@ -54,6 +54,8 @@ import types
 
 import tensorflow as tf
 
+from thattn import extras
+
 _ESTIMATOR_MODULE = "tensorflow.compat.v1.estimator"
 
 
@@ -172,6 +174,6 @@ def import_transformer():
     if error.name in ("gin", "tensorflow_datasets", "pkg_resources"):
       raise ImportError(
           f"mesh_tensorflow.transformer needs {error.name!r}, which is not "
-          "installed: pip install -e '.[mtf]' (gin-config, "
+          f"installed: {extras.install_command('mtf')} (gin-config, "
           "tensorflow-datasets, setuptools<81).", name=error.name) from error
     raise

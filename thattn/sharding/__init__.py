@@ -2,7 +2,7 @@
 
 One rules table shards every thattn model (docs/architecture.md, "Style"):
 layers declare the logical axes of their weights, and
-`LayoutRules` maps logical axes to the axes of a `MeshSpec`.
+`LayoutRules` maps logical axes to the axes of a `MeshSpec`::
 
     mesh_spec = sharding.MeshSpec.parse("batch:2,model:2")
     rules = sharding.LayoutRules.parse(
@@ -22,6 +22,7 @@ tensor, the logical axis and the sizes, and saying what to change.
 
 import importlib
 
+from thattn import extras
 from thattn.sharding.rules import ACTIVATION_AXES
 from thattn.sharding.rules import BATCH
 from thattn.sharding.rules import check_layouts
@@ -56,6 +57,7 @@ _DTENSOR_NAMES = (
 
 def __getattr__(name):
   if name in _DTENSOR_NAMES:
+    extras.require(f"thattn.sharding.{name}", ("tensorflow", "tf_keras"))
     module = importlib.import_module("thattn.sharding.dtensor_layouts")
     return getattr(module, name)
   raise AttributeError(f"module 'thattn.sharding' has no attribute {name!r}")

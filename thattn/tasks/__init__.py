@@ -9,6 +9,11 @@ task") for how to add one. Importing this package registers the built-in
 tasks below.
 """
 
+from thattn import extras  # pylint: disable=g-bad-import-order
+
+# Before the first TensorFlow import: names the pip extra if it is missing.
+extras.require("thattn.tasks", extras.TENSORFLOW)
+
 # In the order `names()` and `thattn-train --help` list them: pretraining,
 # fine-tuning, then the synthetic task.
 from thattn.tasks import mlm  # pylint: disable=g-bad-import-order

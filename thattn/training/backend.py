@@ -49,14 +49,15 @@ import dataclasses
 import importlib
 import math
 
+from thattn import extras
+
 _REGISTRY = {}
 # Where each built-in backend registers itself (imported on first `get`).
 _MODULES = {"keras": "thattn.training.keras_backend",
             "keras3": "thattn.training.keras3_backend",
             "mtf": "thattn.mtf.training"}
 # What pip installs for the Mesh TensorFlow backend (setup.py's extra).
-MTF_EXTRA = ("pip install 'thattn[mtf]' (from a checkout: pip install -e "
-             "'.[mtf]')")
+MTF_EXTRA = extras.install_command("mtf")
 
 
 @dataclasses.dataclass(frozen=True)
