@@ -32,6 +32,8 @@ TENSORFLOW = KERAS + [
     "tensorflow-text==2.21.*",
     # Trains SentencePiece models; tensorflow-text runs them in the graph.
     "sentencepiece",
+    # Reads Hugging Face checkpoints (thattn-convert --source).
+    "safetensors",
 ]
 
 EXTRAS_REQUIRE = {
@@ -58,8 +60,9 @@ EXTRAS_REQUIRE = {
     "plot": ["matplotlib"],
     # The API reference (docs/api): Sphinx autodoc.
     "docs": ["sphinx>=8.1,<10"],
-    # matplotlib: tests draw thattn-ablate's plots.
-    "test": ["pytest", "pytest-xdist", "matplotlib"],
+    # matplotlib: tests draw thattn-ablate's plots. transformers: the
+    # reference the Hugging Face conversion is held to (on CPU PyTorch).
+    "test": ["pytest", "pytest-xdist", "matplotlib", "transformers>=5,<6"],
     # tf-models-official==2.20.0 pins tensorflow~=2.20, which would pull a
     # second TensorFlow. It is installed separately with --no-deps; see
     # benchmarks/README.md. These are the packages it then still needs.

@@ -35,6 +35,7 @@ RANKS = {
     "thattn.tasks": 5,
     "thattn.training": 6,
     "thattn.export": 7,
+    "thattn.converters": 7,  # released checkpoints -> model_dirs; mtf uses its writer
     "thattn.experiments": 8,
     "thattn.launch": 8,  # thattn-train's library function, above export
     "thattn.mtf": 8,

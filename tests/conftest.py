@@ -43,7 +43,7 @@ LONGEST_FILES = (
     "tests/mtf/train_backend_test.py", "tests/pallas_compile_test.py",
     "tests/training/dtensor_train_test.py",
     "tests/training/multi_worker_test.py", "tests/readme_test.py",
-    "tests/install_test.py",
+    "tests/install_test.py", "tests/converters/hugging_face_test.py",
     "tests/mtf/processes_test.py",
     "tests/training/multi_client_dtensor_test.py",
     "tests/training/model_dir_test.py", "tests/docs_test.py",

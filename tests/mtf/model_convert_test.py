@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from thattn import models
 from thattn import run_dir
+from thattn.converters import model_dir as converters_model_dir
 from thattn.data import tokenizers
 from thattn.mtf import architecture
 from thattn.mtf import convert
@@ -210,7 +211,7 @@ def test_per_layer_attention_configs_convert_both_ways(tmp_path):
                              max_to_keep=1).save(checkpoint_number=7)
   run_dir.write_json(str(tmp_path / "t" / "run_config.json"), {
       "task": "span_corruption", "preset": "t5_tiny",
-      "overrides": convert._overrides(config)})  # pylint: disable=protected-access
+      "overrides": converters_model_dir.overrides(config)})
   gin_text = convert.thattn_to_mtf(model_dir=str(tmp_path / "t"),
                                    mtf_model_dir=str(tmp_path / "m"),
                                    log=lambda _: None)

@@ -19,16 +19,14 @@ vocabulary, `tokenizer/`. `thattn_to_mtf` writes the gin config and a
 checkpoint that `mesh_tensorflow.transformer` builds and restores.
 
 Both write into a hidden staging folder beside the output and rename it
-into place at the end: a failed conversion leaves nothing at the output, and
+into place at the end (`thattn.converters.model_dir`, the writer every
+conversion shares): a failed conversion leaves nothing at the output, and
 an output that exists and is not empty is never touched.
 
 Per-layer weights (`keras_layer`, `mtf_to_keras`, `keras_to_mtf`, ...)
 are `thattn.mtf.layer_weights`'s, re-exported here.
 """
 
-import contextlib
-import dataclasses
-import json
 import os
 import re
 
@@ -36,7 +34,7 @@ import tensorflow as tf
 
 from thattn import models
 from thattn import run_dir
-from thattn import staging
+from thattn.converters import model_dir as model_dir_lib
 from thattn.data import tokenizers
 from thattn.mtf import architecture
 from thattn.mtf import model_map
@@ -55,47 +53,10 @@ from thattn.mtf.layer_weights import token_of  # pylint: disable=unused-import
 # T5's vocabulary: 0 pads and starts decoding, 1 ends a sequence.
 T5_EOS_ID = 1
 DEFAULT_SEQUENCE_LENGTH = 512
-CONVERTED_FROM = "converted_from"
+CONVERTED_FROM = model_dir_lib.CONVERTED_FROM
 # converted_from's record of the source's mtf LayerStack layout
 # (architecture.RMS_NORM or LEGACY), which thattn_to_mtf writes back.
 LAYER_STACK = "layer_stack"
-
-
-def _check_output(target, what):
-  """Refuses an output that exists (a file, or a folder not empty) or whose
-  parent cannot be written, before anything is read or written."""
-  target = os.path.abspath(target)
-  if os.path.isfile(target):
-    raise ValueError(f"{what}={target!r} is a file; expected a new folder "
-                     "(nothing was written).")
-  if os.path.isdir(target) and os.listdir(target):
-    raise ValueError(f"{target} exists and is not empty; choose a new "
-                     f"{what} (nothing was written).")
-  existing = os.path.dirname(target)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not (os.path.isdir(existing) and
-          os.access(existing, os.W_OK | os.X_OK)):
-    raise ValueError(f"{what}={target!r}: cannot write into {existing} "
-                     "(permission denied, or not a folder); choose a folder "
-                     "you can write to (nothing was written).")
-
-
-@contextlib.contextmanager
-def _staged(target, what, log=print):
-  """Yields a staging folder that becomes `target` when the block succeeds.
-
-  `thattn.staging`: the folder is `.<name>.incomplete-<pid>` beside target,
-  and what killed conversions into target left there is removed first.
-  """
-  _check_output(target, what)
-  target = os.path.abspath(target)
-  with staging.staged(target, program="thattn-convert", log=log) as folder:
-    yield folder
-    staging.unmark(folder)
-    if os.path.exists(target):
-      os.rmdir(target)  # empty, checked above; fails if a writer came since
-    os.rename(folder, target)
 
 
 def _check_mtf_source(mtf_model_dir):
@@ -173,20 +134,6 @@ def _vocabulary(vocabulary, rows, divisor):
   return tokenizer
 
 
-def _overrides(config):
-  """Every T5Config field as JSON-ready overrides."""
-  overrides = {}
-  for field in dataclasses.fields(config):
-    value = getattr(config, field.name)
-    if isinstance(value, models.AttentionConfig):
-      value = dataclasses.asdict(value)
-    elif isinstance(value, tuple) and value and isinstance(
-        value[0], models.AttentionConfig):
-      value = [dataclasses.asdict(item) for item in value]
-    overrides[field.name] = value
-  return json.loads(json.dumps(overrides))  # tuples -> lists, as on disk
-
-
 def _embedding_name(variables, kind):
   """The name of the model's token embedding in the checkpoint, or None.
 
@@ -248,27 +195,11 @@ def _run_config(config, *, task, sequence_length, tokenizer, source):
       "task": task or ("span_corruption"
                        if config.stacks == "encoder_decoder" else None),
       "preset": "t5_1_1_base" if config.gated_feed_forward else "t5_base",
-      "overrides": _overrides(config), "sequence_length": sequence_length,
+      "overrides": model_dir_lib.overrides(config), "sequence_length": sequence_length,
       # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
       "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
       CONVERTED_FROM: source}
-
-
-def _write_thattn(model_dir, *, keras_model, step, tokenizer, run_config,
-                  log):
-  """The thattn model_dir, staged and renamed into place."""
-  with _staged(model_dir, "--model_dir", log) as folder:
-    # CheckpointManager records relative paths in its `checkpoint` state
-    # file, so tf.train.latest_checkpoint still resolves after the rename.
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(backbone=keras_model),
-        run_dir.path(folder, run_dir.CHECKPOINTS), max_to_keep=1)
-    manager.save(checkpoint_number=step)
-    if tokenizer is not None:
-      tokenizer.save(run_dir.path(folder, run_dir.TOKENIZER))
-    run_dir.write_json(run_dir.path(folder, run_dir.RUN_CONFIG), run_config,
-                       sort_keys=True)
 
 
 def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
@@ -297,7 +228,7 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
     converted; nothing is written then.
   """
   _check_mtf_source(mtf_model_dir)
-  _check_output(model_dir, "--model_dir")
+  model_dir_lib.check_output(model_dir, "--model_dir")
   gin_text, checkpoint, variables, mtf_model, rows = _load_mtf(
       mtf_model_dir, checkpoint_step)
   config, layout = _t5_config(gin_text, mtf_model, rows)
@@ -314,8 +245,8 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
       # The layout is what thattn_to_mtf writes back.
       source={"mtf_model_dir": os.path.abspath(mtf_model_dir),
               "checkpoint": checkpoint, "step": step, LAYER_STACK: layout})
-  _write_thattn(model_dir, keras_model=keras_model, step=step,
-                tokenizer=tokenizer, run_config=run_config, log=log)
+  model_dir_lib.write(model_dir, keras_model=keras_model, step=step,
+                      tokenizer=tokenizer, run_config=run_config, log=log)
   layers = {"encoder_decoder": f"{config.num_layers}+{config.decoder_layers}",
             "decoder": f"decoder-only {config.decoder_layers}",
             "encoder": f"encoder-only {config.num_layers}"}[config.stacks]
@@ -342,7 +273,7 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
     ValueError when the run is not a T5, or has something mtf lacks.
   """
   run_config = _thattn_source(model_dir)
-  _check_output(mtf_model_dir, "--mtf_model_dir")
+  model_dir_lib.check_output(mtf_model_dir, "--mtf_model_dir")
   config = models.model_config(run_config["preset"],
                                **run_config.get("overrides", {}))
   # A converted model goes back in its source's layout (T5 1.0's legacy
@@ -358,7 +289,7 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
                                      keras_model=keras_model)
   match = re.search(r"-(\d+)$", checkpoint)
   step = int(match.group(1)) if match else 0
-  with _staged(mtf_model_dir, "--mtf_model_dir", log) as folder:
+  with model_dir_lib.staged(mtf_model_dir, "--mtf_model_dir", log) as folder:
     mtf_models.write_model_dir(mtf_model_dir=folder, gin_text=gin_text,
                                variables=variables, step=step)
   log(f"Converted {checkpoint} to {mtf_model_dir}: "

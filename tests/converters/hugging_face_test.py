@@ -1,0 +1,252 @@
+"""Hugging Face BERT and ALBERT folders into thattn, against transformers.
+
+Each source is a tiny model that transformers itself makes with random
+weights and saves with `save_pretrained` (safetensors, and the tokenizer
+as transformers 5 writes it: tokenizer.json and tokenizer_config.json).
+The converted thattn backbone's sequence and pooled outputs on a padded
+batch equal transformers' own forward pass (CPU PyTorch) within 1e-5, as
+multi-head attention and as every projected variant started at the
+identity; the converted tokenizer gives transformers' ids on the README's
+sample and the docs/examples texts, lower-cased and cased; what thattn
+cannot represent is refused by name, and nothing is written then.
+"""
+
+import csv
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tests import forkserver
+from thattn import converters
+from thattn import models
+from thattn.data import tokenizers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_VOCAB = 200
+_POSITIONS = 64
+_BERT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2,
+             num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=_POSITIONS, type_vocab_size=2)
+
+
+def sample_texts():
+  """The README's serving sample and the docs/examples sentences."""
+  texts = ["A list holds items."]
+  with open(ROOT / "docs/examples/sst2_sample/train.tsv") as f:
+    texts += [row["sentence"] for row in csv.DictReader(f, delimiter="\t")]
+  with open(ROOT / "docs/examples/squad_sample/dev.json") as f:
+    for article in json.load(f)["data"]:
+      for paragraph in article["paragraphs"]:
+        texts.append(paragraph["context"])
+        texts += [qa["question"] for qa in paragraph["qas"]]
+  return texts
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory):
+  """A small WordPiece vocabulary learned from the sample texts (its
+  special tokens first, as BERT's [PAD], [UNK], ... are placed by name)."""
+  texts = sample_texts()
+  vocab = tokenizers.learn_wordpiece(
+      texts + [text.lower() for text in texts], _VOCAB, lower_case=False,
+      num_sentinels=0).vocab
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  path.write_text("".join(token + "\n" for token in vocab))
+  return path, len(vocab)
+
+
+def _save(folder, model, vocab_file=None, lower_case=True):
+  model.save_pretrained(folder)
+  if vocab_file is not None:
+    transformers.BertTokenizer(str(vocab_file),
+                               do_lower_case=lower_case).save_pretrained(folder)
+  return folder
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, vocab_file):
+  torch.manual_seed(0)
+  config = transformers.BertConfig(**dict(_BERT, vocab_size=vocab_file[1]))
+  model = transformers.BertModel(config).eval()
+  return model, _save(tmp_path_factory.mktemp("hf") / "bert", model,
+                      vocab_file[0])
+
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+  torch.manual_seed(1)
+  config = transformers.AlbertConfig(
+      vocab_size=_VOCAB, embedding_size=16, hidden_size=32,
+      num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+      max_position_embeddings=_POSITIONS)
+  model = transformers.AlbertModel(config).eval()
+  return model, _save(tmp_path_factory.mktemp("hf") / "albert", model)
+
+
+def _batch(vocab_size):
+  """Three rows, two of them padded, with both token types."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, vocab_size, (3, 12)).astype("int32")
+  mask = np.ones((3, 12), "int32")
+  mask[1, 7:] = 0
+  mask[2, 3:] = 0
+  types = np.zeros((3, 12), "int32")
+  types[:, 6:] = 1
+  return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
+
+
+def _assert_same_outputs(source_model, model_dir, vocab_size):
+  batch = _batch(vocab_size)
+  with torch.no_grad():
+    expected = source_model(
+        input_ids=torch.tensor(batch["input_word_ids"], dtype=torch.long),
+        attention_mask=torch.tensor(batch["input_mask"], dtype=torch.long),
+        token_type_ids=torch.tensor(batch["input_type_ids"],
+                                    dtype=torch.long))
+  outputs = models.load(str(model_dir))(batch)
+  for name, value in (("sequence_output", expected.last_hidden_state),
+                      ("pooled_output", expected.pooler_output)):
+    np.testing.assert_allclose(outputs[name].numpy(), value.numpy(),
+                               atol=1e-5, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("attention", converters.ATTENTION_VARIANTS)
+def test_bert_equals_transformers(bert, tmp_path, attention):
+  source_model, folder = bert
+  config = converters.convert(source=str(folder),
+                              model_dir=str(tmp_path / "out"),
+                              attention=attention, log=lambda _: None)
+  assert config.attention.variant == attention
+  assert config.activation == "gelu"  # BERT's exact GELU
+  _assert_same_outputs(source_model, tmp_path / "out",
+                       source_model.config.vocab_size)
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+def test_albert_equals_transformers(albert, tmp_path, attention):
+  source_model, folder = albert
+  config = converters.convert(source=str(folder),
+                              model_dir=str(tmp_path / "out"),
+                              attention=attention, log=lambda _: None)
+  assert (config.share_layers, config.embedding_size) == (True, 16)
+  assert config.activation == "gelu_approximate"  # ALBERT's gelu_new
+  _assert_same_outputs(source_model, tmp_path / "out", _VOCAB)
+
+
+@pytest.mark.parametrize("lower_case", [True, False])
+def test_the_tokenizer_gives_transformers_ids(vocab_file, tmp_path,
+                                              lower_case):
+  torch.manual_seed(0)
+  model = transformers.BertModel(transformers.BertConfig(
+      **dict(_BERT, vocab_size=vocab_file[1])))
+  folder = _save(tmp_path / "bert", model, vocab_file[0], lower_case)
+  converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                     log=lambda _: None)
+  ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+  texts = sample_texts()
+  expected = [theirs(text, add_special_tokens=False)["input_ids"]
+              for text in texts]
+  assert ours.tokenize(texts).to_list() == expected
+  assert sum(ids.count(ours.special.unk) for ids in expected) < len(texts)
+  for name in ("pad", "unk", "cls", "sep", "mask"):
+    token = getattr(theirs, f"{name}_token")
+    assert getattr(ours.special, name) == theirs.convert_tokens_to_ids(token)
+
+
+def _config(folder):
+  return json.loads((folder / "config.json").read_text())
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+    ({"hidden_act": "silu"}, "hidden_act"),
+])
+def test_what_thattn_cannot_represent_is_refused(bert, tmp_path, change,
+                                                 field):
+  folder = tmp_path / "changed"
+  _save(folder, bert[0])
+  (folder / "config.json").write_text(json.dumps(dict(_config(folder),
+                                                      **change)))
+  with pytest.raises(ValueError, match=field):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)
+  assert not (tmp_path / "out").exists()
+
+
+def test_albert_with_several_groups_is_refused(albert, tmp_path):
+  folder = tmp_path / "groups"
+  _save(folder, albert[0])
+  (folder / "config.json").write_text(json.dumps(dict(
+      _config(folder), num_hidden_groups=2)))
+  with pytest.raises(ValueError, match="num_hidden_groups=2"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)
+
+
+def test_a_model_saved_without_its_pooler_is_refused(tmp_path):
+  model = transformers.BertModel(transformers.BertConfig(**_BERT),
+                                 add_pooling_layer=False)
+  folder = _save(tmp_path / "no_pooler", model)
+  with pytest.raises(ValueError, match="pooler.dense.weight"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)
+  assert not (tmp_path / "out").exists()
+
+
+def test_general_bilinear_and_an_existing_output_are_refused(bert, tmp_path):
+  with pytest.raises(ValueError, match="general bilinear"):
+    converters.convert(source=str(bert[1]), model_dir=str(tmp_path / "a"),
+                       attention="general_bilinear", log=lambda _: None)
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "mine.txt").write_text("kept")
+  with pytest.raises(ValueError, match="not empty"):
+    converters.convert(source=str(bert[1]), model_dir=str(tmp_path / "b"),
+                       log=lambda _: None)
+  assert (tmp_path / "b" / "mine.txt").read_text() == "kept"
+
+
+def test_an_unknown_folder_names_the_formats(tmp_path):
+  with pytest.raises(ValueError, match="config.json.*operative_config.gin"):
+    converters.detect(str(tmp_path))
+
+
+def _run(program, *flags):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return forkserver.run(
+      [os.path.join(os.path.dirname(sys.executable), program), *flags],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+      env=env)
+
+
+def test_converted_bert_fine_tunes_with_both_backends(bert, tmp_path):
+  """`thattn-convert --source` as a user runs it, then the README's SST-2
+  fine-tuning from it with --backend=keras and --backend=keras3 (2 steps:
+  the converted weights, tokenizer and run_config.json are what they read),
+  and `thattn-export` of the converted model_dir."""
+  out = tmp_path / "converted"
+  result = _run("thattn-convert", f"--source={bert[1]}",
+                f"--model_dir={out}", "--attention=talking_heads")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "with talking_heads attention, tokenizer written" in result.stdout
+  for backend in ("keras", "keras3"):
+    result = _run(
+        "thattn-train", "--task=classification", "--glue_task=sst2",
+        "--train_files=docs/examples/sst2_sample/train.tsv",
+        "--eval_files=docs/examples/sst2_sample/dev.tsv",
+        f"--init_checkpoint={out}", f"--backend={backend}",
+        f"--model_dir={tmp_path / backend}", f"--sequence_length={_POSITIONS}",
+        "--batch_size=4", "--train_steps=2", "--eval_steps=1",
+        "--eval_every=0", "--log_every=1", "--noexport")
+    assert result.returncode == 0, (backend, result.stderr[-3000:])
+    assert "talking_heads" in result.stdout, result.stdout[-2000:]
+  result = _run("thattn-export", f"--model_dir={out}",
+                f"--export_dir={tmp_path / 'served'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / "served" / "saved_model.pb").exists()

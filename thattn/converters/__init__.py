@@ -1,0 +1,123 @@
+"""Checkpoints people already have, as thattn model_dirs (`thattn-convert`).
+
+    from thattn import converters
+    converters.convert(source="bert-base-uncased", model_dir="runs/bert",
+                       attention="talking_heads")
+    model = thattn.models.load("runs/bert")
+
+One module per source format, each a name-and-shape map (`weights.Rule`s)
+over one mechanism (`weights.plan`: every weight filled once, every source
+array used or dropped by name, every shape checked, before anything is
+written) and one writer (`model_dir.write`: staged, whole or nothing):
+
+- `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
+  model.safetensors or pytorch_model.bin, the tokenizer files);
+- Mesh TensorFlow model_dirs (T5's released checkpoints) are
+  `thattn.mtf.convert`'s, over the same writer; `thattn-convert` finds
+  which format a folder holds (`detect`) and dispatches.
+
+A projected variant (`attention="talking_heads"`, "project_logits",
+"project_weights", "dynamic") starts from the multi-head source at the
+identity: P_l = P_w = I and the dynamic projections at zero, so the
+converted model's outputs equal the source's, and fine-tuning trains the
+mixes from there.
+"""
+
+import os
+
+from thattn import models
+from thattn import run_dir
+from thattn.converters import hugging_face
+from thattn.converters import model_dir as model_dir_lib
+from thattn.converters import weights as weights_lib
+
+HUGGING_FACE = "hugging_face"
+MTF = "mtf"
+FORMATS = (HUGGING_FACE, MTF)
+# What a multi-head source can start: every variant whose extra weights
+# have an identity start. General bilinear attention has no weights of
+# multi-head's shape to start from.
+ATTENTION_VARIANTS = ("multi_head", "talking_heads", "project_logits",
+                      "project_weights", "dynamic")
+# A converted BERT or ALBERT is a masked-LM backbone to fine-tune; its
+# run_config.json names the preset whose fields the overrides all set.
+_PRESETS = {"bert": "bert_base", "albert": "albert_base"}
+
+
+def detect(source):
+  """The format of the folder `source`, or ValueError saying what each
+  format's files are."""
+  if not os.path.isdir(source):
+    raise ValueError(f"--source={source!r} is not a folder; expected a "
+                     "Hugging Face BERT or ALBERT folder or a Mesh "
+                     "TensorFlow model_dir.")
+  if hugging_face.is_source(source):
+    return HUGGING_FACE
+  if os.path.isfile(os.path.join(source, "operative_config.gin")):
+    return MTF
+  raise ValueError(
+      f"--source={source!r}: no known format found (looked for a Hugging "
+      "Face config.json with model_type bert or albert, and Mesh "
+      "TensorFlow's operative_config.gin); name it with --source_format.")
+
+
+def _check_attention(attention):
+  if attention not in ATTENTION_VARIANTS:
+    raise ValueError(
+        f"attention={attention!r}: a multi-head checkpoint starts only "
+        f"{list(ATTENTION_VARIANTS)} at its own outputs (general bilinear "
+        "attention has no weights of multi-head attention's shape).")
+
+
+def convert(*, source, model_dir, attention="multi_head", source_format=None,
+            log=print):
+  """Writes the thattn model_dir of a BERT or ALBERT checkpoint folder.
+
+  Args:
+    source: the folder to read.
+    model_dir: the thattn model_dir to write; must not exist or be empty.
+    attention: the thattn variant to convert into; the projected ones
+      start at the identity (the module says why).
+    source_format: one of FORMATS but MTF (which `thattn.mtf.convert`
+      converts); None finds it from the files.
+    log: where progress lines go.
+
+  Returns:
+    The thattn BertConfig.
+
+  Raises:
+    ValueError naming the file, field or weight that cannot be converted;
+    nothing is written then.
+  """
+  model_dir_lib.check_output(model_dir, "--model_dir")
+  _check_attention(attention)
+  source_format = source_format or detect(source)
+  if source_format != HUGGING_FACE:
+    raise ValueError(f"--source_format={source_format!r}: this converts "
+                     f"{HUGGING_FACE!r}; Mesh TensorFlow model_dirs are "
+                     "thattn.mtf.convert.mtf_to_thattn's.")
+  hf_config = hugging_face.read_config(source)
+  config = hugging_face.bert_config(hf_config, source, attention)
+  arrays = hugging_face.read_arrays(source)
+  model = models.build_model(config)
+  values = weights_lib.plan(
+      model, arrays, hugging_face.rules(config, hf_config["model_type"]),
+      dropped=hugging_face.DROPPED, source=source)
+  weights_lib.assign(model, values)
+  tokenizer = hugging_face.tokenizer(source, hf_config)
+  run_config = {
+      "task": "mlm", "preset": _PRESETS[hf_config["model_type"]],
+      "overrides": model_dir_lib.overrides(config),
+      "sequence_length": config.max_position_embeddings,
+      "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
+      model_dir_lib.CONVERTED_FROM: {
+          "source": os.path.abspath(source), "format": source_format,
+          "model_type": hf_config["model_type"], "attention": attention}}
+  model_dir_lib.write(model_dir, keras_model=model, step=0,
+                      tokenizer=tokenizer, run_config=run_config, log=log)
+  log(f"Converted {source} ({source_format}, {hf_config['model_type']}: "
+      f"{config.num_layers} layers, d_model {config.d_model}, "
+      f"{config.attention.num_heads} heads, vocabulary {config.vocab_size}) "
+      f"to {model_dir} with {attention} attention"
+      f"{', tokenizer written' if tokenizer else ', no tokenizer'}.")
+  return config

@@ -1,0 +1,293 @@
+"""Hugging Face BERT and ALBERT folders (what `save_pretrained` writes).
+
+A folder holds `config.json` (`model_type` "bert" or "albert"), the
+weights as `model.safetensors` (or sharded, with
+`model.safetensors.index.json`), or as `pytorch_model.bin` where PyTorch
+is installed, and the tokenizer: BERT's `vocab.txt` (WordPiece, cased or
+not as `tokenizer_config.json`'s `do_lower_case` says) or ALBERT's
+`spiece.model` (SentencePiece).
+
+What carries over, field by field (thattn's `BertConfig`): the sizes, the
+activation (`gelu` is GELU's exact form, `gelu_new` and
+`gelu_pytorch_tanh` its tanh form), `layer_norm_eps`, ALBERT's
+`embedding_size` and its one shared layer. The weights map without
+loss: a PyTorch Linear's [out, in] weight is the kernel transposed, the
+query, key and value kernels split their output into [h, d_k] head-major
+(as BERT's attention does), and 1/sqrt(d_k), which BERT applies to the
+logits at run time, is folded into the query kernel and bias, as thattn
+never scales at run time. A source thattn cannot represent is refused
+with a ValueError naming the field: another `position_embedding_type`
+than "absolute", ALBERT's `num_hidden_groups` or `inner_group_num` above
+1, an activation it lacks, a model saved without its pooler.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from thattn import models
+from thattn.converters import weights as weights_lib
+from thattn.data import tokenizers
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+FAST_TOKENIZER = "tokenizer.json"
+MODEL_TYPES = ("bert", "albert")
+# config.json's hidden_act -> thattn's BertConfig.activation.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
+               "gelu_pytorch_tanh": "gelu_approximate",
+               "gelu_fast": "gelu_approximate", "relu": "relu"}
+# What a task model saves beside the encoder (the masked-LM and
+# next-sentence / sentence-order heads, a classifier, a span head), and
+# buffers that are not weights: none is part of thattn's backbone.
+DROPPED = (r"cls\..*", r"predictions\..*", r"sop_classifier\..*",
+           r"classifier\..*", r"qa_outputs\..*", r".*\.position_ids",
+           r".*\.token_type_ids")
+
+
+def is_source(path):
+  """Whether `path` is a Hugging Face BERT or ALBERT folder."""
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    return False
+  try:
+    with open(config_path) as f:
+      return json.load(f).get("model_type") in MODEL_TYPES
+  except (ValueError, OSError):
+    return False
+
+
+def read_config(path):
+  with open(os.path.join(path, CONFIG_FILE)) as f:
+    return json.load(f)
+
+
+def _field(hf_config, name, path):
+  if name not in hf_config:
+    raise ValueError(f"{os.path.join(path, CONFIG_FILE)} has no {name!r}; "
+                     "expected a BERT or ALBERT config.json.")
+  return hf_config[name]
+
+
+def bert_config(hf_config, path, attention="multi_head"):
+  """thattn's BertConfig for a config.json, or ValueError naming the field
+  thattn cannot represent."""
+  where = os.path.join(path, CONFIG_FILE)
+  model_type = _field(hf_config, "model_type", path)
+  checks = {"position_embedding_type": ("absolute",)}
+  if model_type == "albert":
+    checks.update(num_hidden_groups=(1,), inner_group_num=(1,))
+  for name, allowed in checks.items():
+    value = hf_config.get(name, allowed[0])
+    if value not in allowed:
+      raise ValueError(f"{where}: {name}={value!r}; thattn represents only "
+                       f"{name}={allowed[0]!r} (nothing was written).")
+  activation = _field(hf_config, "hidden_act", path)
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"{where}: hidden_act={activation!r}; thattn has "
+                     f"{sorted(ACTIVATIONS)} (nothing was written).")
+  width = _field(hf_config, "hidden_size", path)
+  heads = _field(hf_config, "num_attention_heads", path)
+  if width % heads:
+    raise ValueError(f"{where}: hidden_size={width} is not a multiple of "
+                     f"num_attention_heads={heads}.")
+  return models.BertConfig(
+      vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
+      num_layers=_field(hf_config, "num_hidden_layers", path),
+      d_ff=_field(hf_config, "intermediate_size", path),
+      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+                                       key_dim=width // heads),
+      embedding_size=(_field(hf_config, "embedding_size", path)
+                      if model_type == "albert" else None),
+      share_layers=model_type == "albert",
+      max_position_embeddings=_field(hf_config, "max_position_embeddings",
+                                     path),
+      type_vocab_size=_field(hf_config, "type_vocab_size", path),
+      activation=ACTIVATIONS[activation],
+      dropout_rate=hf_config.get("hidden_dropout_prob", 0.1),
+      layer_norm_epsilon=hf_config.get("layer_norm_eps", 1e-12),
+      initializer_range=hf_config.get("initializer_range", 0.02))
+
+
+def read_arrays(path):
+  """{name: float32 array} of the folder's weights, without the model
+  type's prefix (`bert.`, `albert.`), which task models add."""
+  index = os.path.join(path, SAFETENSORS_INDEX)
+  if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)) or os.path.isfile(
+      index):
+    from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+    files = [SAFETENSORS_FILE]
+    if os.path.isfile(index):
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    arrays = {}
+    for name in files:
+      arrays.update(safetensors_numpy.load_file(os.path.join(path, name)))
+  elif os.path.isfile(os.path.join(path, TORCH_FILE)):
+    arrays = _torch_arrays(os.path.join(path, TORCH_FILE))
+  else:
+    raise ValueError(f"{path} holds neither {SAFETENSORS_FILE} nor "
+                     f"{TORCH_FILE}; expected a folder save_pretrained "
+                     "wrote.")
+  prefixes = tuple(f"{model_type}." for model_type in MODEL_TYPES)
+  return {(name.split(".", 1)[1] if name.startswith(prefixes) else name):
+          np.asarray(value, np.float32) for name, value in arrays.items()}
+
+
+def _torch_arrays(file_path):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(
+        f"{file_path} is a PyTorch pickle, which needs PyTorch to read: "
+        "pip install 'thattn[torch]', or save the model as "
+        "model.safetensors (save_pretrained's default).") from None
+  state = torch.load(file_path, map_location="cpu", weights_only=True)
+  return {name: value.float().numpy() for name, value in state.items()}
+
+
+def _heads(heads, scale=1.0):
+  """[h*d_k, in] Linear weight -> [in, h, d_k] kernel (times scale); a
+  [h*d_k] bias -> [h, d_k]."""
+  def transform(array):
+    array = np.asarray(array) * scale
+    if array.ndim == 1:
+      return array.reshape(heads, -1)
+    return array.T.reshape(array.shape[1], heads, -1)
+  return transform
+
+
+def _from_heads(heads):
+  """[out, h*d_v] Linear weight -> [h, d_v, out] kernel."""
+  return lambda array: np.asarray(array).T.reshape(heads, -1,
+                                                   np.shape(array)[0])
+
+
+def _dense(prefix, source, kernel=weights_lib.transpose):
+  return [weights_lib.Rule(f"{prefix}/kernel", f"{source}.weight", kernel),
+          weights_lib.Rule(f"{prefix}/bias", f"{source}.bias")]
+
+
+def _norm(prefix, source):
+  return [weights_lib.Rule(f"{prefix}/gamma", f"{source}.weight"),
+          weights_lib.Rule(f"{prefix}/beta", f"{source}.bias")]
+
+
+def _block(block, attention, names, heads, key_dim):
+  """The rules of one encoder layer; `names` holds the source's names of
+  its parts (BERT's and ALBERT's differ)."""
+  query_scale = key_dim ** -0.5
+  rules = []
+  for part, scale in (("query", query_scale), ("key", 1.0), ("value", 1.0)):
+    source = f"{names['attention']}.{part}"
+    rules += [
+        weights_lib.Rule(f"{attention}/{part}/kernel", f"{source}.weight",
+                         _heads(heads, scale)),
+        weights_lib.Rule(f"{attention}/{part}/bias", f"{source}.bias",
+                         _heads(heads, scale))]
+  rules += _dense(f"{attention}/output", names["attention_output"],
+                  _from_heads(heads))
+  rules += _norm(f"{block}/attention_norm", names["attention_norm"])
+  rules += _dense(f"{block}/feed_forward/input", names["ff_input"])
+  rules += _dense(f"{block}/feed_forward/output", names["ff_output"])
+  rules += _norm(f"{block}/feed_forward_norm", names["ff_norm"])
+  return rules
+
+
+def rules(config, model_type):
+  """Every Rule of a BERT or ALBERT of this thattn config."""
+  heads = config.attention.num_heads
+  key_dim = config.d_model // heads
+  result = [
+      weights_lib.Rule("word_embeddings/embeddings",
+                       "embeddings.word_embeddings.weight"),
+      weights_lib.Rule("position_embedding/embeddings",
+                       "embeddings.position_embeddings.weight"),
+      weights_lib.Rule("type_embeddings/embeddings",
+                       "embeddings.token_type_embeddings.weight")]
+  result += _norm("embedding_norm", "embeddings.LayerNorm")
+  result += _dense("pooler/dense", "pooler.dense" if model_type == "bert"
+                   else "pooler")
+  if model_type == "albert":
+    result += _dense("embedding_projection",
+                     "encoder.embedding_hidden_mapping_in")
+    layer = "encoder.albert_layer_groups.0.albert_layers.0"
+    names = {"attention": f"{layer}.attention",
+             "attention_output": f"{layer}.attention.dense",
+             "attention_norm": f"{layer}.attention.LayerNorm",
+             "ff_input": f"{layer}.ffn", "ff_output": f"{layer}.ffn_output",
+             "ff_norm": f"{layer}.full_layer_layer_norm"}
+    return result + _block("shared_block", "shared_block/attention/attention",
+                           names, heads, key_dim)
+  for index in range(config.num_layers):
+    layer = f"encoder.layer.{index}"
+    names = {"attention": f"{layer}.attention.self",
+             "attention_output": f"{layer}.attention.output.dense",
+             "attention_norm": f"{layer}.attention.output.LayerNorm",
+             "ff_input": f"{layer}.intermediate.dense",
+             "ff_output": f"{layer}.output.dense",
+             "ff_norm": f"{layer}.output.LayerNorm"}
+    result += _block(f"block_{index}", f"block_{index}/attention/attention",
+                     names, heads, key_dim)
+  return result
+
+
+def _read_json(path, name):
+  file_path = os.path.join(path, name)
+  if not os.path.isfile(file_path):
+    return {}
+  with open(file_path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _wordpiece_vocab(path):
+  """The WordPiece vocabulary in id order, from vocab.txt or from the fast
+  tokenizer's tokenizer.json (what transformers 5 saves); None if neither."""
+  if os.path.isfile(os.path.join(path, VOCAB_FILE)):
+    with open(os.path.join(path, VOCAB_FILE), encoding="utf-8") as f:
+      return f.read().splitlines()
+  model = _read_json(path, FAST_TOKENIZER).get("model")
+  if not model:
+    return None
+  if model.get("type") != "WordPiece":
+    raise ValueError(f"{os.path.join(path, FAST_TOKENIZER)}: a "
+                     f"{model.get('type')!r} tokenizer; BERT's is WordPiece.")
+  by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+  if [index for _, index in by_id] != list(range(len(by_id))):
+    raise ValueError(f"{os.path.join(path, FAST_TOKENIZER)}: the "
+                     "vocabulary's ids are not 0..n-1.")
+  return [token for token, _ in by_id]
+
+
+def _lower_case(path):
+  """BERT's casing: tokenizer_config.json's do_lower_case, else the fast
+  tokenizer's normalizer; accents are stripped exactly when lower-casing
+  (tensorflow-text's BertTokenizer ties the two, as BERT's default does)."""
+  settings = _read_json(path, TOKENIZER_CONFIG)
+  normalizer = _read_json(path, FAST_TOKENIZER).get("normalizer") or {}
+  lower = settings.get("do_lower_case", normalizer.get("lowercase", True))
+  strip = settings.get("strip_accents", normalizer.get("strip_accents"))
+  if strip not in (None, lower):
+    raise ValueError(
+        f"{path}: strip_accents={strip!r} with do_lower_case={lower!r}; "
+        "thattn's WordPiece tokenizer strips accents exactly when it "
+        "lower-cases (nothing was written).")
+  return lower
+
+
+def tokenizer(path, hf_config):
+  """BERT's WordPiece tokenizer (its [PAD], [UNK], [CLS], [SEP] and [MASK]
+  ids from the vocabulary), or None where the folder has no tokenizer
+  files or is an ALBERT (its SentencePiece tokenizer is not carried over
+  yet)."""
+  if hf_config["model_type"] != "bert":
+    return None
+  vocab = _wordpiece_vocab(path)
+  if vocab is None:
+    return None
+  return tokenizers.WordpieceTokenizer(vocab, lower_case=_lower_case(path))

@@ -1,0 +1,116 @@
+"""The mechanism every source format shares: a name-and-shape map.
+
+A format reads its checkpoint into `{source name: array}` and says, with
+`Rule`s, which source array fills each thattn weight and how (a transpose,
+a reshape into heads, the folded 1/sqrt(d_k)). `assign` checks the whole
+map before it writes a single weight:
+
+- every weight of the thattn model is filled exactly once, by a rule or by
+  the identity start of a projected variant (`identity_start`);
+- every source array is used by a rule, or dropped by a name the format
+  lists (a task head, an optimizer slot, a buffer), so nothing is lost
+  silently;
+- each transformed array has its weight's shape;
+
+and raises one ValueError naming every mismatch (the weights, the source
+names, the shapes). Weights are named as in the tf_keras model without
+the ":0" (`block_0/attention/attention/query/kernel`).
+"""
+
+import dataclasses
+import re
+from typing import Callable
+
+import numpy as np
+
+# The tokens of a projected variant's weights that the source, a multi-head
+# model, has no value for: P_l and P_w start at the identity and the dynamic
+# projections at zero, so the converted model computes multi-head attention
+# exactly (the paper's Section 4: P_l = P_w = I is multi-head attention).
+IDENTITY_TOKENS = ("pre_softmax_projection", "post_softmax_projection")
+ZERO_TOKENS = ("x2l", "m2l", "x2w", "m2w")
+
+
+def _keep(array):
+  return array
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """thattn weight `target` <- `transform(arrays[source])`."""
+  target: str
+  source: str
+  transform: Callable[[np.ndarray], np.ndarray] = _keep
+
+
+def transpose(array):
+  """A PyTorch Linear's [out, in] weight as a Keras kernel [in, out]."""
+  return np.asarray(array).T
+
+
+def weight_names(model):
+  """{name without ':0': variable} of a tf_keras model, in order."""
+  return {re.sub(r":\d+$", "", weight.name): weight for weight in model.weights}
+
+
+def identity_start(names):
+  """{name: array} for the weights of `names` (name -> shape) that a
+  multi-head source has no value for: identity P_l and P_w, zero dynamic
+  projections. Raises ValueError for a P_l or P_w that is not square
+  (h_k, h and h_v must be equal to start from multi-head attention)."""
+  start = {}
+  for name, shape in names.items():
+    parts = name.split("/")  # `.../pre_softmax_projection`, `.../x2l/kernel`
+    if parts[-1] in IDENTITY_TOKENS:
+      if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(
+            f"{name} has shape {list(shape)}; an identity start needs h_k = "
+            "h = h_v (a square projection) to equal the multi-head source.")
+      start[name] = np.eye(shape[0], dtype=np.float32)
+    elif set(parts[-2:]) & set(ZERO_TOKENS):
+      start[name] = np.zeros(shape, np.float32)
+  return start
+
+
+def plan(model, arrays, rules, *, dropped=(), source="the source"):
+  """{weight name: array} for every weight of `model`, checked as the
+  module says; `dropped` are regular expressions of source names that are
+  meant to be left out. Raises ValueError naming every mismatch."""
+  weights = weight_names(model)
+  shapes = {name: tuple(weight.shape) for name, weight in weights.items()}
+  values, problems = {}, []
+  for rule in rules:
+    if rule.target not in shapes:
+      problems.append(f"{rule.target} (from {rule.source}) is not a weight "
+                      "of the thattn model")
+    elif rule.target in values:
+      problems.append(f"{rule.target} is filled twice")
+    elif rule.source not in arrays:
+      problems.append(f"{source} has no {rule.source} (for {rule.target})")
+    else:
+      value = np.asarray(rule.transform(arrays[rule.source]), np.float32)
+      if value.shape != shapes[rule.target]:
+        problems.append(
+            f"{rule.source} {list(np.shape(arrays[rule.source]))} gives "
+            f"{list(value.shape)} for {rule.target}, which is "
+            f"{list(shapes[rule.target])}")
+      values[rule.target] = value
+  values.update({name: value for name, value in identity_start(
+      {name: shape for name, shape in shapes.items()
+       if name not in values}).items()})
+  problems += [f"{name} {list(shapes[name])} has no value in {source}"
+               for name in shapes if name not in values]
+  used = {rule.source for rule in rules}
+  problems += [f"{source}'s {name} is used by no weight" for name in arrays
+               if name not in used and
+               not any(re.fullmatch(pattern, name) for pattern in dropped)]
+  if problems:
+    raise ValueError(f"Cannot convert {source}: " + "; ".join(problems) +
+                     " (nothing was written).")
+  return values
+
+
+def assign(model, values):
+  """Writes `plan`'s values into the model's weights."""
+  for name, weight in weight_names(model).items():
+    weight.assign(values[name])
