@@ -12,6 +12,8 @@ written) and one writer (`model_dir.write`: staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
+- `keras_hub`: a KerasHub `BertBackbone` preset (config.json,
+  model.weights.h5, the tokenizer's vocabulary);
 - Mesh TensorFlow model_dirs (T5's released checkpoints) are
   `thattn.mtf.convert`'s, over the same writer; `thattn-convert` finds
   which format a folder holds (`detect`) and dispatches.
@@ -28,12 +30,16 @@ import os
 from thattn import models
 from thattn import run_dir
 from thattn.converters import hugging_face
+from thattn.converters import keras_hub
 from thattn.converters import model_dir as model_dir_lib
 from thattn.converters import weights as weights_lib
 
 HUGGING_FACE = "hugging_face"
+KERAS_HUB = "keras_hub"
 MTF = "mtf"
-FORMATS = (HUGGING_FACE, MTF)
+FORMATS = (HUGGING_FACE, KERAS_HUB, MTF)
+# The format modules (each reads a folder as a weights.Source).
+_READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub}
 # What a multi-head source can start: every variant whose extra weights
 # have an identity start. General bilinear attention has no weights of
 # multi-head's shape to start from.
@@ -53,12 +59,15 @@ def detect(source):
                      "TensorFlow model_dir.")
   if hugging_face.is_source(source):
     return HUGGING_FACE
+  if keras_hub.is_source(source):
+    return KERAS_HUB
   if os.path.isfile(os.path.join(source, "operative_config.gin")):
     return MTF
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
-      "Face config.json with model_type bert or albert, and Mesh "
-      "TensorFlow's operative_config.gin); name it with --source_format.")
+      "Face config.json with model_type bert or albert, a KerasHub "
+      "config.json of a BertBackbone, and Mesh TensorFlow's "
+      "operative_config.gin); name it with --source_format.")
 
 
 def _check_attention(attention):
@@ -92,30 +101,26 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
   model_dir_lib.check_output(model_dir, "--model_dir")
   _check_attention(attention)
   source_format = source_format or detect(source)
-  if source_format != HUGGING_FACE:
+  if source_format not in _READERS:
     raise ValueError(f"--source_format={source_format!r}: this converts "
-                     f"{HUGGING_FACE!r}; Mesh TensorFlow model_dirs are "
+                     f"{sorted(_READERS)}; Mesh TensorFlow model_dirs are "
                      "thattn.mtf.convert.mtf_to_thattn's.")
-  hf_config = hugging_face.read_config(source)
-  config = hugging_face.bert_config(hf_config, source, attention)
-  arrays = hugging_face.read_arrays(source)
+  read = _READERS[source_format].read(source, attention)
+  config, tokenizer = read.config, read.tokenizer
   model = models.build_model(config)
-  values = weights_lib.plan(
-      model, arrays, hugging_face.rules(config, hf_config["model_type"]),
-      dropped=hugging_face.DROPPED, source=source)
-  weights_lib.assign(model, values)
-  tokenizer = hugging_face.tokenizer(source, hf_config)
+  weights_lib.assign(model, weights_lib.plan(
+      model, read.arrays, read.rules, dropped=read.dropped, source=source))
   run_config = {
-      "task": "mlm", "preset": _PRESETS[hf_config["model_type"]],
+      "task": "mlm", "preset": _PRESETS[read.family],
       "overrides": model_dir_lib.overrides(config),
       "sequence_length": config.max_position_embeddings,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
       model_dir_lib.CONVERTED_FROM: {
           "source": os.path.abspath(source), "format": source_format,
-          "model_type": hf_config["model_type"], "attention": attention}}
+          "model_type": read.family, "attention": attention}}
   model_dir_lib.write(model_dir, keras_model=model, step=0,
                       tokenizer=tokenizer, run_config=run_config, log=log)
-  log(f"Converted {source} ({source_format}, {hf_config['model_type']}: "
+  log(f"Converted {source} ({source_format}, {read.family}: "
       f"{config.num_layers} layers, d_model {config.d_model}, "
       f"{config.attention.num_heads} heads, vocabulary {config.vocab_size}) "
       f"to {model_dir} with {attention} attention"

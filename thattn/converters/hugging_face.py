@@ -264,20 +264,15 @@ def _wordpiece_vocab(path):
   return [token for token, _ in by_id]
 
 
-def _lower_case(path):
-  """BERT's casing: tokenizer_config.json's do_lower_case, else the fast
-  tokenizer's normalizer; accents are stripped exactly when lower-casing
-  (tensorflow-text's BertTokenizer ties the two, as BERT's default does)."""
+def _casing(path):
+  """(lower_case, strip_accents) of BERT's tokenizer: tokenizer_config.json's
+  do_lower_case and strip_accents, else the fast tokenizer's normalizer
+  (strip_accents None: stripped exactly when lower-casing, BERT's rule)."""
   settings = _read_json(path, TOKENIZER_CONFIG)
   normalizer = _read_json(path, FAST_TOKENIZER).get("normalizer") or {}
   lower = settings.get("do_lower_case", normalizer.get("lowercase", True))
-  strip = settings.get("strip_accents", normalizer.get("strip_accents"))
-  if strip not in (None, lower):
-    raise ValueError(
-        f"{path}: strip_accents={strip!r} with do_lower_case={lower!r}; "
-        "thattn's WordPiece tokenizer strips accents exactly when it "
-        "lower-cases (nothing was written).")
-  return lower
+  return lower, settings.get("strip_accents",
+                             normalizer.get("strip_accents"))
 
 
 def tokenizer(path, hf_config):
@@ -290,4 +285,16 @@ def tokenizer(path, hf_config):
   vocab = _wordpiece_vocab(path)
   if vocab is None:
     return None
-  return tokenizers.WordpieceTokenizer(vocab, lower_case=_lower_case(path))
+  lower_case, strip_accents = _casing(path)
+  return tokenizers.WordpieceTokenizer(vocab, lower_case=lower_case,
+                                       strip_accents=strip_accents)
+
+
+def read(path, attention):
+  """The folder as a `weights.Source`."""
+  hf_config = read_config(path)
+  config = bert_config(hf_config, path, attention)
+  family = hf_config["model_type"]
+  return weights_lib.Source(
+      config=config, arrays=read_arrays(path), rules=rules(config, family),
+      dropped=DROPPED, tokenizer=tokenizer(path, hf_config), family=family)

@@ -43,6 +43,20 @@ class Rule:
   transform: Callable[[np.ndarray], np.ndarray] = _keep
 
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """What a format module reads from a checkpoint folder: the thattn
+  config, the arrays by source name, the rules, the source names it drops
+  on purpose (regular expressions), the tokenizer (or None) and the model
+  family ("bert", "albert")."""
+  config: object
+  arrays: dict
+  rules: list
+  dropped: tuple
+  tokenizer: object
+  family: str
+
+
 def transpose(array):
   """A PyTorch Linear's [out, in] weight as a Keras kernel [in, out]."""
   return np.asarray(array).T

@@ -26,7 +26,6 @@ reads them back.
 """
 
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -36,6 +35,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from thattn import write_failures
+from thattn.data import cache_digest
 
 CONFIG_FILE = "tokenizer.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
@@ -116,11 +116,21 @@ class WordpieceTokenizer(Tokenizer):
   The vocabulary must contain BERT_SPECIAL_TOKENS and the sentinels.
   `detokenize` joins words with single spaces, so a round trip gives the text
   as BERT's basic tokenizer splits it (lowercased when lower_case).
+
+  `strip_accents`: None, BERT's own rule, strips accents exactly when
+  lower-casing (tensorflow-text does both in one step). True or False
+  sets it apart, as KerasHub's and some Hugging Face tokenizers do
+  (KerasHub's BERT lower-cases and keeps accents): the text is then
+  case-folded (`case_fold_utf8`) and accent-stripped (NFD, marks dropped)
+  before BERT's splitting, and offsets count bytes of that text, which
+  equal the input's wherever folding keeps each character's length (all
+  of ASCII).
   """
 
   kind = "wordpiece"
 
-  def __init__(self, vocab, *, lower_case=True, num_sentinels=0, name=None):
+  def __init__(self, vocab, *, lower_case=True, strip_accents=None,
+               num_sentinels=0, name=None):
     vocab = [str(token) for token in vocab]
     index = {token: i for i, token in enumerate(vocab)}
     wanted = BERT_SPECIAL_TOKENS + sentinel_tokens(num_sentinels)
@@ -134,15 +144,30 @@ class WordpieceTokenizer(Tokenizer):
     super().__init__(len(vocab), special, name=name)
     self.vocab = vocab
     self.lower_case = lower_case
+    self.strip_accents = strip_accents
     self.num_sentinels = num_sentinels
     table = tf.lookup.StaticVocabularyTable(
         tf.lookup.KeyValueTensorInitializer(
             vocab, tf.range(len(vocab), dtype=tf.int64)), num_oov_buckets=1)
-    self._bert = tf_text.BertTokenizer(table, lower_case=lower_case,
-                                       unknown_token="[UNK]")
+    # BERT's rule in one step; otherwise folded and stripped by _normalize.
+    self._together = strip_accents in (None, lower_case)
+    self._bert = tf_text.BertTokenizer(
+        table, lower_case=lower_case if self._together else False,
+        unknown_token="[UNK]")
+
+  def _normalize(self, strings):
+    if self._together:
+      return strings
+    if self.lower_case:
+      strings = tf_text.case_fold_utf8(strings)
+    if self.strip_accents:
+      strings = tf.strings.regex_replace(
+          tf_text.normalize_utf8(strings, "NFD"), r"\p{Mn}", "")
+    return strings
 
   def _tokenize_with_offsets(self, strings):
-    ids, starts, ends = self._bert.tokenize_with_offsets(strings)
+    ids, starts, ends = self._bert.tokenize_with_offsets(
+        self._normalize(strings))
     return (tf.cast(ids.merge_dims(-2, -1), tf.int32),
             starts.merge_dims(-2, -1), ends.merge_dims(-2, -1))
 
@@ -151,8 +176,12 @@ class WordpieceTokenizer(Tokenizer):
     return tf.strings.reduce_join(words, axis=-1, separator=" ")
 
   def _config(self):
-    return {"lower_case": self.lower_case, "num_sentinels": self.num_sentinels,
-            "vocab_file": WORDPIECE_VOCAB_FILE}
+    config = {"lower_case": self.lower_case,
+              "num_sentinels": self.num_sentinels,
+              "vocab_file": WORDPIECE_VOCAB_FILE}
+    if self.strip_accents is not None:  # folders without it: BERT's rule
+      config["strip_accents"] = self.strip_accents
+    return config
 
   def _save_vocabulary(self, directory):
     with tf.io.gfile.GFile(os.path.join(directory, WORDPIECE_VOCAB_FILE),
@@ -326,6 +355,7 @@ def load(directory, *, vocab_size=None):
                        f"{len(vocab)} tokens as rows, not vocab_size="
                        f"{vocab_size}.")
     return WordpieceTokenizer(vocab, lower_case=config["lower_case"],
+                              strip_accents=config.get("strip_accents"),
                               num_sentinels=config["num_sentinels"])
   vocab_size = vocab_size or config.get("vocab_size")
   if config.get("kind") in (SentencepieceTokenizer.kind,
@@ -415,7 +445,7 @@ def default_tokenizer(kind="wordpiece", vocab_size=8000, cache=None):
   directory = os.path.join(corpus.corpus_dir(cache),
                            f"tokenizer-{kind}-{vocab_size}")
   if tf.io.gfile.exists(directory):
-    damage = _cache_damage(directory)
+    damage = cache_digest.damage(directory)
     if damage is None:
       return load(directory)
     # thattn's own cache entry, named by kind and size: learned again.
@@ -441,7 +471,7 @@ def _cache(tokenizer, directory):
   try:
     with write_failures.cache_writes(os.path.dirname(directory)):
       tokenizer.save(staging)
-      _write_cache_digest(staging)
+      cache_digest.write(staging)
   except write_failures.WriteFailed:
     if tf.io.gfile.exists(staging):
       tf.io.gfile.rmtree(staging)
@@ -451,41 +481,5 @@ def _cache(tokenizer, directory):
   except (tf.errors.OpError, OSError):
     # Another process put its (identical) tokenizer there first.
     tf.io.gfile.rmtree(staging)
-    if _cache_damage(directory) is not None:
+    if cache_digest.damage(directory) is not None:
       raise
-
-
-# A cached tokenizer's {file name: SHA-256}, written last into its folder.
-_CACHE_DIGEST = "cache_digest.json"
-
-
-def _write_cache_digest(directory):
-  digests = {name: _sha256(os.path.join(directory, name))
-             for name in sorted(tf.io.gfile.listdir(directory))}
-  with tf.io.gfile.GFile(os.path.join(directory, _CACHE_DIGEST), "w") as f:
-    f.write(json.dumps(digests, indent=1, sort_keys=True) + "\n")
-
-
-def _cache_damage(directory):
-  """What does not match a cached tokenizer's digest, or None."""
-  digest_path = os.path.join(directory, _CACHE_DIGEST)
-  if not tf.io.gfile.exists(digest_path):
-    return (f"it has no {_CACHE_DIGEST} (written by an older thattn, or cut "
-            "short)")
-  try:
-    with tf.io.gfile.GFile(digest_path, "rb") as f:
-      digests = json.loads(f.read().decode("utf-8"))
-    names = set(tf.io.gfile.listdir(directory)) - {_CACHE_DIGEST}
-    if not isinstance(digests, dict) or set(digests) != names:
-      return f"its files are not those {_CACHE_DIGEST} lists"
-    for name, digest in digests.items():
-      if _sha256(os.path.join(directory, name)) != digest:
-        return f"{name} does not match {_CACHE_DIGEST}"
-  except (tf.errors.OpError, OSError, ValueError) as error:
-    return f"{type(error).__name__}: {error}"
-  return None
-
-
-def _sha256(path):
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()

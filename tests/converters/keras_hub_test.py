@@ -1,0 +1,69 @@
+"""KerasHub BertBackbone presets into thattn, against KerasHub itself.
+
+The source is a tiny `BertBackbone` that KerasHub makes with random weights
+and saves with `save_to_preset`, with a `BertTokenizer` saved beside it.
+The converted thattn backbone's sequence and pooled outputs on a padded
+batch equal KerasHub's own forward pass within 1e-5 (KerasHub's BERT uses
+GELU's tanh form, which carries over), as multi-head attention and as
+talking heads started at the identity; the converted tokenizer gives
+KerasHub's ids on the README's sample and the docs/examples texts (KerasHub
+lower-cases and keeps accents). KerasHub is the Keras 3 anchor
+(benchmarks/requirements-anchors.txt), which .ci/run installs and checks.
+"""
+
+import numpy as np
+import pytest
+
+from tests.converters import hugging_face_test
+from thattn import converters
+from thattn import models
+from thattn.data import tokenizers
+
+keras_hub = pytest.importorskip(
+    "keras_hub", reason="KerasHub is not installed; see benchmarks/README.md")
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+  texts = hugging_face_test.sample_texts()
+  vocab = tokenizers.learn_wordpiece(
+      texts + [text.lower() for text in texts], 200, lower_case=False,
+      num_sentinels=0).vocab
+  backbone = keras_hub.models.BertBackbone(
+      vocabulary_size=len(vocab), num_layers=2, num_heads=4, hidden_dim=32,
+      intermediate_dim=64, max_sequence_length=64, num_segments=2)
+  folder = tmp_path_factory.mktemp("keras_hub") / "bert"
+  backbone.save_to_preset(str(folder))
+  tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=True)
+  tokenizer.save_to_preset(str(folder))
+  return backbone, tokenizer, folder
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+def test_bert_equals_keras_hub(preset, tmp_path, attention):
+  backbone, _, folder = preset
+  assert converters.detect(str(folder)) == converters.KERAS_HUB
+  config = converters.convert(source=str(folder),
+                              model_dir=str(tmp_path / "out"),
+                              attention=attention, log=lambda _: None)
+  assert config.activation == "gelu_approximate"
+  batch = hugging_face_test._batch(config.vocab_size)  # pylint: disable=protected-access
+  expected = backbone({"token_ids": batch["input_word_ids"],
+                       "segment_ids": batch["input_type_ids"],
+                       "padding_mask": batch["input_mask"]})
+  outputs = models.load(str(tmp_path / "out"))(batch)
+  for name in ("sequence_output", "pooled_output"):
+    np.testing.assert_allclose(outputs[name].numpy(),
+                               np.asarray(expected[name]), atol=1e-5, rtol=0,
+                               err_msg=name)
+
+
+def test_the_tokenizer_gives_keras_hub_ids(preset, tmp_path):
+  _, theirs, folder = preset
+  converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                     log=lambda _: None)
+  ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
+  texts = hugging_face_test.sample_texts() + ["Crème Brûlée, À LA CARTE"]
+  expected = [np.asarray(theirs(text)).tolist() for text in texts]
+  assert ours.tokenize(texts).to_list() == expected
+  assert ours.special.cls == theirs.token_to_id("[CLS]")

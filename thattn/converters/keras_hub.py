@@ -1,0 +1,166 @@
+"""KerasHub BERT presets (what `BertBackbone.save_to_preset` writes).
+
+A preset folder holds `config.json` (the backbone's class and arguments),
+`model.weights.h5` (Keras 3's weights file), and, where the tokenizer was
+saved with it, `tokenizer.json` and `assets/tokenizer/vocabulary.txt`.
+The weights file is read with h5py, as Keras writes it: one group per
+layer under `layers/`, named by the layer's class in snake case, numbered
+in the model's layer order (`transformer_encoder`, `transformer_encoder_1`,
+...), each variable `vars/<index>` in its creation order. KerasHub is not
+needed to read it.
+
+What carries over: the sizes, KerasHub's BERT activation (GELU's tanh
+form, `gelu_approximate`), its layer-norm epsilon (1e-12), the pooler; the
+query's 1/sqrt(d_k), which Keras's MultiHeadAttention applies at run time,
+is folded into the query kernel and bias. The tokenizer: WordPiece over
+`vocabulary.txt`, lower-cased and accent-stripped as `tokenizer.json`
+says.
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+
+from thattn import models
+from thattn.converters import weights as weights_lib
+from thattn.data import tokenizers
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.weights.h5"
+TOKENIZER_FILE = "tokenizer.json"
+VOCABULARY = os.path.join("assets", "tokenizer", "vocabulary.txt")
+BACKBONES = {"keras_hub>BertBackbone": "bert"}
+# The epsilon KerasHub's BERT gives every layer norm.
+LAYER_NORM_EPSILON = 1e-12
+
+
+def _read_json(path, name):
+  file_path = os.path.join(path, name)
+  if not os.path.isfile(file_path):
+    return {}
+  with open(file_path) as f:
+    return json.load(f)
+
+
+def is_source(path):
+  """Whether `path` is a KerasHub preset of a backbone thattn reads."""
+  try:
+    return _read_json(path, CONFIG_FILE).get("registered_name") in BACKBONES
+  except (ValueError, OSError):
+    return False
+
+
+def bert_config(path, attention="multi_head"):
+  """thattn's BertConfig of a KerasHub BertBackbone preset."""
+  preset = _read_json(path, CONFIG_FILE)
+  if preset.get("registered_name") not in BACKBONES:
+    raise ValueError(
+        f"{os.path.join(path, CONFIG_FILE)}: registered_name="
+        f"{preset.get('registered_name')!r}; thattn reads "
+        f"{sorted(BACKBONES)} (nothing was written).")
+  config = preset["config"]
+  width, heads = config["hidden_dim"], config["num_heads"]
+  return models.BertConfig(
+      vocab_size=config["vocabulary_size"], d_model=width,
+      num_layers=config["num_layers"], d_ff=config["intermediate_dim"],
+      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+                                       key_dim=width // heads),
+      max_position_embeddings=config["max_sequence_length"],
+      type_vocab_size=config["num_segments"], activation="gelu_approximate",
+      dropout_rate=config.get("dropout", 0.1),
+      layer_norm_epsilon=LAYER_NORM_EPSILON)
+
+
+def read_arrays(path):
+  """{h5 dataset path: float32 array} of the preset's weights file."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  file_path = os.path.join(path, WEIGHTS_FILE)
+  if not os.path.isfile(file_path):
+    raise ValueError(f"{path} has no {WEIGHTS_FILE}; expected a folder "
+                     "that save_to_preset wrote.")
+  arrays = {}
+
+  def visit(name, item):
+    if isinstance(item, h5py.Dataset):
+      arrays[name] = np.asarray(item, np.float32)
+
+  with h5py.File(file_path, "r") as f:
+    f.visititems(visit)
+  return arrays
+
+
+def _encoders(arrays):
+  """The transformer_encoder groups in layer order (by their number)."""
+  names = {match.group(1) for name in arrays
+           if (match := re.match(r"layers/(transformer_encoder(_\d+)?)/",
+                                 name))}
+  return sorted(names, key=lambda name: int(name.rsplit("_", 1)[1])
+                if name[-1].isdigit() else 0)
+
+
+def _pair(target, source, scale=1.0):
+  """The two variables of one Keras layer group: kernel and bias (times
+  `scale`), or a norm's gamma and beta."""
+  names = ("gamma", "beta") if "norm" in target else ("kernel", "bias")
+  transform = lambda array: np.asarray(array) * scale
+  return [weights_lib.Rule(f"{target}/{name}", f"{source}/vars/{index}",
+                           transform) for index, name in enumerate(names)]
+
+
+def rules(config, arrays):
+  """Every Rule of a KerasHub BERT of this thattn config."""
+  encoders = _encoders(arrays)
+  if len(encoders) != config.num_layers:
+    raise ValueError(f"The weights hold {len(encoders)} transformer layers; "
+                     f"config.json says num_layers={config.num_layers}.")
+  query_scale = (config.d_model // config.attention.num_heads) ** -0.5
+  result = [
+      weights_lib.Rule("word_embeddings/embeddings",
+                       "layers/reversible_embedding/vars/0"),
+      weights_lib.Rule("position_embedding/embeddings",
+                       "layers/position_embedding/vars/0"),
+      weights_lib.Rule("type_embeddings/embeddings",
+                       "layers/embedding/vars/0")]
+  result += _pair("embedding_norm", "layers/layer_normalization")
+  result += _pair("pooler/dense", "layers/dense")
+  for index, encoder in enumerate(encoders):
+    block, source = f"block_{index}", f"layers/{encoder}"
+    attention = f"{block}/attention/attention"
+    result += _pair(f"{attention}/query",
+                    f"{source}/_self_attention_layer/query_dense", query_scale)
+    for part in ("key", "value", "output"):
+      result += _pair(f"{attention}/{part}",
+                      f"{source}/_self_attention_layer/{part}_dense")
+    result += _pair(f"{block}/attention_norm",
+                    f"{source}/_self_attention_layer_norm")
+    result += _pair(f"{block}/feed_forward/input",
+                    f"{source}/_feedforward_intermediate_dense")
+    result += _pair(f"{block}/feed_forward/output",
+                    f"{source}/_feedforward_output_dense")
+    result += _pair(f"{block}/feed_forward_norm",
+                    f"{source}/_feedforward_layer_norm")
+  return result
+
+
+def tokenizer(path):
+  """The preset's WordPiece tokenizer, or None where it has none."""
+  vocabulary = os.path.join(path, VOCABULARY)
+  if not os.path.isfile(vocabulary):
+    return None
+  settings = _read_json(path, TOKENIZER_FILE).get("config", {})
+  with open(vocabulary, encoding="utf-8") as f:
+    vocab = f.read().splitlines()
+  return tokenizers.WordpieceTokenizer(
+      vocab, lower_case=settings.get("lowercase", False),
+      strip_accents=settings.get("strip_accents", False))
+
+
+def read(path, attention):
+  """The preset as a `weights.Source`."""
+  config = bert_config(path, attention)
+  arrays = read_arrays(path)
+  return weights_lib.Source(
+      config=config, arrays=arrays, rules=rules(config, arrays), dropped=(),
+      tokenizer=tokenizer(path), family="bert")
