@@ -14,6 +14,8 @@ written) and one writer (`model_dir.write`: staged, whole or nothing):
   model.safetensors or pytorch_model.bin, the tokenizer files);
 - `keras_hub`: a KerasHub `BertBackbone` preset (config.json,
   model.weights.h5, the tokenizer's vocabulary);
+- `google_bert`: google-research/bert's release (bert_config.json,
+  bert_model.ckpt, vocab.txt);
 - Mesh TensorFlow model_dirs (T5's released checkpoints) are
   `thattn.mtf.convert`'s, over the same writer; `thattn-convert` finds
   which format a folder holds (`detect`) and dispatches.
@@ -29,6 +31,7 @@ import os
 
 from thattn import models
 from thattn import run_dir
+from thattn.converters import google_bert
 from thattn.converters import hugging_face
 from thattn.converters import keras_hub
 from thattn.converters import model_dir as model_dir_lib
@@ -36,10 +39,12 @@ from thattn.converters import weights as weights_lib
 
 HUGGING_FACE = "hugging_face"
 KERAS_HUB = "keras_hub"
+GOOGLE_BERT = "google_bert"
 MTF = "mtf"
-FORMATS = (HUGGING_FACE, KERAS_HUB, MTF)
+FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, MTF)
 # The format modules (each reads a folder as a weights.Source).
-_READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub}
+_READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
+            GOOGLE_BERT: google_bert}
 # What a multi-head source can start: every variant whose extra weights
 # have an identity start. General bilinear attention has no weights of
 # multi-head's shape to start from.
@@ -61,13 +66,16 @@ def detect(source):
     return HUGGING_FACE
   if keras_hub.is_source(source):
     return KERAS_HUB
+  if google_bert.is_source(source):
+    return GOOGLE_BERT
   if os.path.isfile(os.path.join(source, "operative_config.gin")):
     return MTF
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
       "Face config.json with model_type bert or albert, a KerasHub "
-      "config.json of a BertBackbone, and Mesh TensorFlow's "
-      "operative_config.gin); name it with --source_format.")
+      "config.json of a BertBackbone, Google's bert_config.json beside a "
+      "checkpoint, and Mesh TensorFlow's operative_config.gin); name it "
+      "with --source_format.")
 
 
 def _check_attention(attention):

@@ -1,0 +1,168 @@
+"""Google's original BERT checkpoints, as google-research/bert released them.
+
+A folder holds `bert_config.json`, a TF1 checkpoint (`bert_model.ckpt`:
+its `.index` and `.data-*` files) and `vocab.txt`. The checkpoint is read
+with `tf.train.load_checkpoint`, by name: `bert/embeddings/...`,
+`bert/encoder/layer_<i>/attention/self/{query,key,value}`,
+`.../attention/output/dense`, `.../intermediate/dense`,
+`.../output/dense`, their LayerNorms, `bert/pooler/dense`. TensorFlow's
+dense kernels are [in, out] already: the query, key and value kernels
+split their output into [h, d_k] head-major, the output kernel its input.
+The masked-LM and next-sentence heads (`cls/...`), the optimizer's slots
+(`adam_m`, `adam_v`) and `global_step` are dropped by name.
+
+What carries over: the sizes; `hidden_act` "gelu", which google-research/
+bert computes in GELU's tanh form (as Model Garden's converter of this
+layout does), as `gelu_approximate`; layer norms at 1e-12 (that code's
+epsilon); the query's 1/sqrt(d_k) folded into its kernel and bias. The
+configuration does not say whether the vocabulary is cased, so the
+tokenizer lower-cases (and strips accents, BERT's rule) exactly when the
+vocabulary holds no upper-case token, as the released uncased and cased
+vocabularies differ.
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from thattn import models
+from thattn.converters import weights as weights_lib
+from thattn.data import tokenizers
+
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
+CHECKPOINT = "bert_model.ckpt"
+# bert_config.json's hidden_act -> thattn's activation (google-research/
+# bert's gelu is the tanh form).
+ACTIVATIONS = {"gelu": "gelu_approximate", "relu": "relu"}
+LAYER_NORM_EPSILON = 1e-12
+DROPPED = (r"cls/.*", r"global_step", r".*/adam_[mv]", r".*Adam.*")
+
+
+def _checkpoint(path):
+  """The folder's checkpoint prefix: bert_model.ckpt, else the newest."""
+  if tf.io.gfile.exists(os.path.join(path, CHECKPOINT + ".index")):
+    return os.path.join(path, CHECKPOINT)
+  return tf.train.latest_checkpoint(path)
+
+
+def is_source(path):
+  return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and
+          _checkpoint(path) is not None)
+
+
+def bert_config(path, attention="multi_head"):
+  """thattn's BertConfig of bert_config.json, or ValueError naming the
+  field thattn cannot represent."""
+  where = os.path.join(path, CONFIG_FILE)
+  with open(where) as f:
+    source = json.load(f)
+  activation = source.get("hidden_act")
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"{where}: hidden_act={activation!r}; thattn reads "
+                     f"{sorted(ACTIVATIONS)} (nothing was written).")
+  width, heads = source["hidden_size"], source["num_attention_heads"]
+  if width % heads:
+    raise ValueError(f"{where}: hidden_size={width} is not a multiple of "
+                     f"num_attention_heads={heads}.")
+  return models.BertConfig(
+      vocab_size=source["vocab_size"], d_model=width,
+      num_layers=source["num_hidden_layers"],
+      d_ff=source["intermediate_size"],
+      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+                                       key_dim=width // heads),
+      max_position_embeddings=source["max_position_embeddings"],
+      type_vocab_size=source["type_vocab_size"],
+      activation=ACTIVATIONS[activation],
+      dropout_rate=source.get("hidden_dropout_prob", 0.1),
+      layer_norm_epsilon=LAYER_NORM_EPSILON,
+      initializer_range=source.get("initializer_range", 0.02))
+
+
+def read_arrays(path):
+  checkpoint = _checkpoint(path)
+  if checkpoint is None:
+    raise ValueError(f"{path} holds no TF checkpoint ({CHECKPOINT}.index); "
+                     "expected google-research/bert's release layout.")
+  reader = tf.train.load_checkpoint(checkpoint)
+  return {name: np.asarray(reader.get_tensor(name))
+          for name in reader.get_variable_to_shape_map()}
+
+
+def _heads(heads, scale=1.0):
+  """[in, h*d_k] kernel -> [in, h, d_k]; [h*d_k] bias -> [h, d_k]."""
+  def transform(array):
+    array = np.asarray(array) * scale
+    return array.reshape(heads, -1) if array.ndim == 1 else array.reshape(
+        array.shape[0], heads, -1)
+  return transform
+
+
+def _from_heads(heads):
+  """[h*d_v, out] kernel -> [h, d_v, out]; the [out] bias as it is."""
+  def transform(array):
+    array = np.asarray(array)
+    return array.reshape(heads, -1, array.shape[-1]) if array.ndim == 2 else (
+        array)
+  return transform
+
+
+def _pair(target, source, transform=None):
+  names = (("gamma", "gamma"), ("beta", "beta")) if "norm" in target else (
+      ("kernel", "kernel"), ("bias", "bias"))
+  return [weights_lib.Rule(f"{target}/{ours}", f"{source}/{theirs}",
+                           *([transform] if transform else []))
+          for ours, theirs in names]
+
+
+def rules(config):
+  heads = config.attention.num_heads
+  query_scale = (config.d_model // heads) ** -0.5
+  result = [
+      weights_lib.Rule("word_embeddings/embeddings",
+                       "bert/embeddings/word_embeddings"),
+      weights_lib.Rule("position_embedding/embeddings",
+                       "bert/embeddings/position_embeddings"),
+      weights_lib.Rule("type_embeddings/embeddings",
+                       "bert/embeddings/token_type_embeddings")]
+  result += _pair("embedding_norm", "bert/embeddings/LayerNorm")
+  result += _pair("pooler/dense", "bert/pooler/dense")
+  for index in range(config.num_layers):
+    block, layer = f"block_{index}", f"bert/encoder/layer_{index}"
+    attention = f"{block}/attention/attention"
+    for part, scale in (("query", query_scale), ("key", 1.0),
+                        ("value", 1.0)):
+      result += _pair(f"{attention}/{part}", f"{layer}/attention/self/{part}",
+                      _heads(heads, scale))
+    result += _pair(f"{attention}/output", f"{layer}/attention/output/dense",
+                    _from_heads(heads))
+    result += _pair(f"{block}/attention_norm",
+                    f"{layer}/attention/output/LayerNorm")
+    result += _pair(f"{block}/feed_forward/input",
+                    f"{layer}/intermediate/dense")
+    result += _pair(f"{block}/feed_forward/output", f"{layer}/output/dense")
+    result += _pair(f"{block}/feed_forward_norm", f"{layer}/output/LayerNorm")
+  return result
+
+
+def tokenizer(path):
+  """WordPiece over vocab.txt, lower-cased where the vocabulary has no
+  upper-case token; None without a vocab.txt."""
+  vocab_path = os.path.join(path, VOCAB_FILE)
+  if not os.path.isfile(vocab_path):
+    return None
+  with open(vocab_path, encoding="utf-8") as f:
+    vocab = f.read().splitlines()
+  special = set(tokenizers.BERT_SPECIAL_TOKENS)
+  cased = any(token != token.lower() for token in vocab
+              if token not in special and not token.startswith("[unused"))
+  return tokenizers.WordpieceTokenizer(vocab, lower_case=not cased)
+
+
+def read(path, attention):
+  config = bert_config(path, attention)
+  return weights_lib.Source(
+      config=config, arrays=read_arrays(path), rules=rules(config),
+      dropped=DROPPED, tokenizer=tokenizer(path), family="bert")
