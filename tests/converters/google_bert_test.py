@@ -1,4 +1,4 @@
-"""Google's original BERT layout into thattn, against Model Garden.
+"""Google's original BERT layout and Model Garden's TF2 one, against Model Garden.
 
 The source is a TF1 checkpoint written here with google-research/bert's
 variable names (random values; its masked-LM and next-sentence heads, an
@@ -10,8 +10,13 @@ Model Garden's BertEncoder: thattn's conversion of the same folder gives
 its sequence and pooled outputs on a padded batch within 1e-5, as
 multi-head attention and as talking heads started at the identity. The
 tokenizer gives the ids of Model Garden's copy of BERT's original
-tokenization code (`FullTokenizer`), uncased and cased.
+tokenization code (`FullTokenizer`), uncased and cased. Model Garden's
+converter's output, laid out as Model Garden's TF2 releases are (its
+object-based checkpoint beside bert_config.json and vocab.txt), is itself
+a source: converted, it gives the same outputs.
 """
+
+import shutil
 
 import json
 
@@ -105,14 +110,25 @@ def release(tmp_path_factory, vocab):
 
 
 @pytest.fixture(scope="module")
-def model_garden_outputs(tmp_path_factory, release):
-  """Model Garden's BertEncoder, restored from its converter's output."""
+def model_garden_release(tmp_path_factory, release):
+  """Model Garden's converter's output, as its TF2 releases lay it out."""
   config = model_garden_configs.BertConfig.from_json_file(
       str(release / "bert_config.json"))
   out = tmp_path_factory.mktemp("model_garden")
   converter.convert_checkpoint(config, str(out / "ckpt"),
                                str(release / "bert_model.ckpt"),
                                checkpoint_model_name="encoder")
+  for name in ("bert_config.json", "vocab.txt"):
+    shutil.copy(release / name, out / name)
+  return out
+
+
+@pytest.fixture(scope="module")
+def model_garden_outputs(release, model_garden_release):
+  """Model Garden's BertEncoder, restored from its converter's output."""
+  config = model_garden_configs.BertConfig.from_json_file(
+      str(release / "bert_config.json"))
+  out = model_garden_release
   encoder = converter._create_bert_model(config)  # pylint: disable=protected-access
   tf.train.Checkpoint(encoder=encoder).restore(
       tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
@@ -131,6 +147,21 @@ def test_bert_equals_model_gardens_conversion(release, model_garden_outputs,
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
   assert config.activation == "gelu_approximate"  # google-research/bert's
+  batch, sequence, pooled = model_garden_outputs
+  outputs = models.load(str(tmp_path / "out"))(batch)
+  np.testing.assert_allclose(outputs["sequence_output"].numpy(),
+                             np.asarray(sequence), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(outputs["pooled_output"].numpy(),
+                             np.asarray(pooled), atol=1e-5, rtol=0)
+
+
+def test_model_gardens_tf2_release_converts_to_the_same_model(
+    model_garden_release, model_garden_outputs, tmp_path):
+  assert converters.detect(str(model_garden_release)) == (
+      converters.MODEL_GARDEN)
+  converters.convert(source=str(model_garden_release),
+                     model_dir=str(tmp_path / "out"),
+                     attention="talking_heads", log=lambda _: None)
   batch, sequence, pooled = model_garden_outputs
   outputs = models.load(str(tmp_path / "out"))(batch)
   np.testing.assert_allclose(outputs["sequence_output"].numpy(),

@@ -16,6 +16,8 @@ written) and one writer (`model_dir.write`: staged, whole or nothing):
   model.weights.h5, the tokenizer's vocabulary);
 - `google_bert`: google-research/bert's release (bert_config.json,
   bert_model.ckpt, vocab.txt);
+- `model_garden`: Model Garden's TF2 BERT releases (the same files, the
+  checkpoint object-based: a BertEncoder's);
 - Mesh TensorFlow model_dirs (T5's released checkpoints) are
   `thattn.mtf.convert`'s, over the same writer; `thattn-convert` finds
   which format a folder holds (`detect`) and dispatches.
@@ -35,16 +37,18 @@ from thattn.converters import google_bert
 from thattn.converters import hugging_face
 from thattn.converters import keras_hub
 from thattn.converters import model_dir as model_dir_lib
+from thattn.converters import model_garden
 from thattn.converters import weights as weights_lib
 
 HUGGING_FACE = "hugging_face"
 KERAS_HUB = "keras_hub"
 GOOGLE_BERT = "google_bert"
+MODEL_GARDEN = "model_garden"
 MTF = "mtf"
-FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, MTF)
+FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, MODEL_GARDEN, MTF)
 # The format modules (each reads a folder as a weights.Source).
 _READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
-            GOOGLE_BERT: google_bert}
+            GOOGLE_BERT: google_bert, MODEL_GARDEN: model_garden}
 # What a multi-head source can start: every variant whose extra weights
 # have an identity start. General bilinear attention has no weights of
 # multi-head's shape to start from.
@@ -66,6 +70,8 @@ def detect(source):
     return HUGGING_FACE
   if keras_hub.is_source(source):
     return KERAS_HUB
+  if model_garden.is_source(source):  # Google's files, a TF2 checkpoint
+    return MODEL_GARDEN
   if google_bert.is_source(source):
     return GOOGLE_BERT
   if os.path.isfile(os.path.join(source, "operative_config.gin")):

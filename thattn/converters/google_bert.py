@@ -41,7 +41,7 @@ LAYER_NORM_EPSILON = 1e-12
 DROPPED = (r"cls/.*", r"global_step", r".*/adam_[mv]", r".*Adam.*")
 
 
-def _checkpoint(path):
+def checkpoint(path):
   """The folder's checkpoint prefix: bert_model.ckpt, else the newest."""
   if tf.io.gfile.exists(os.path.join(path, CHECKPOINT + ".index")):
     return os.path.join(path, CHECKPOINT)
@@ -50,7 +50,7 @@ def _checkpoint(path):
 
 def is_source(path):
   return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and
-          _checkpoint(path) is not None)
+          checkpoint(path) is not None)
 
 
 def bert_config(path, attention="multi_head"):
@@ -82,11 +82,11 @@ def bert_config(path, attention="multi_head"):
 
 
 def read_arrays(path):
-  checkpoint = _checkpoint(path)
-  if checkpoint is None:
+  prefix = checkpoint(path)
+  if prefix is None:
     raise ValueError(f"{path} holds no TF checkpoint ({CHECKPOINT}.index); "
                      "expected google-research/bert's release layout.")
-  reader = tf.train.load_checkpoint(checkpoint)
+  reader = tf.train.load_checkpoint(prefix)
   return {name: np.asarray(reader.get_tensor(name))
           for name in reader.get_variable_to_shape_map()}
 

@@ -1,0 +1,105 @@
+"""Model Garden's TF2 BERT encoder checkpoints.
+
+Model Garden releases BERT in TF2 as Google's folders are laid out
+(`bert_config.json`, `bert_model.ckpt`, `vocab.txt`), but its checkpoint is
+object-based: `tf.train.Checkpoint(encoder=BertEncoder)` saved it, so a
+variable is named by its path through the encoder's tracked layers,
+`<root>/layer_with_weights-<i>/<attribute>/.ATTRIBUTES/VARIABLE_VALUE`,
+in the encoder's layer order: the word, position and type embeddings, the
+embedding LayerNorm, one TransformerEncoderBlock per layer
+(`_attention_layer/_query_dense`, ..., `_attention_layer_norm`,
+`_intermediate_dense`, `_output_dense`, `_output_layer_norm`), then the
+pooler. Its attention kernels are already [d, h, d_k] and [h, d_v, d];
+Model Garden applies 1/sqrt(d_k) at run time, which is folded into the
+query kernel and bias. The root is found from the checkpoint (`encoder`
+as Model Garden's converter and releases write it). The configuration and
+the tokenizer are read as for Google's original layout
+(`thattn.converters.google_bert`: tanh-form gelu, layer norms at 1e-12).
+An encoder with an embedding projection (`embedding_width` below the
+hidden size) is refused by name.
+"""
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from thattn.converters import google_bert
+from thattn.converters import weights as weights_lib
+
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+_FIRST = re.compile(r"(.*?)layer_with_weights-0/embeddings" +
+                    re.escape(_VALUE))
+DROPPED = (r"_CHECKPOINTABLE_OBJECT_GRAPH", r"save_counter/.*",
+           r".*/\.OPTIMIZER_SLOT/.*", r"optimizer/.*")
+
+
+def _root(names, path):
+  """The prefix of the encoder's layers in the checkpoint ("encoder/")."""
+  roots = sorted({match.group(1) for name in names
+                  if (match := _FIRST.fullmatch(name))})
+  encoders = [root for root in roots if root.rstrip("/").endswith("encoder")]
+  if len(roots) == 1 or len(encoders) == 1:
+    return roots[0] if len(roots) == 1 else encoders[0]
+  raise ValueError(f"{path}: found {len(roots)} encoders' layers "
+                   f"({roots or 'none'}); expected one BertEncoder.")
+
+
+def is_source(path):
+  """Whether `path` is a Google-style folder with an object-based
+  (Model Garden TF2) checkpoint."""
+  if not google_bert.is_source(path):
+    return False
+  names = tf.train.load_checkpoint(google_bert.checkpoint(path)
+                                   ).get_variable_to_shape_map()
+  return any(_FIRST.fullmatch(name) for name in names)
+
+
+def _pair(target, source, scale=1.0):
+  names = ("gamma", "beta") if "norm" in target else ("kernel", "bias")
+  return [weights_lib.Rule(f"{target}/{name}", f"{source}/{name}{_VALUE}",
+                           lambda array: np.asarray(array) * scale)
+          for name in names]
+
+
+def rules(config, root, arrays, path):
+  """Every Rule of a Model Garden BertEncoder of this thattn config."""
+
+  def layer(index):
+    return f"{root}layer_with_weights-{index}"
+
+  if f"{layer(4)}/kernel{_VALUE}" in arrays:
+    raise ValueError(f"{path}: {layer(4)} is an embedding projection "
+                     "(embedding_width below hidden_size); thattn reads "
+                     "Model Garden's BERT encoder without one.")
+  query_scale = (config.d_model // config.attention.num_heads) ** -0.5
+  result = [weights_lib.Rule(target, f"{layer(index)}/embeddings{_VALUE}")
+            for index, target in enumerate((
+                "word_embeddings/embeddings", "position_embedding/embeddings",
+                "type_embeddings/embeddings"))]
+  result += _pair("embedding_norm", layer(3))
+  for index in range(config.num_layers):
+    block, source = f"block_{index}", layer(4 + index)
+    attention = f"{block}/attention/attention"
+    for part in ("query", "key", "value", "output"):
+      result += _pair(f"{attention}/{part}",
+                      f"{source}/_attention_layer/_{part}_dense",
+                      query_scale if part == "query" else 1.0)
+    for target, part in (("attention_norm", "_attention_layer_norm"),
+                         ("feed_forward/input", "_intermediate_dense"),
+                         ("feed_forward/output", "_output_dense"),
+                         ("feed_forward_norm", "_output_layer_norm")):
+      result += _pair(f"{block}/{target}", f"{source}/{part}")
+  result += _pair("pooler/dense", layer(4 + config.num_layers))
+  return result
+
+
+def read(path, attention):
+  config = google_bert.bert_config(path, attention)
+  reader = tf.train.load_checkpoint(google_bert.checkpoint(path))
+  arrays = {name: np.asarray(reader.get_tensor(name))
+            for name in reader.get_variable_to_shape_map()}
+  root = _root(arrays, path)
+  return weights_lib.Source(
+      config=config, arrays=arrays, rules=rules(config, root, arrays, path),
+      dropped=DROPPED, tokenizer=google_bert.tokenizer(path), family="bert")
