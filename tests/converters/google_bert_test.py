@@ -25,13 +25,13 @@ import pytest
 import tensorflow as tf
 
 from tests.converters import hugging_face_test
+from tests.converters import model_garden_scripts
 from thattn import converters
 from thattn import models
 from thattn.data import tokenizers
 
-converter = pytest.importorskip(
-    "official.nlp.tools.tf2_bert_encoder_checkpoint_converter",
-    reason="Model Garden is not installed; see benchmarks/README.md")
+converter = model_garden_scripts.script(
+    "official.nlp.tools.tf2_bert_encoder_checkpoint_converter")
 from official.legacy.bert import configs as model_garden_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from official.nlp.tools import tokenization  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -16,6 +16,8 @@ written) and one writer (`model_dir.write`: staged, whole or nothing):
   model.weights.h5, the tokenizer's vocabulary);
 - `google_bert`: google-research/bert's release (bert_config.json,
   bert_model.ckpt, vocab.txt);
+- `google_albert`: google-research/albert's release (albert_config.json,
+  model.ckpt-best);
 - `model_garden`: Model Garden's TF2 BERT releases (the same files, the
   checkpoint object-based: a BertEncoder's);
 - Mesh TensorFlow model_dirs (T5's released checkpoints) are
@@ -33,6 +35,7 @@ import os
 
 from thattn import models
 from thattn import run_dir
+from thattn.converters import google_albert
 from thattn.converters import google_bert
 from thattn.converters import hugging_face
 from thattn.converters import keras_hub
@@ -43,12 +46,15 @@ from thattn.converters import weights as weights_lib
 HUGGING_FACE = "hugging_face"
 KERAS_HUB = "keras_hub"
 GOOGLE_BERT = "google_bert"
+GOOGLE_ALBERT = "google_albert"
 MODEL_GARDEN = "model_garden"
 MTF = "mtf"
-FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, MODEL_GARDEN, MTF)
+FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, GOOGLE_ALBERT, MODEL_GARDEN,
+           MTF)
 # The format modules (each reads a folder as a weights.Source).
 _READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
-            GOOGLE_BERT: google_bert, MODEL_GARDEN: model_garden}
+            GOOGLE_BERT: google_bert, GOOGLE_ALBERT: google_albert,
+            MODEL_GARDEN: model_garden}
 # What a multi-head source can start: every variant whose extra weights
 # have an identity start. General bilinear attention has no weights of
 # multi-head's shape to start from.
@@ -74,14 +80,16 @@ def detect(source):
     return MODEL_GARDEN
   if google_bert.is_source(source):
     return GOOGLE_BERT
+  if google_albert.is_source(source):
+    return GOOGLE_ALBERT
   if os.path.isfile(os.path.join(source, "operative_config.gin")):
     return MTF
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
       "Face config.json with model_type bert or albert, a KerasHub "
-      "config.json of a BertBackbone, Google's bert_config.json beside a "
-      "checkpoint, and Mesh TensorFlow's operative_config.gin); name it "
-      "with --source_format.")
+      "config.json of a BertBackbone, Google's bert_config.json or "
+      "albert_config.json beside a checkpoint, and Mesh TensorFlow's "
+      "operative_config.gin); name it with --source_format.")
 
 
 def _check_attention(attention):

@@ -42,10 +42,18 @@ DROPPED = (r"cls/.*", r"global_step", r".*/adam_[mv]", r".*Adam.*")
 
 
 def checkpoint(path):
-  """The folder's checkpoint prefix: bert_model.ckpt, else the newest."""
+  """The folder's checkpoint prefix: bert_model.ckpt; else the newest that
+  a `checkpoint` state file names; else the folder's one `.index` file's
+  (ALBERT's releases ship `model.ckpt-best` with no state file); or None."""
   if tf.io.gfile.exists(os.path.join(path, CHECKPOINT + ".index")):
     return os.path.join(path, CHECKPOINT)
-  return tf.train.latest_checkpoint(path)
+  newest = tf.train.latest_checkpoint(path)
+  if newest is not None:
+    return newest
+  indexes = [name for name in sorted(os.listdir(path))
+             if name.endswith(".index")] if os.path.isdir(path) else []
+  return os.path.join(path, indexes[0][:-len(".index")]) if len(
+      indexes) == 1 else None
 
 
 def is_source(path):
@@ -91,7 +99,7 @@ def read_arrays(path):
           for name in reader.get_variable_to_shape_map()}
 
 
-def _heads(heads, scale=1.0):
+def split_heads(heads, scale=1.0):
   """[in, h*d_k] kernel -> [in, h, d_k]; [h*d_k] bias -> [h, d_k]."""
   def transform(array):
     array = np.asarray(array) * scale
@@ -100,7 +108,7 @@ def _heads(heads, scale=1.0):
   return transform
 
 
-def _from_heads(heads):
+def merge_heads(heads):
   """[h*d_v, out] kernel -> [h, d_v, out]; the [out] bias as it is."""
   def transform(array):
     array = np.asarray(array)
@@ -109,7 +117,7 @@ def _from_heads(heads):
   return transform
 
 
-def _pair(target, source, transform=None):
+def pair(target, source, transform=None):
   names = (("gamma", "gamma"), ("beta", "beta")) if "norm" in target else (
       ("kernel", "kernel"), ("bias", "bias"))
   return [weights_lib.Rule(f"{target}/{ours}", f"{source}/{theirs}",
@@ -127,23 +135,23 @@ def rules(config):
                        "bert/embeddings/position_embeddings"),
       weights_lib.Rule("type_embeddings/embeddings",
                        "bert/embeddings/token_type_embeddings")]
-  result += _pair("embedding_norm", "bert/embeddings/LayerNorm")
-  result += _pair("pooler/dense", "bert/pooler/dense")
+  result += pair("embedding_norm", "bert/embeddings/LayerNorm")
+  result += pair("pooler/dense", "bert/pooler/dense")
   for index in range(config.num_layers):
     block, layer = f"block_{index}", f"bert/encoder/layer_{index}"
     attention = f"{block}/attention/attention"
     for part, scale in (("query", query_scale), ("key", 1.0),
                         ("value", 1.0)):
-      result += _pair(f"{attention}/{part}", f"{layer}/attention/self/{part}",
-                      _heads(heads, scale))
-    result += _pair(f"{attention}/output", f"{layer}/attention/output/dense",
-                    _from_heads(heads))
-    result += _pair(f"{block}/attention_norm",
+      result += pair(f"{attention}/{part}", f"{layer}/attention/self/{part}",
+                      split_heads(heads, scale))
+    result += pair(f"{attention}/output", f"{layer}/attention/output/dense",
+                    merge_heads(heads))
+    result += pair(f"{block}/attention_norm",
                     f"{layer}/attention/output/LayerNorm")
-    result += _pair(f"{block}/feed_forward/input",
+    result += pair(f"{block}/feed_forward/input",
                     f"{layer}/intermediate/dense")
-    result += _pair(f"{block}/feed_forward/output", f"{layer}/output/dense")
-    result += _pair(f"{block}/feed_forward_norm", f"{layer}/output/LayerNorm")
+    result += pair(f"{block}/feed_forward/output", f"{layer}/output/dense")
+    result += pair(f"{block}/feed_forward_norm", f"{layer}/output/LayerNorm")
   return result
 
 

@@ -1,0 +1,130 @@
+"""Google's original ALBERT layout into thattn, against Model Garden.
+
+As tests/converters/google_bert_test.py does for BERT: a TF1 checkpoint
+written here with google-research/albert's variable names (random values;
+its heads and global_step beside the encoder, saved as `model.ckpt-best`
+with no `checkpoint` state file, as the releases are), converted by Model
+Garden's own converter of that layout into its AlbertEncoder, whose
+outputs on a padded batch thattn's conversion equals within 1e-5, as
+multi-head attention and as talking heads started at the identity; and
+the structures thattn does not build refused by name.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.converters import google_bert_test
+from tests.converters import hugging_face_test
+from tests.converters import model_garden_scripts
+from thattn import converters
+from thattn import models
+
+converter = model_garden_scripts.script(
+    "official.nlp.tools.tf2_albert_encoder_checkpoint_converter")
+from official.legacy.albert import configs as model_garden_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = dict(google_bert_test._CONFIG, vocab_size=120, embedding_size=16,  # pylint: disable=protected-access
+               num_hidden_layers=3, num_hidden_groups=1, inner_group_num=1,
+               net_structure_type=0)
+_LAYER = "bert/encoder/transformer/group_0/inner_group_0"
+
+
+def _shapes():
+  width, inner, embedding = 32, 64, 16
+  shapes = {"bert/embeddings/word_embeddings": [120, embedding],
+            "bert/embeddings/token_type_embeddings": [2, embedding],
+            "bert/embeddings/position_embeddings": [64, embedding],
+            "bert/encoder/embedding_hidden_mapping_in/kernel": [embedding,
+                                                                width],
+            "bert/encoder/embedding_hidden_mapping_in/bias": [width],
+            "bert/pooler/dense/kernel": [width, width],
+            "bert/pooler/dense/bias": [width],
+            "cls/predictions/output_bias": [120],
+            "cls/seq_relationship/output_weights": [2, width]}
+  for name, size in (("attention_1/self/query", [width, width]),
+                     ("attention_1/self/key", [width, width]),
+                     ("attention_1/self/value", [width, width]),
+                     ("attention_1/output/dense", [width, width]),
+                     ("ffn_1/intermediate/dense", [width, inner]),
+                     ("ffn_1/intermediate/output/dense", [inner, width])):
+    shapes[f"{_LAYER}/{name}/kernel"] = size
+    shapes[f"{_LAYER}/{name}/bias"] = size[-1:]
+  for norm, size in (("bert/embeddings/LayerNorm", embedding),
+                     (f"{_LAYER}/LayerNorm", width),
+                     (f"{_LAYER}/LayerNorm_1", width)):
+    shapes[f"{norm}/gamma"] = shapes[f"{norm}/beta"] = [size]
+  return shapes
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("google") / "albert_base"
+  folder.mkdir()
+  (folder / "albert_config.json").write_text(json.dumps(_CONFIG))
+  rng = np.random.default_rng(1)
+  with tf.Graph().as_default():
+    variables = {name: tf.compat.v1.Variable(
+        (1.0 if name.endswith("gamma") else 0.0) +
+        rng.normal(0, 0.2, shape).astype("float32"), name=name)
+                 for name, shape in _shapes().items()}
+    variables["global_step"] = tf.compat.v1.Variable(np.int64(7),
+                                                     name="global_step")
+    saver = tf.compat.v1.train.Saver(variables, save_relative_paths=True)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      saver.save(session, str(folder / "model.ckpt-best"),
+                 write_meta_graph=False, write_state=False)
+  return folder
+
+
+@pytest.fixture(scope="module")
+def model_garden_outputs(tmp_path_factory, release):
+  config = model_garden_configs.AlbertConfig.from_json_file(
+      str(release / "albert_config.json"))
+  out = tmp_path_factory.mktemp("model_garden")
+  converter.convert_checkpoint(config, str(out / "ckpt"),
+                               str(release / "model.ckpt-best"),
+                               checkpoint_model_name="encoder")
+  encoder = converter._create_albert_model(config)  # pylint: disable=protected-access
+  tf.train.Checkpoint(encoder=encoder).restore(
+      tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
+  batch = hugging_face_test._batch(config.vocab_size)  # pylint: disable=protected-access
+  outputs = encoder(batch)
+  if isinstance(outputs, dict):
+    return batch, outputs["sequence_output"], outputs["pooled_output"]
+  return batch, outputs[0], outputs[1]
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+def test_albert_equals_model_gardens_conversion(release, model_garden_outputs,
+                                                tmp_path, attention):
+  assert converters.detect(str(release)) == converters.GOOGLE_ALBERT
+  config = converters.convert(source=str(release),
+                              model_dir=str(tmp_path / "out"),
+                              attention=attention, log=lambda _: None)
+  assert (config.share_layers, config.embedding_size) == (True, 16)
+  batch, sequence, pooled = model_garden_outputs
+  outputs = models.load(str(tmp_path / "out"))(batch)
+  np.testing.assert_allclose(outputs["sequence_output"].numpy(),
+                             np.asarray(sequence), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(outputs["pooled_output"].numpy(),
+                             np.asarray(pooled), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("field", ["num_hidden_groups", "inner_group_num",
+                                   "net_structure_type"])
+def test_structures_thattn_does_not_build_are_refused(release, tmp_path,
+                                                      field):
+  folder = tmp_path / "changed"
+  folder.mkdir()
+  for path in release.iterdir():
+    (folder / path.name).write_bytes(path.read_bytes())
+  (folder / "albert_config.json").write_text(
+      json.dumps(dict(_CONFIG, **{field: 2})))
+  with pytest.raises(ValueError, match=f"{field}=2"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)
+  assert not (tmp_path / "out").exists()

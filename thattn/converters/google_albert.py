@@ -1,0 +1,105 @@
+"""Google's original ALBERT checkpoints, as google-research/albert released them.
+
+A folder holds `albert_config.json`, a TF1 checkpoint (`model.ckpt-best`
+or another `model.ckpt-N`) and the SentencePiece model `30k-clean.model`.
+The checkpoint is read by name, as for BERT (`thattn.converters.
+google_bert`), with ALBERT's names: the embeddings of width E, their
+projection `bert/encoder/embedding_hidden_mapping_in`, and the one shared
+layer under `bert/encoder/transformer/group_0/inner_group_0/`
+(`attention_1/self`, `attention_1/output/dense`, `LayerNorm` after the
+attention, `ffn_1/intermediate/dense` and `.../output/dense`,
+`LayerNorm_1` after the feed-forward network).
+
+What carries over: the sizes, E, the shared layer, `hidden_act` "gelu" in
+google-research/albert's tanh form, layer norms at 1e-12. Refused by name:
+`num_hidden_groups` or `inner_group_num` above 1 and `net_structure_type`
+other than 0 (structures thattn does not build). ALBERT's SentencePiece
+tokenizer, with its own lower-casing and normalization, is not carried
+over yet: the model_dir has no tokenizer.
+"""
+
+import json
+import os
+
+from thattn import models
+from thattn.converters import google_bert
+from thattn.converters import weights as weights_lib
+
+CONFIG_FILE = "albert_config.json"
+_LAYER = "bert/encoder/transformer/group_0/inner_group_0"
+# albert_config.json fields that select structures thattn does not build,
+# with the one value it reads.
+_REFUSED = {"num_hidden_groups": 1, "inner_group_num": 1,
+            "net_structure_type": 0}
+
+
+def is_source(path):
+  return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and
+          google_bert.checkpoint(path) is not None)
+
+
+def albert_config(path, attention="multi_head"):
+  where = os.path.join(path, CONFIG_FILE)
+  with open(where) as f:
+    source = json.load(f)
+  for name, value in _REFUSED.items():
+    if source.get(name, value) != value:
+      raise ValueError(f"{where}: {name}={source[name]!r}; thattn reads "
+                       f"{name}={value!r} only (nothing was written).")
+  activation = source.get("hidden_act")
+  if activation not in google_bert.ACTIVATIONS:
+    raise ValueError(f"{where}: hidden_act={activation!r}; thattn reads "
+                     f"{sorted(google_bert.ACTIVATIONS)} (nothing was "
+                     "written).")
+  width, heads = source["hidden_size"], source["num_attention_heads"]
+  return models.BertConfig(
+      vocab_size=source["vocab_size"], d_model=width,
+      num_layers=source["num_hidden_layers"],
+      d_ff=source["intermediate_size"],
+      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+                                       key_dim=width // heads),
+      embedding_size=source["embedding_size"], share_layers=True,
+      max_position_embeddings=source["max_position_embeddings"],
+      type_vocab_size=source["type_vocab_size"],
+      activation=google_bert.ACTIVATIONS[activation],
+      dropout_rate=source.get("hidden_dropout_prob", 0.1),
+      layer_norm_epsilon=google_bert.LAYER_NORM_EPSILON,
+      initializer_range=source.get("initializer_range", 0.02))
+
+
+def rules(config):
+  heads = config.attention.num_heads
+  query_scale = (config.d_model // heads) ** -0.5
+  pair = google_bert.pair
+  result = [
+      weights_lib.Rule("word_embeddings/embeddings",
+                       "bert/embeddings/word_embeddings"),
+      weights_lib.Rule("position_embedding/embeddings",
+                       "bert/embeddings/position_embeddings"),
+      weights_lib.Rule("type_embeddings/embeddings",
+                       "bert/embeddings/token_type_embeddings")]
+  result += pair("embedding_norm", "bert/embeddings/LayerNorm")
+  result += pair("embedding_projection",
+                 "bert/encoder/embedding_hidden_mapping_in")
+  result += pair("pooler/dense", "bert/pooler/dense")
+  attention = "shared_block/attention/attention"
+  for part, scale in (("query", query_scale), ("key", 1.0), ("value", 1.0)):
+    result += pair(f"{attention}/{part}", f"{_LAYER}/attention_1/self/{part}",
+                   google_bert.split_heads(heads, scale))
+  result += pair(f"{attention}/output", f"{_LAYER}/attention_1/output/dense",
+                 google_bert.merge_heads(heads))
+  result += pair("shared_block/attention_norm", f"{_LAYER}/LayerNorm")
+  result += pair("shared_block/feed_forward/input",
+                 f"{_LAYER}/ffn_1/intermediate/dense")
+  result += pair("shared_block/feed_forward/output",
+                 f"{_LAYER}/ffn_1/intermediate/output/dense")
+  result += pair("shared_block/feed_forward_norm", f"{_LAYER}/LayerNorm_1")
+  return result
+
+
+def read(path, attention):
+  config = albert_config(path, attention)
+  return weights_lib.Source(
+      config=config, arrays=google_bert.read_arrays(path),
+      rules=rules(config), dropped=google_bert.DROPPED, tokenizer=None,
+      family="albert")
