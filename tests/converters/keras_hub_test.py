@@ -1,4 +1,4 @@
-"""KerasHub BertBackbone presets into thattn, against KerasHub itself.
+"""KerasHub BERT and ALBERT presets into thattn, against KerasHub itself.
 
 The source is a tiny `BertBackbone` that KerasHub makes with random weights
 and saves with `save_to_preset`, with a `BertTokenizer` saved beside it.
@@ -7,9 +7,13 @@ batch equal KerasHub's own forward pass within 1e-5 (KerasHub's BERT uses
 GELU's tanh form, which carries over), as multi-head attention and as
 talking heads started at the identity; the converted tokenizer gives
 KerasHub's ids on the README's sample and the docs/examples texts (KerasHub
-lower-cases and keeps accents). KerasHub is the Keras 3 anchor
+lower-cases and keeps accents). An `AlbertBackbone` (embedding width, one
+shared layer) converts the same way, and one with several groups is
+refused by name. KerasHub is the Keras 3 anchor
 (benchmarks/requirements-anchors.txt), which .ci/run installs and checks.
 """
+
+import json
 
 import numpy as np
 import pytest
@@ -67,3 +71,45 @@ def test_the_tokenizer_gives_keras_hub_ids(preset, tmp_path):
   expected = [np.asarray(theirs(text)).tolist() for text in texts]
   assert ours.tokenize(texts).to_list() == expected
   assert ours.special.cls == theirs.token_to_id("[CLS]")
+
+
+@pytest.fixture(scope="module")
+def albert_preset(tmp_path_factory):
+  backbone = keras_hub.models.AlbertBackbone(
+      vocabulary_size=120, num_layers=3, num_heads=4, embedding_dim=16,
+      hidden_dim=32, intermediate_dim=64, max_sequence_length=64)
+  folder = tmp_path_factory.mktemp("keras_hub") / "albert"
+  backbone.save_to_preset(str(folder))
+  return backbone, folder
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+def test_albert_equals_keras_hub(albert_preset, tmp_path, attention):
+  backbone, folder = albert_preset
+  config = converters.convert(source=str(folder),
+                              model_dir=str(tmp_path / "out"),
+                              attention=attention, log=lambda _: None)
+  assert (config.share_layers, config.embedding_size) == (True, 16)
+  batch = hugging_face_test._batch(120)  # pylint: disable=protected-access
+  expected = backbone({"token_ids": batch["input_word_ids"],
+                       "segment_ids": batch["input_type_ids"],
+                       "padding_mask": batch["input_mask"]})
+  outputs = models.load(str(tmp_path / "out"))(batch)
+  for name in ("sequence_output", "pooled_output"):
+    np.testing.assert_allclose(outputs[name].numpy(),
+                               np.asarray(expected[name]), atol=1e-5, rtol=0,
+                               err_msg=name)
+
+
+def test_an_albert_with_several_groups_is_refused(albert_preset, tmp_path):
+  folder = tmp_path / "groups"
+  folder.mkdir()
+  for path in albert_preset[1].iterdir():
+    if path.is_file():
+      (folder / path.name).write_bytes(path.read_bytes())
+  preset = json.loads((folder / "config.json").read_text())
+  preset["config"]["num_groups"] = 3
+  (folder / "config.json").write_text(json.dumps(preset))
+  with pytest.raises(ValueError, match="num_groups=3"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)

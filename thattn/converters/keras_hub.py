@@ -1,4 +1,4 @@
-"""KerasHub BERT presets (what `BertBackbone.save_to_preset` writes).
+"""KerasHub BERT and ALBERT presets (what `save_to_preset` writes).
 
 A preset folder holds `config.json` (the backbone's class and arguments),
 `model.weights.h5` (Keras 3's weights file), and, where the tokenizer was
@@ -9,12 +9,15 @@ in the model's layer order (`transformer_encoder`, `transformer_encoder_1`,
 ...), each variable `vars/<index>` in its creation order. KerasHub is not
 needed to read it.
 
-What carries over: the sizes, KerasHub's BERT activation (GELU's tanh
-form, `gelu_approximate`), its layer-norm epsilon (1e-12), the pooler; the
+What carries over: the sizes, KerasHub's activation (GELU's tanh form,
+`gelu_approximate`), its layer-norm epsilon (1e-12), the pooler, ALBERT's
+embedding width, its projection and its one shared layer (an
+`AlbertBackbone` with `num_groups` or `num_inner_repetitions` above 1 is
+refused by name); the
 query's 1/sqrt(d_k), which Keras's MultiHeadAttention applies at run time,
-is folded into the query kernel and bias. The tokenizer: WordPiece over
-`vocabulary.txt`, lower-cased and accent-stripped as `tokenizer.json`
-says.
+is folded into the query kernel and bias. The tokenizer: BERT's WordPiece
+over `vocabulary.txt`, lower-cased and accent-stripped as `tokenizer.json`
+says; ALBERT's SentencePiece tokenizer is not carried over yet.
 """
 
 import json
@@ -31,7 +34,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_FILE = "tokenizer.json"
 VOCABULARY = os.path.join("assets", "tokenizer", "vocabulary.txt")
-BACKBONES = {"keras_hub>BertBackbone": "bert"}
+BACKBONES = {"keras_hub>BertBackbone": "bert",
+             "keras_hub>AlbertBackbone": "albert"}
+# AlbertBackbone arguments that select structures thattn does not build,
+# with the one value it reads.
+_ALBERT_REFUSED = {"num_groups": 1, "num_inner_repetitions": 1}
 # The epsilon KerasHub's BERT gives every layer norm.
 LAYER_NORM_EPSILON = 1e-12
 
@@ -52,21 +59,33 @@ def is_source(path):
     return False
 
 
-def bert_config(path, attention="multi_head"):
-  """thattn's BertConfig of a KerasHub BertBackbone preset."""
-  preset = _read_json(path, CONFIG_FILE)
-  if preset.get("registered_name") not in BACKBONES:
+def family(path):
+  """"bert" or "albert", or ValueError naming the backbone class."""
+  name = _read_json(path, CONFIG_FILE).get("registered_name")
+  if name not in BACKBONES:
     raise ValueError(
-        f"{os.path.join(path, CONFIG_FILE)}: registered_name="
-        f"{preset.get('registered_name')!r}; thattn reads "
-        f"{sorted(BACKBONES)} (nothing was written).")
-  config = preset["config"]
+        f"{os.path.join(path, CONFIG_FILE)}: registered_name={name!r}; "
+        f"thattn reads {sorted(BACKBONES)} (nothing was written).")
+  return BACKBONES[name]
+
+
+def bert_config(path, attention="multi_head"):
+  """thattn's BertConfig of a KerasHub BertBackbone or AlbertBackbone."""
+  albert = family(path) == "albert"
+  config = _read_json(path, CONFIG_FILE)["config"]
+  for name, value in (_ALBERT_REFUSED.items() if albert else ()):
+    if config.get(name, value) != value:
+      raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {name}="
+                       f"{config[name]!r}; thattn reads {name}={value!r} "
+                       "only (nothing was written).")
   width, heads = config["hidden_dim"], config["num_heads"]
   return models.BertConfig(
       vocab_size=config["vocabulary_size"], d_model=width,
       num_layers=config["num_layers"], d_ff=config["intermediate_dim"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
+      embedding_size=config["embedding_dim"] if albert else None,
+      share_layers=albert,
       max_position_embeddings=config["max_sequence_length"],
       type_vocab_size=config["num_segments"], activation="gelu_approximate",
       dropout_rate=config.get("dropout", 0.1),
@@ -110,11 +129,12 @@ def _pair(target, source, scale=1.0):
 
 
 def rules(config, arrays):
-  """Every Rule of a KerasHub BERT of this thattn config."""
+  """Every Rule of a KerasHub BERT or ALBERT of this thattn config."""
   encoders = _encoders(arrays)
-  if len(encoders) != config.num_layers:
+  blocks = 1 if config.share_layers else config.num_layers
+  if len(encoders) != blocks:
     raise ValueError(f"The weights hold {len(encoders)} transformer layers; "
-                     f"config.json says num_layers={config.num_layers}.")
+                     f"config.json says {blocks}.")
   query_scale = (config.d_model // config.attention.num_heads) ** -0.5
   result = [
       weights_lib.Rule("word_embeddings/embeddings",
@@ -124,9 +144,14 @@ def rules(config, arrays):
       weights_lib.Rule("type_embeddings/embeddings",
                        "layers/embedding/vars/0")]
   result += _pair("embedding_norm", "layers/layer_normalization")
-  result += _pair("pooler/dense", "layers/dense")
+  # Dense layers in the model's order: ALBERT's embedding projection first.
+  if config.share_layers:
+    result += _pair("embedding_projection", "layers/dense")
+  result += _pair("pooler/dense",
+                  "layers/dense_1" if config.share_layers else "layers/dense")
   for index, encoder in enumerate(encoders):
-    block, source = f"block_{index}", f"layers/{encoder}"
+    block = "shared_block" if config.share_layers else f"block_{index}"
+    source = f"layers/{encoder}"
     attention = f"{block}/attention/attention"
     result += _pair(f"{attention}/query",
                     f"{source}/_self_attention_layer/query_dense", query_scale)
@@ -145,9 +170,10 @@ def rules(config, arrays):
 
 
 def tokenizer(path):
-  """The preset's WordPiece tokenizer, or None where it has none."""
+  """The preset's WordPiece tokenizer, or None where it has none (or is an
+  ALBERT's SentencePiece)."""
   vocabulary = os.path.join(path, VOCABULARY)
-  if not os.path.isfile(vocabulary):
+  if family(path) != "bert" or not os.path.isfile(vocabulary):
     return None
   settings = _read_json(path, TOKENIZER_FILE).get("config", {})
   with open(vocabulary, encoding="utf-8") as f:
@@ -163,4 +189,4 @@ def read(path, attention):
   arrays = read_arrays(path)
   return weights_lib.Source(
       config=config, arrays=arrays, rules=rules(config, arrays), dropped=(),
-      tokenizer=tokenizer(path), family="bert")
+      tokenizer=tokenizer(path), family=family(path))
