@@ -12,8 +12,8 @@ written) and one writer (`model_dir.write`: staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
-- `keras_hub`: a KerasHub `BertBackbone` preset (config.json,
-  model.weights.h5, the tokenizer's vocabulary);
+- `keras_hub`: a KerasHub `BertBackbone` or `AlbertBackbone` preset
+  (config.json, model.weights.h5, BERT's tokenizer vocabulary);
 - `google_bert`: google-research/bert's release (bert_config.json,
   bert_model.ckpt, vocab.txt);
 - `google_albert`: google-research/albert's release (albert_config.json,
