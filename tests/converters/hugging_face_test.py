@@ -180,12 +180,17 @@ def test_what_thattn_cannot_represent_is_refused(bert, tmp_path, change,
   assert not (tmp_path / "out").exists()
 
 
-def test_albert_with_several_groups_is_refused(albert, tmp_path):
-  folder = tmp_path / "groups"
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_groups": 2}, "num_hidden_groups=2"),
+    ({"embedding_size": 32}, "embedding size 32 is not below"),
+])
+def test_an_albert_thattn_cannot_build_is_refused(albert, tmp_path, change,
+                                                  message):
+  folder = tmp_path / "changed"
   _save(folder, albert[0])
-  (folder / "config.json").write_text(json.dumps(dict(
-      _config(folder), num_hidden_groups=2)))
-  with pytest.raises(ValueError, match="num_hidden_groups=2"):
+  (folder / "config.json").write_text(json.dumps(dict(_config(folder),
+                                                      **change)))
+  with pytest.raises(ValueError, match=message):
     converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
                        log=lambda _: None)
 

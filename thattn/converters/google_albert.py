@@ -58,7 +58,8 @@ def albert_config(path, attention="multi_head"):
       d_ff=source["intermediate_size"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=source["embedding_size"], share_layers=True,
+      embedding_size=weights_lib.albert_embedding_size(
+          source["embedding_size"], width, where), share_layers=True,
       max_position_embeddings=source["max_position_embeddings"],
       type_vocab_size=source["type_vocab_size"],
       activation=google_bert.ACTIVATIONS[activation],

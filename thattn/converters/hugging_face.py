@@ -102,7 +102,8 @@ def bert_config(hf_config, path, attention="multi_head"):
       d_ff=_field(hf_config, "intermediate_size", path),
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=(_field(hf_config, "embedding_size", path)
+      embedding_size=(weights_lib.albert_embedding_size(
+          _field(hf_config, "embedding_size", path), width, where)
                       if model_type == "albert" else None),
       share_layers=model_type == "albert",
       max_position_embeddings=_field(hf_config, "max_position_embeddings",

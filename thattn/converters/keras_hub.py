@@ -84,7 +84,9 @@ def bert_config(path, attention="multi_head"):
       num_layers=config["num_layers"], d_ff=config["intermediate_dim"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=config["embedding_dim"] if albert else None,
+      embedding_size=weights_lib.albert_embedding_size(
+          config["embedding_dim"], width, os.path.join(path, CONFIG_FILE))
+      if albert else None,
       share_layers=albert,
       max_position_embeddings=config["max_sequence_length"],
       type_vocab_size=config["num_segments"], activation="gelu_approximate",

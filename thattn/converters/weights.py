@@ -57,6 +57,18 @@ class Source:
   family: str
 
 
+def albert_embedding_size(embedding_size, width, where):
+  """ALBERT's E, refused where it equals the hidden width: thattn builds
+  ALBERT's E -> d_model projection only when E < d_model, and ALBERT
+  always has one (a learned matrix, not the identity)."""
+  if embedding_size >= width:
+    raise ValueError(f"{where}: embedding size {embedding_size} is not "
+                     f"below the hidden size {width}; thattn's ALBERT "
+                     "projects E -> d_model only when E < d_model "
+                     "(nothing was written).")
+  return embedding_size
+
+
 def transpose(array):
   """A PyTorch Linear's [out, in] weight as a Keras kernel [in, out]."""
   return np.asarray(array).T
