@@ -8,9 +8,9 @@ is `thattn.mtf.training`); `thattn.launch.train` is `thattn-train`'s
 library function around it (export, CPU split). `run_dir` owns the model_dir's
 layout; `devices` and `dtensor` put a Keras model on a
 `tf.distribute.Strategy` or a DTensor mesh.
+
+The package imports nothing itself: `keras3_steps` (the Keras 3 step) is
+plain Keras 3 and serves JAX without TensorFlow (benchmarks/model_steps.py
+on the GPU machines); the driver (`run`) names the `[tensorflow]` extra
+where TensorFlow is missing.
 """
-
-from thattn import extras  # pylint: disable=g-bad-import-order
-
-# Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.training", extras.TENSORFLOW)

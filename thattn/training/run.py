@@ -39,6 +39,12 @@ import math
 import os
 import time
 
+from thattn import extras
+
+# Before the first TensorFlow import: names the pip extra if it is missing.
+extras.require("thattn.training.run", extras.TENSORFLOW)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import tensorflow as tf
 import tf_keras
 
