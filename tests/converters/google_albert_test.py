@@ -17,10 +17,9 @@ import pytest
 import tensorflow as tf
 
 from tests.converters import google_bert_test
-from tests.converters import hugging_face_test
+from tests.converters import checks
 from tests.converters import model_garden_scripts
 from thattn import converters
-from thattn import models
 
 converter = model_garden_scripts.script(
     "official.nlp.tools.tf2_albert_encoder_checkpoint_converter")
@@ -91,11 +90,8 @@ def model_garden_outputs(tmp_path_factory, release):
   encoder = converter._create_albert_model(config)  # pylint: disable=protected-access
   tf.train.Checkpoint(encoder=encoder).restore(
       tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
-  batch = hugging_face_test._batch(config.vocab_size)  # pylint: disable=protected-access
-  outputs = encoder(batch)
-  if isinstance(outputs, dict):
-    return batch, outputs["sequence_output"], outputs["pooled_output"]
-  return batch, outputs[0], outputs[1]
+  batch = checks.padded_batch(config.vocab_size)
+  return (batch, *checks.encoder_outputs(encoder(batch)))
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
@@ -106,12 +102,7 @@ def test_albert_equals_model_gardens_conversion(release, model_garden_outputs,
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
   assert (config.share_layers, config.embedding_size) == (True, 16)
-  batch, sequence, pooled = model_garden_outputs
-  outputs = models.load(str(tmp_path / "out"))(batch)
-  np.testing.assert_allclose(outputs["sequence_output"].numpy(),
-                             np.asarray(sequence), atol=1e-5, rtol=0)
-  np.testing.assert_allclose(outputs["pooled_output"].numpy(),
-                             np.asarray(pooled), atol=1e-5, rtol=0)
+  checks.assert_same_outputs(tmp_path / "out", *model_garden_outputs)
 
 
 @pytest.mark.parametrize("field", ["num_hidden_groups", "inner_group_num",

@@ -24,10 +24,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.converters import hugging_face_test
+from tests.converters import checks
 from tests.converters import model_garden_scripts
 from thattn import converters
-from thattn import models
 from thattn.data import tokenizers
 
 converter = model_garden_scripts.script(
@@ -98,7 +97,7 @@ def _write_release(folder, vocab, lower_case):
 
 @pytest.fixture(scope="module")
 def vocab():
-  texts = hugging_face_test.sample_texts()
+  texts = checks.sample_texts()
   return tokenizers.learn_wordpiece([text.lower() for text in texts], 200,
                                     num_sentinels=0).vocab
 
@@ -132,11 +131,8 @@ def model_garden_outputs(release, model_garden_release):
   encoder = converter._create_bert_model(config)  # pylint: disable=protected-access
   tf.train.Checkpoint(encoder=encoder).restore(
       tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
-  batch = hugging_face_test._batch(config.vocab_size)  # pylint: disable=protected-access
-  outputs = encoder(batch)
-  if isinstance(outputs, dict):
-    return batch, outputs["sequence_output"], outputs["pooled_output"]
-  return batch, outputs[0], outputs[1]
+  batch = checks.padded_batch(config.vocab_size)
+  return (batch, *checks.encoder_outputs(encoder(batch)))
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
@@ -147,12 +143,7 @@ def test_bert_equals_model_gardens_conversion(release, model_garden_outputs,
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
   assert config.activation == "gelu_approximate"  # google-research/bert's
-  batch, sequence, pooled = model_garden_outputs
-  outputs = models.load(str(tmp_path / "out"))(batch)
-  np.testing.assert_allclose(outputs["sequence_output"].numpy(),
-                             np.asarray(sequence), atol=1e-5, rtol=0)
-  np.testing.assert_allclose(outputs["pooled_output"].numpy(),
-                             np.asarray(pooled), atol=1e-5, rtol=0)
+  checks.assert_same_outputs(tmp_path / "out", *model_garden_outputs)
 
 
 def test_model_gardens_tf2_release_converts_to_the_same_model(
@@ -162,12 +153,7 @@ def test_model_gardens_tf2_release_converts_to_the_same_model(
   converters.convert(source=str(model_garden_release),
                      model_dir=str(tmp_path / "out"),
                      attention="talking_heads", log=lambda _: None)
-  batch, sequence, pooled = model_garden_outputs
-  outputs = models.load(str(tmp_path / "out"))(batch)
-  np.testing.assert_allclose(outputs["sequence_output"].numpy(),
-                             np.asarray(sequence), atol=1e-5, rtol=0)
-  np.testing.assert_allclose(outputs["pooled_output"].numpy(),
-                             np.asarray(pooled), atol=1e-5, rtol=0)
+  checks.assert_same_outputs(tmp_path / "out", *model_garden_outputs)
 
 
 @pytest.mark.parametrize("lower_case", [True, False])
@@ -179,7 +165,7 @@ def test_the_tokenizer_gives_bert_originals_ids(vocab, tmp_path, lower_case):
   assert ours.lower_case == lower_case  # read from the vocabulary
   theirs = tokenization.FullTokenizer(str(folder / "vocab.txt"),
                                       do_lower_case=lower_case)
-  texts = hugging_face_test.sample_texts()
+  texts = checks.sample_texts()
   expected = [theirs.convert_tokens_to_ids(theirs.tokenize(text))
               for text in texts]
   assert ours.tokenize(texts).to_list() == expected

@@ -11,23 +11,20 @@ sample and the docs/examples texts, lower-cased and cased; what thattn
 cannot represent is refused by name, and nothing is written then.
 """
 
-import csv
 import json
 import os
-import pathlib
 import sys
 
-import numpy as np
 import pytest
 import torch
 import transformers
 
 from tests import forkserver
+from tests.converters import checks
 from thattn import converters
-from thattn import models
 from thattn.data import tokenizers
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = checks.ROOT
 _VOCAB = 200
 _POSITIONS = 64
 _BERT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2,
@@ -35,24 +32,11 @@ _BERT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2,
              max_position_embeddings=_POSITIONS, type_vocab_size=2)
 
 
-def sample_texts():
-  """The README's serving sample and the docs/examples sentences."""
-  texts = ["A list holds items."]
-  with open(ROOT / "docs/examples/sst2_sample/train.tsv") as f:
-    texts += [row["sentence"] for row in csv.DictReader(f, delimiter="\t")]
-  with open(ROOT / "docs/examples/squad_sample/dev.json") as f:
-    for article in json.load(f)["data"]:
-      for paragraph in article["paragraphs"]:
-        texts.append(paragraph["context"])
-        texts += [qa["question"] for qa in paragraph["qas"]]
-  return texts
-
-
 @pytest.fixture(scope="module")
 def vocab_file(tmp_path_factory):
   """A small WordPiece vocabulary learned from the sample texts (its
   special tokens first, as BERT's [PAD], [UNK], ... are placed by name)."""
-  texts = sample_texts()
+  texts = checks.sample_texts()
   vocab = tokenizers.learn_wordpiece(
       texts + [text.lower() for text in texts], _VOCAB, lower_case=False,
       num_sentinels=0).vocab
@@ -89,31 +73,17 @@ def albert(tmp_path_factory):
   return model, _save(tmp_path_factory.mktemp("hf") / "albert", model)
 
 
-def _batch(vocab_size):
-  """Three rows, two of them padded, with both token types."""
-  rng = np.random.default_rng(0)
-  ids = rng.integers(5, vocab_size, (3, 12)).astype("int32")
-  mask = np.ones((3, 12), "int32")
-  mask[1, 7:] = 0
-  mask[2, 3:] = 0
-  types = np.zeros((3, 12), "int32")
-  types[:, 6:] = 1
-  return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
-
-
 def _assert_same_outputs(source_model, model_dir, vocab_size):
-  batch = _batch(vocab_size)
+  batch = checks.padded_batch(vocab_size)
   with torch.no_grad():
     expected = source_model(
         input_ids=torch.tensor(batch["input_word_ids"], dtype=torch.long),
         attention_mask=torch.tensor(batch["input_mask"], dtype=torch.long),
         token_type_ids=torch.tensor(batch["input_type_ids"],
                                     dtype=torch.long))
-  outputs = models.load(str(model_dir))(batch)
-  for name, value in (("sequence_output", expected.last_hidden_state),
-                      ("pooled_output", expected.pooler_output)):
-    np.testing.assert_allclose(outputs[name].numpy(), value.numpy(),
-                               atol=1e-5, rtol=0, err_msg=name)
+  checks.assert_same_outputs(model_dir, batch,
+                             expected.last_hidden_state.numpy(),
+                             expected.pooler_output.numpy())
 
 
 @pytest.mark.parametrize("attention", converters.ATTENTION_VARIANTS)
@@ -150,7 +120,7 @@ def test_the_tokenizer_gives_transformers_ids(vocab_file, tmp_path,
                      log=lambda _: None)
   ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
   theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
-  texts = sample_texts()
+  texts = checks.sample_texts()
   expected = [theirs(text, add_special_tokens=False)["input_ids"]
               for text in texts]
   assert ours.tokenize(texts).to_list() == expected

@@ -18,9 +18,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.converters import hugging_face_test
+from tests.converters import checks
 from thattn import converters
-from thattn import models
 from thattn.data import tokenizers
 
 keras_hub = pytest.importorskip(
@@ -29,7 +28,7 @@ keras_hub = pytest.importorskip(
 
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
-  texts = hugging_face_test.sample_texts()
+  texts = checks.sample_texts()
   vocab = tokenizers.learn_wordpiece(
       texts + [text.lower() for text in texts], 200, lower_case=False,
       num_sentinels=0).vocab
@@ -51,15 +50,12 @@ def test_bert_equals_keras_hub(preset, tmp_path, attention):
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
   assert config.activation == "gelu_approximate"
-  batch = hugging_face_test._batch(config.vocab_size)  # pylint: disable=protected-access
+  batch = checks.padded_batch(config.vocab_size)
   expected = backbone({"token_ids": batch["input_word_ids"],
                        "segment_ids": batch["input_type_ids"],
                        "padding_mask": batch["input_mask"]})
-  outputs = models.load(str(tmp_path / "out"))(batch)
-  for name in ("sequence_output", "pooled_output"):
-    np.testing.assert_allclose(outputs[name].numpy(),
-                               np.asarray(expected[name]), atol=1e-5, rtol=0,
-                               err_msg=name)
+  checks.assert_same_outputs(tmp_path / "out", batch,
+                             *checks.encoder_outputs(expected))
 
 
 def test_the_tokenizer_gives_keras_hub_ids(preset, tmp_path):
@@ -67,7 +63,7 @@ def test_the_tokenizer_gives_keras_hub_ids(preset, tmp_path):
   converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
                      log=lambda _: None)
   ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
-  texts = hugging_face_test.sample_texts() + ["Crème Brûlée, À LA CARTE"]
+  texts = checks.sample_texts() + ["Crème Brûlée, À LA CARTE"]
   expected = [np.asarray(theirs(text)).tolist() for text in texts]
   assert ours.tokenize(texts).to_list() == expected
   assert ours.special.cls == theirs.token_to_id("[CLS]")
@@ -90,15 +86,12 @@ def test_albert_equals_keras_hub(albert_preset, tmp_path, attention):
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
   assert (config.share_layers, config.embedding_size) == (True, 16)
-  batch = hugging_face_test._batch(120)  # pylint: disable=protected-access
+  batch = checks.padded_batch(120)
   expected = backbone({"token_ids": batch["input_word_ids"],
                        "segment_ids": batch["input_type_ids"],
                        "padding_mask": batch["input_mask"]})
-  outputs = models.load(str(tmp_path / "out"))(batch)
-  for name in ("sequence_output", "pooled_output"):
-    np.testing.assert_allclose(outputs[name].numpy(),
-                               np.asarray(expected[name]), atol=1e-5, rtol=0,
-                               err_msg=name)
+  checks.assert_same_outputs(tmp_path / "out", batch,
+                             *checks.encoder_outputs(expected))
 
 
 def test_an_albert_with_several_groups_is_refused(albert_preset, tmp_path):

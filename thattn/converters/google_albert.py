@@ -21,7 +21,6 @@ over yet: the model_dir has no tokenizer.
 import json
 import os
 
-from thattn import models
 from thattn.converters import google_bert
 from thattn.converters import weights as weights_lib
 
@@ -46,26 +45,7 @@ def albert_config(path, attention="multi_head"):
     if source.get(name, value) != value:
       raise ValueError(f"{where}: {name}={source[name]!r}; thattn reads "
                        f"{name}={value!r} only (nothing was written).")
-  activation = source.get("hidden_act")
-  if activation not in google_bert.ACTIVATIONS:
-    raise ValueError(f"{where}: hidden_act={activation!r}; thattn reads "
-                     f"{sorted(google_bert.ACTIVATIONS)} (nothing was "
-                     "written).")
-  width, heads = source["hidden_size"], source["num_attention_heads"]
-  return models.BertConfig(
-      vocab_size=source["vocab_size"], d_model=width,
-      num_layers=source["num_hidden_layers"],
-      d_ff=source["intermediate_size"],
-      attention=models.AttentionConfig(variant=attention, num_heads=heads,
-                                       key_dim=width // heads),
-      embedding_size=weights_lib.albert_embedding_size(
-          source["embedding_size"], width, where), share_layers=True,
-      max_position_embeddings=source["max_position_embeddings"],
-      type_vocab_size=source["type_vocab_size"],
-      activation=google_bert.ACTIVATIONS[activation],
-      dropout_rate=source.get("hidden_dropout_prob", 0.1),
-      layer_norm_epsilon=google_bert.LAYER_NORM_EPSILON,
-      initializer_range=source.get("initializer_range", 0.02))
+  return google_bert.encoder_config(source, where, attention, albert=True)
 
 
 def rules(config):

@@ -61,12 +61,10 @@ def is_source(path):
           checkpoint(path) is not None)
 
 
-def bert_config(path, attention="multi_head"):
-  """thattn's BertConfig of bert_config.json, or ValueError naming the
-  field thattn cannot represent."""
-  where = os.path.join(path, CONFIG_FILE)
-  with open(where) as f:
-    source = json.load(f)
+def encoder_config(source, where, attention="multi_head", albert=False):
+  """thattn's BertConfig of Google's config fields (bert_config.json's, or
+  albert_config.json's with `albert`), or ValueError naming the field
+  thattn cannot represent."""
   activation = source.get("hidden_act")
   if activation not in ACTIVATIONS:
     raise ValueError(f"{where}: hidden_act={activation!r}; thattn reads "
@@ -81,12 +79,22 @@ def bert_config(path, attention="multi_head"):
       d_ff=source["intermediate_size"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
+      embedding_size=weights_lib.albert_embedding_size(
+          source["embedding_size"], width, where) if albert else None,
+      share_layers=albert,
       max_position_embeddings=source["max_position_embeddings"],
       type_vocab_size=source["type_vocab_size"],
       activation=ACTIVATIONS[activation],
       dropout_rate=source.get("hidden_dropout_prob", 0.1),
       layer_norm_epsilon=LAYER_NORM_EPSILON,
       initializer_range=source.get("initializer_range", 0.02))
+
+
+def bert_config(path, attention="multi_head"):
+  """thattn's BertConfig of the folder's bert_config.json."""
+  where = os.path.join(path, CONFIG_FILE)
+  with open(where) as f:
+    return encoder_config(json.load(f), where, attention)
 
 
 def read_arrays(path):
