@@ -44,9 +44,11 @@ EXTRAS_REQUIRE = {
     "jax": KERAS + ["jax[cpu]"],
     "torch": KERAS + ["torch==2.13.*"],
     # The tf_keras layers and models, thattn-train, thattn-export, the data
-    # pipeline, and thattn.keras3 on TensorFlow.
+    # pipeline, thattn-convert's BERT and ALBERT sources, and thattn.keras3
+    # on TensorFlow.
     "tensorflow": TENSORFLOW,
-    # The Mesh TensorFlow backend (thattn.mtf, thattn-convert):
+    # The Mesh TensorFlow backend (thattn.mtf, thattn-convert to and from
+    # Mesh TensorFlow):
     # mesh_tensorflow.transformer imports gin, tensorflow_datasets and
     # pkg_resources (gone in setuptools 81). thattn.mtf.compat says why each
     # is needed.

@@ -9,7 +9,8 @@ brings only absl-py and NumPy; each framework comes with an extra:
   `thattn.layers`, the tf_keras models, `thattn-train`, the export, the
   data pipeline, and `thattn.keras3` on TensorFlow;
 - `[mtf]`: the same and mesh-tensorflow, for `thattn.mtf`,
-  `thattn-train --backend=mtf` and `thattn-convert`.
+  `thattn-train --backend=mtf` and `thattn-convert`'s Mesh TensorFlow
+  conversions (its BERT and ALBERT sources need only `[tensorflow]`).
 
 A part that needs a missing package calls `require` before importing it,
 so the user reads one line naming the pip command instead of a bare
