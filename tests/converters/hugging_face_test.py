@@ -225,3 +225,17 @@ def test_converted_bert_fine_tunes_with_both_backends(bert, tmp_path):
                 f"--export_dir={tmp_path / 'served'}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "served" / "saved_model.pb").exists()
+
+
+def test_weights_that_do_not_match_the_config_are_named(bert, tmp_path):
+  folder = tmp_path / "mismatched"
+  _save(folder, bert[0])
+  (folder / "config.json").write_text(json.dumps(dict(
+      _config(folder), intermediate_size=48)))
+  with pytest.raises(ValueError, match=(
+      r"encoder\.layer\.0\.intermediate\.dense\.weight \[64, 32\] gives "
+      r"\[32, 64\] for block_0/feed_forward/input/kernel, which is "
+      r"\[32, 48\]")):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                       log=lambda _: None)
+  assert not (tmp_path / "out").exists()

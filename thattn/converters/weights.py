@@ -76,7 +76,8 @@ def transpose(array):
 
 def weight_names(model):
   """{name without ':0': variable} of a tf_keras model, in order."""
-  return {re.sub(r":\d+$", "", weight.name): weight for weight in model.weights}
+  return {re.sub(r":\d+$", "", weight.name): weight
+          for weight in model.weights}
 
 
 def identity_start(names):
@@ -114,12 +115,17 @@ def plan(model, arrays, rules, *, dropped=(), source="the source"):
     elif rule.source not in arrays:
       problems.append(f"{source} has no {rule.source} (for {rule.target})")
     else:
-      value = np.asarray(rule.transform(arrays[rule.source]), np.float32)
+      shape = list(np.shape(arrays[rule.source]))
+      try:
+        value = np.asarray(rule.transform(arrays[rule.source]), np.float32)
+      except ValueError as error:  # a reshape into heads that cannot be
+        problems.append(f"{rule.source} {shape} cannot become "
+                        f"{rule.target} ({error})")
+        continue
       if value.shape != shapes[rule.target]:
-        problems.append(
-            f"{rule.source} {list(np.shape(arrays[rule.source]))} gives "
-            f"{list(value.shape)} for {rule.target}, which is "
-            f"{list(shapes[rule.target])}")
+        problems.append(f"{rule.source} {shape} gives {list(value.shape)} "
+                        f"for {rule.target}, which is "
+                        f"{list(shapes[rule.target])}")
       values[rule.target] = value
   values.update({name: value for name, value in identity_start(
       {name: shape for name, shape in shapes.items()
