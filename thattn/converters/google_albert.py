@@ -1,4 +1,4 @@
-"""Google's original ALBERT checkpoints, as google-research/albert released them.
+"""Google's original ALBERT checkpoints, as google-research/albert released.
 
 A folder holds `albert_config.json`, a TF1 checkpoint (`model.ckpt-best`
 or another `model.ckpt-N`) and the SentencePiece model `30k-clean.model`.
@@ -50,32 +50,18 @@ def albert_config(path, attention="multi_head"):
 
 def rules(config):
   heads = config.attention.num_heads
-  query_scale = (config.d_model // heads) ** -0.5
-  pair = google_bert.pair
-  result = [
-      weights_lib.Rule("word_embeddings/embeddings",
-                       "bert/embeddings/word_embeddings"),
-      weights_lib.Rule("position_embedding/embeddings",
-                       "bert/embeddings/position_embeddings"),
-      weights_lib.Rule("type_embeddings/embeddings",
-                       "bert/embeddings/token_type_embeddings")]
-  result += pair("embedding_norm", "bert/embeddings/LayerNorm")
-  result += pair("embedding_projection",
-                 "bert/encoder/embedding_hidden_mapping_in")
-  result += pair("pooler/dense", "bert/pooler/dense")
-  attention = "shared_block/attention/attention"
-  for part, scale in (("query", query_scale), ("key", 1.0), ("value", 1.0)):
-    result += pair(f"{attention}/{part}", f"{_LAYER}/attention_1/self/{part}",
-                   google_bert.split_heads(heads, scale))
-  result += pair(f"{attention}/output", f"{_LAYER}/attention_1/output/dense",
-                 google_bert.merge_heads(heads))
-  result += pair("shared_block/attention_norm", f"{_LAYER}/LayerNorm")
-  result += pair("shared_block/feed_forward/input",
-                 f"{_LAYER}/ffn_1/intermediate/dense")
-  result += pair("shared_block/feed_forward/output",
-                 f"{_LAYER}/ffn_1/intermediate/output/dense")
-  result += pair("shared_block/feed_forward_norm", f"{_LAYER}/LayerNorm_1")
-  return result
+  parts = {"query": f"{_LAYER}/attention_1/self/query",
+           "key": f"{_LAYER}/attention_1/self/key",
+           "value": f"{_LAYER}/attention_1/self/value",
+           "attention_output": f"{_LAYER}/attention_1/output/dense",
+           "attention_norm": f"{_LAYER}/LayerNorm",
+           "ff_input": f"{_LAYER}/ffn_1/intermediate/dense",
+           "ff_output": f"{_LAYER}/ffn_1/intermediate/output/dense",
+           "ff_norm": f"{_LAYER}/LayerNorm_1"}
+  return google_bert.embedding_rules() + google_bert.NAMING.dense(
+      "embedding_projection", "bert/encoder/embedding_hidden_mapping_in"
+  ) + google_bert.NAMING.block("shared_block", parts, heads,
+                               config.d_model // heads)
 
 
 def read(path, attention):

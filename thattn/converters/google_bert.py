@@ -107,59 +107,39 @@ def read_arrays(path):
           for name in reader.get_variable_to_shape_map()}
 
 
-def split_heads(heads, scale=1.0):
-  """[in, h*d_k] kernel -> [in, h, d_k]; [h*d_k] bias -> [h, d_k]."""
-  def transform(array):
-    array = np.asarray(array) * scale
-    return array.reshape(heads, -1) if array.ndim == 1 else array.reshape(
-        array.shape[0], heads, -1)
-  return transform
+# TensorFlow's names: `<layer>/kernel` ([in, out]), `<layer>/bias`, a
+# LayerNorm's `<layer>/gamma` and `<layer>/beta`.
+NAMING = weights_lib.Naming(lambda layer, which: f"{layer}/{which}")
 
 
-def merge_heads(heads):
-  """[h*d_v, out] kernel -> [h, d_v, out]; the [out] bias as it is."""
-  def transform(array):
-    array = np.asarray(array)
-    return array.reshape(heads, -1, array.shape[-1]) if array.ndim == 2 else (
-        array)
-  return transform
-
-
-def pair(target, source, transform=None):
-  names = (("gamma", "gamma"), ("beta", "beta")) if "norm" in target else (
-      ("kernel", "kernel"), ("bias", "bias"))
-  return [weights_lib.Rule(f"{target}/{ours}", f"{source}/{theirs}",
-                           *([transform] if transform else []))
-          for ours, theirs in names]
-
-
-def rules(config):
-  heads = config.attention.num_heads
-  query_scale = (config.d_model // heads) ** -0.5
-  result = [
+def embedding_rules():
+  """The embeddings and their LayerNorm, as BERT and ALBERT both name them."""
+  return [
       weights_lib.Rule("word_embeddings/embeddings",
                        "bert/embeddings/word_embeddings"),
       weights_lib.Rule("position_embedding/embeddings",
                        "bert/embeddings/position_embeddings"),
       weights_lib.Rule("type_embeddings/embeddings",
-                       "bert/embeddings/token_type_embeddings")]
-  result += pair("embedding_norm", "bert/embeddings/LayerNorm")
-  result += pair("pooler/dense", "bert/pooler/dense")
+                       "bert/embeddings/token_type_embeddings")
+  ] + NAMING.norm("embedding_norm", "bert/embeddings/LayerNorm") + (
+      NAMING.dense("pooler/dense", "bert/pooler/dense"))
+
+
+def rules(config):
+  heads = config.attention.num_heads
+  result = embedding_rules()
   for index in range(config.num_layers):
-    block, layer = f"block_{index}", f"bert/encoder/layer_{index}"
-    attention = f"{block}/attention/attention"
-    for part, scale in (("query", query_scale), ("key", 1.0),
-                        ("value", 1.0)):
-      result += pair(f"{attention}/{part}", f"{layer}/attention/self/{part}",
-                      split_heads(heads, scale))
-    result += pair(f"{attention}/output", f"{layer}/attention/output/dense",
-                    merge_heads(heads))
-    result += pair(f"{block}/attention_norm",
-                    f"{layer}/attention/output/LayerNorm")
-    result += pair(f"{block}/feed_forward/input",
-                    f"{layer}/intermediate/dense")
-    result += pair(f"{block}/feed_forward/output", f"{layer}/output/dense")
-    result += pair(f"{block}/feed_forward_norm", f"{layer}/output/LayerNorm")
+    layer = f"bert/encoder/layer_{index}"
+    parts = {"query": f"{layer}/attention/self/query",
+             "key": f"{layer}/attention/self/key",
+             "value": f"{layer}/attention/self/value",
+             "attention_output": f"{layer}/attention/output/dense",
+             "attention_norm": f"{layer}/attention/output/LayerNorm",
+             "ff_input": f"{layer}/intermediate/dense",
+             "ff_output": f"{layer}/output/dense",
+             "ff_norm": f"{layer}/output/LayerNorm"}
+    result += NAMING.block(f"block_{index}", parts, heads,
+                           config.d_model // heads)
   return result
 
 

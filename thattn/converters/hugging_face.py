@@ -152,52 +152,11 @@ def _torch_arrays(file_path):
   return {name: value.float().numpy() for name, value in state.items()}
 
 
-def _heads(heads, scale=1.0):
-  """[h*d_k, in] Linear weight -> [in, h, d_k] kernel (times scale); a
-  [h*d_k] bias -> [h, d_k]."""
-  def transform(array):
-    array = np.asarray(array) * scale
-    if array.ndim == 1:
-      return array.reshape(heads, -1)
-    return array.T.reshape(array.shape[1], heads, -1)
-  return transform
-
-
-def _from_heads(heads):
-  """[out, h*d_v] Linear weight -> [h, d_v, out] kernel."""
-  return lambda array: np.asarray(array).T.reshape(heads, -1,
-                                                   np.shape(array)[0])
-
-
-def _dense(prefix, source, kernel=weights_lib.transpose):
-  return [weights_lib.Rule(f"{prefix}/kernel", f"{source}.weight", kernel),
-          weights_lib.Rule(f"{prefix}/bias", f"{source}.bias")]
-
-
-def _norm(prefix, source):
-  return [weights_lib.Rule(f"{prefix}/gamma", f"{source}.weight"),
-          weights_lib.Rule(f"{prefix}/beta", f"{source}.bias")]
-
-
-def _block(block, attention, names, heads, key_dim):
-  """The rules of one encoder layer; `names` holds the source's names of
-  its parts (BERT's and ALBERT's differ)."""
-  query_scale = key_dim ** -0.5
-  rules = []
-  for part, scale in (("query", query_scale), ("key", 1.0), ("value", 1.0)):
-    source = f"{names['attention']}.{part}"
-    rules += [
-        weights_lib.Rule(f"{attention}/{part}/kernel", f"{source}.weight",
-                         _heads(heads, scale)),
-        weights_lib.Rule(f"{attention}/{part}/bias", f"{source}.bias",
-                         _heads(heads, scale))]
-  rules += _dense(f"{attention}/output", names["attention_output"],
-                  _from_heads(heads))
-  rules += _norm(f"{block}/attention_norm", names["attention_norm"])
-  rules += _dense(f"{block}/feed_forward/input", names["ff_input"])
-  rules += _dense(f"{block}/feed_forward/output", names["ff_output"])
-  rules += _norm(f"{block}/feed_forward_norm", names["ff_norm"])
-  return rules
+# PyTorch's names: `<layer>.weight` ([out, in] for a Linear; a LayerNorm's
+# scale) and `<layer>.bias`.
+NAMING = weights_lib.Naming(
+    lambda layer, which: f"{layer}.{'bias' if which in ('bias', 'beta') else 'weight'}",  # pylint: disable=line-too-long
+    transposed=True)
 
 
 def rules(config, model_type):
@@ -211,30 +170,32 @@ def rules(config, model_type):
                        "embeddings.position_embeddings.weight"),
       weights_lib.Rule("type_embeddings/embeddings",
                        "embeddings.token_type_embeddings.weight")]
-  result += _norm("embedding_norm", "embeddings.LayerNorm")
-  result += _dense("pooler/dense", "pooler.dense" if model_type == "bert"
-                   else "pooler")
+  result += NAMING.norm("embedding_norm", "embeddings.LayerNorm")
+  result += NAMING.dense("pooler/dense", "pooler.dense" if model_type == "bert"
+                         else "pooler")
   if model_type == "albert":
-    result += _dense("embedding_projection",
-                     "encoder.embedding_hidden_mapping_in")
+    result += NAMING.dense("embedding_projection",
+                           "encoder.embedding_hidden_mapping_in")
     layer = "encoder.albert_layer_groups.0.albert_layers.0"
-    names = {"attention": f"{layer}.attention",
+    parts = {"query": f"{layer}.attention.query",
+             "key": f"{layer}.attention.key",
+             "value": f"{layer}.attention.value",
              "attention_output": f"{layer}.attention.dense",
              "attention_norm": f"{layer}.attention.LayerNorm",
              "ff_input": f"{layer}.ffn", "ff_output": f"{layer}.ffn_output",
              "ff_norm": f"{layer}.full_layer_layer_norm"}
-    return result + _block("shared_block", "shared_block/attention/attention",
-                           names, heads, key_dim)
+    return result + NAMING.block("shared_block", parts, heads, key_dim)
   for index in range(config.num_layers):
     layer = f"encoder.layer.{index}"
-    names = {"attention": f"{layer}.attention.self",
+    parts = {"query": f"{layer}.attention.self.query",
+             "key": f"{layer}.attention.self.key",
+             "value": f"{layer}.attention.self.value",
              "attention_output": f"{layer}.attention.output.dense",
              "attention_norm": f"{layer}.attention.output.LayerNorm",
              "ff_input": f"{layer}.intermediate.dense",
              "ff_output": f"{layer}.output.dense",
              "ff_norm": f"{layer}.output.LayerNorm"}
-    result += _block(f"block_{index}", f"block_{index}/attention/attention",
-                     names, heads, key_dim)
+    result += NAMING.block(f"block_{index}", parts, heads, key_dim)
   return result
 
 

@@ -121,13 +121,10 @@ def _encoders(arrays):
                 if name[-1].isdigit() else 0)
 
 
-def _pair(target, source, scale=1.0):
-  """The two variables of one Keras layer group: kernel and bias (times
-  `scale`), or a norm's gamma and beta."""
-  names = ("gamma", "beta") if "norm" in target else ("kernel", "bias")
-  transform = lambda array: np.asarray(array) * scale
-  return [weights_lib.Rule(f"{target}/{name}", f"{source}/vars/{index}",
-                           transform) for index, name in enumerate(names)]
+# Keras 3's weights file: a layer's variables as `vars/<i>` in creation
+# order, kernel (or a norm's gamma) first.
+NAMING = weights_lib.Naming(
+    lambda layer, which: f"{layer}/vars/{0 if which in ('kernel', 'gamma') else 1}")  # pylint: disable=line-too-long
 
 
 def rules(config, arrays):
@@ -137,7 +134,7 @@ def rules(config, arrays):
   if len(encoders) != blocks:
     raise ValueError(f"The weights hold {len(encoders)} transformer layers; "
                      f"config.json says {blocks}.")
-  query_scale = (config.d_model // config.attention.num_heads) ** -0.5
+  heads = config.attention.num_heads
   result = [
       weights_lib.Rule("word_embeddings/embeddings",
                        "layers/reversible_embedding/vars/0"),
@@ -145,29 +142,27 @@ def rules(config, arrays):
                        "layers/position_embedding/vars/0"),
       weights_lib.Rule("type_embeddings/embeddings",
                        "layers/embedding/vars/0")]
-  result += _pair("embedding_norm", "layers/layer_normalization")
+  result += NAMING.norm("embedding_norm", "layers/layer_normalization")
   # Dense layers in the model's order: ALBERT's embedding projection first.
   if config.share_layers:
-    result += _pair("embedding_projection", "layers/dense")
-  result += _pair("pooler/dense",
-                  "layers/dense_1" if config.share_layers else "layers/dense")
+    result += NAMING.dense("embedding_projection", "layers/dense")
+  result += NAMING.dense(
+      "pooler/dense", "layers/dense_1" if config.share_layers else
+      "layers/dense")
   for index, encoder in enumerate(encoders):
-    block = "shared_block" if config.share_layers else f"block_{index}"
     source = f"layers/{encoder}"
-    attention = f"{block}/attention/attention"
-    result += _pair(f"{attention}/query",
-                    f"{source}/_self_attention_layer/query_dense", query_scale)
-    for part in ("key", "value", "output"):
-      result += _pair(f"{attention}/{part}",
-                      f"{source}/_self_attention_layer/{part}_dense")
-    result += _pair(f"{block}/attention_norm",
-                    f"{source}/_self_attention_layer_norm")
-    result += _pair(f"{block}/feed_forward/input",
-                    f"{source}/_feedforward_intermediate_dense")
-    result += _pair(f"{block}/feed_forward/output",
-                    f"{source}/_feedforward_output_dense")
-    result += _pair(f"{block}/feed_forward_norm",
-                    f"{source}/_feedforward_layer_norm")
+    attention = f"{source}/_self_attention_layer"
+    parts = {"query": f"{attention}/query_dense",
+             "key": f"{attention}/key_dense",
+             "value": f"{attention}/value_dense",
+             "attention_output": f"{attention}/output_dense",
+             "attention_norm": f"{source}/_self_attention_layer_norm",
+             "ff_input": f"{source}/_feedforward_intermediate_dense",
+             "ff_output": f"{source}/_feedforward_output_dense",
+             "ff_norm": f"{source}/_feedforward_layer_norm"}
+    result += NAMING.block(
+        "shared_block" if config.share_layers else f"block_{index}", parts,
+        heads, config.d_model // heads)
   return result
 
 

@@ -55,11 +55,8 @@ def is_source(path):
   return any(_FIRST.fullmatch(name) for name in names)
 
 
-def _pair(target, source, scale=1.0):
-  names = ("gamma", "beta") if "norm" in target else ("kernel", "bias")
-  return [weights_lib.Rule(f"{target}/{name}", f"{source}/{name}{_VALUE}",
-                           lambda array: np.asarray(array) * scale)
-          for name in names]
+# An object-based checkpoint's names: `<layer>/<attribute>/.ATTRIBUTES/...`.
+NAMING = weights_lib.Naming(lambda layer, which: f"{layer}/{which}{_VALUE}")
 
 
 def rules(config, root, arrays, path):
@@ -72,26 +69,25 @@ def rules(config, root, arrays, path):
     raise ValueError(f"{path}: {layer(4)} is an embedding projection "
                      "(embedding_width below hidden_size); thattn reads "
                      "Model Garden's BERT encoder without one.")
-  query_scale = (config.d_model // config.attention.num_heads) ** -0.5
+  heads = config.attention.num_heads
   result = [weights_lib.Rule(target, f"{layer(index)}/embeddings{_VALUE}")
             for index, target in enumerate((
                 "word_embeddings/embeddings", "position_embedding/embeddings",
                 "type_embeddings/embeddings"))]
-  result += _pair("embedding_norm", layer(3))
+  result += NAMING.norm("embedding_norm", layer(3))
   for index in range(config.num_layers):
-    block, source = f"block_{index}", layer(4 + index)
-    attention = f"{block}/attention/attention"
-    for part in ("query", "key", "value", "output"):
-      result += _pair(f"{attention}/{part}",
-                      f"{source}/_attention_layer/_{part}_dense",
-                      query_scale if part == "query" else 1.0)
-    for target, part in (("attention_norm", "_attention_layer_norm"),
-                         ("feed_forward/input", "_intermediate_dense"),
-                         ("feed_forward/output", "_output_dense"),
-                         ("feed_forward_norm", "_output_layer_norm")):
-      result += _pair(f"{block}/{target}", f"{source}/{part}")
-  result += _pair("pooler/dense", layer(4 + config.num_layers))
-  return result
+    source = layer(4 + index)
+    parts = {"query": f"{source}/_attention_layer/_query_dense",
+             "key": f"{source}/_attention_layer/_key_dense",
+             "value": f"{source}/_attention_layer/_value_dense",
+             "attention_output": f"{source}/_attention_layer/_output_dense",
+             "attention_norm": f"{source}/_attention_layer_norm",
+             "ff_input": f"{source}/_intermediate_dense",
+             "ff_output": f"{source}/_output_dense",
+             "ff_norm": f"{source}/_output_layer_norm"}
+    result += NAMING.block(f"block_{index}", parts, heads,
+                           config.d_model // heads)
+  return result + NAMING.dense("pooler/dense", layer(4 + config.num_layers))
 
 
 def read(path, attention):

@@ -69,9 +69,69 @@ def albert_embedding_size(embedding_size, width, where):
   return embedding_size
 
 
-def transpose(array):
-  """A PyTorch Linear's [out, in] weight as a Keras kernel [in, out]."""
-  return np.asarray(array).T
+# A BERT layer's parts, by the name a format's `parts` dict gives each:
+# attention's query, key and value (their kernels split into heads), its
+# output (its kernel's input merged from heads), the two LayerNorms and
+# the feed-forward network's two dense layers.
+BLOCK_PARTS = ("query", "key", "value", "attention_output", "attention_norm",
+               "ff_input", "ff_output", "ff_norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+  """How a format names a layer's variables: `variable(layer, which)` for
+  which in kernel, bias, gamma, beta; `transposed`: kernels stored
+  [out, in], as PyTorch's Linear does (TensorFlow and Keras store
+  [in, out]). Attention kernels may be plain dense ones, [d, h*d_k]
+  (Hugging Face, Google's original checkpoints), or already per head,
+  [d, h, d_k] and [h, d_v, d] (KerasHub, Model Garden): `block` reshapes
+  either to thattn's."""
+  variable: Callable[[str, str], str]
+  transposed: bool = False
+
+  def kernel(self, array):
+    """A dense kernel as Keras's [in, out]."""
+    return np.asarray(array).T if self.transposed else np.asarray(array)
+
+  def dense(self, target, source, kernel=None):
+    return [Rule(f"{target}/kernel", self.variable(source, "kernel"),
+                 kernel or self.kernel),
+            Rule(f"{target}/bias", self.variable(source, "bias"))]
+
+  def norm(self, target, source):
+    return [Rule(f"{target}/{which}", self.variable(source, which))
+            for which in ("gamma", "beta")]
+
+  def block(self, block, parts, heads, key_dim):
+    """The rules of one post-norm encoder layer: thattn's `block` prefix
+    (block_<i> or shared_block) from the source layers `parts` names (a
+    dict over BLOCK_PARTS). The query, key and value kernels split their
+    output into [h, d_k] head-major, as BERT's attention does, and the
+    query's kernel and bias take 1/sqrt(d_k), which BERT applies to the
+    logits at run time and thattn never does."""
+    if set(parts) != set(BLOCK_PARTS):
+      raise ValueError(f"parts names {sorted(parts)}; expected "
+                       f"{sorted(BLOCK_PARTS)}.")
+    attention = f"{block}/attention/attention"
+    rules = []
+    for part in ("query", "key", "value"):
+      scale = key_dim ** -0.5 if part == "query" else 1.0
+      rules += [
+          Rule(f"{attention}/{part}/kernel",
+               self.variable(parts[part], "kernel"),
+               lambda array, scale=scale: (self.kernel(array) * scale
+                                           ).reshape(-1, heads, key_dim)),
+          Rule(f"{attention}/{part}/bias", self.variable(parts[part], "bias"),
+               lambda array, scale=scale: (np.asarray(array) * scale
+                                           ).reshape(heads, key_dim))]
+    rules += self.dense(
+        f"{attention}/output", parts["attention_output"],
+        lambda array: self.kernel(array).reshape(heads, key_dim, -1))
+    rules += self.norm(f"{block}/attention_norm", parts["attention_norm"])
+    rules += self.dense(f"{block}/feed_forward/input", parts["ff_input"])
+    rules += self.dense(f"{block}/feed_forward/output", parts["ff_output"])
+    rules += self.norm(f"{block}/feed_forward_norm", parts["ff_norm"])
+    return rules
 
 
 def weight_names(model):
