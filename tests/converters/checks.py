@@ -54,3 +54,34 @@ def assert_same_outputs(model_dir, batch, sequence, pooled):
                          ("pooled_output", pooled)):
     np.testing.assert_allclose(outputs[name].numpy(), np.asarray(expected),
                                atol=1e-5, rtol=0, err_msg=name)
+
+
+def write_tf1_checkpoint(prefix, shapes, *, seed, state=True):
+  """A TF1 name-based checkpoint at `prefix`, as google-research/bert and
+  albert saved theirs: {name: shape} variables of random values (LayerNorm
+  gammas about 1) and a global_step; `state`: whether a `checkpoint` state
+  file names it (ALBERT's releases ship none)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  with tf.Graph().as_default():
+    variables = {name: tf.compat.v1.Variable(
+        (1.0 if name.endswith("gamma") else 0.0) +
+        rng.normal(0, 0.2, shape).astype("float32"), name=name)
+                 for name, shape in shapes.items()}
+    variables["global_step"] = tf.compat.v1.Variable(
+        np.int64(1000), name="global_step")
+    saver = tf.compat.v1.train.Saver(variables, save_relative_paths=True)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      saver.save(session, str(prefix), write_meta_graph=False,
+                 write_state=state)
+
+
+def restored_outputs(encoder, checkpoint_folder, vocab_size):
+  """(batch, sequence, pooled) of a Model Garden encoder restored from the
+  newest checkpoint its converter wrote (tf.train.Checkpoint(encoder=))."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.train.Checkpoint(encoder=encoder).restore(tf.train.latest_checkpoint(
+      str(checkpoint_folder))).assert_existing_objects_matched()
+  batch = padded_batch(vocab_size)
+  return (batch, *encoder_outputs(encoder(batch)))

@@ -12,9 +12,7 @@ the structures thattn does not build refused by name.
 
 import json
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.converters import google_bert_test
 from tests.converters import checks
@@ -63,19 +61,8 @@ def release(tmp_path_factory):
   folder = tmp_path_factory.mktemp("google") / "albert_base"
   folder.mkdir()
   (folder / "albert_config.json").write_text(json.dumps(_CONFIG))
-  rng = np.random.default_rng(1)
-  with tf.Graph().as_default():
-    variables = {name: tf.compat.v1.Variable(
-        (1.0 if name.endswith("gamma") else 0.0) +
-        rng.normal(0, 0.2, shape).astype("float32"), name=name)
-                 for name, shape in _shapes().items()}
-    variables["global_step"] = tf.compat.v1.Variable(np.int64(7),
-                                                     name="global_step")
-    saver = tf.compat.v1.train.Saver(variables, save_relative_paths=True)
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      saver.save(session, str(folder / "model.ckpt-best"),
-                 write_meta_graph=False, write_state=False)
+  checks.write_tf1_checkpoint(folder / "model.ckpt-best", _shapes(), seed=1,
+                              state=False)
   return folder
 
 
@@ -87,11 +74,8 @@ def model_garden_outputs(tmp_path_factory, release):
   converter.convert_checkpoint(config, str(out / "ckpt"),
                                str(release / "model.ckpt-best"),
                                checkpoint_model_name="encoder")
-  encoder = converter._create_albert_model(config)  # pylint: disable=protected-access
-  tf.train.Checkpoint(encoder=encoder).restore(
-      tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
-  batch = checks.padded_batch(config.vocab_size)
-  return (batch, *checks.encoder_outputs(encoder(batch)))
+  return checks.restored_outputs(
+      converter._create_albert_model(config), out, config.vocab_size)  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])

@@ -16,13 +16,10 @@ object-based checkpoint beside bert_config.json and vocab.txt), is itself
 a source: converted, it gives the same outputs.
 """
 
+import json
 import shutil
 
-import json
-
-import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.converters import checks
 from tests.converters import model_garden_scripts
@@ -79,19 +76,8 @@ def _write_release(folder, vocab, lower_case):
     vocab = vocab + [token.capitalize() for token in vocab
                      if token.isalpha() and token.islower()][:20]
   (folder / "vocab.txt").write_text("".join(token + "\n" for token in vocab))
-  rng = np.random.default_rng(0)
-  with tf.Graph().as_default():
-    variables = {name: tf.compat.v1.Variable(
-        (1.0 if name.endswith("gamma") else 0.0) +
-        rng.normal(0, 0.2, shape).astype("float32"), name=name)
-                 for name, shape in _shapes(config).items()}
-    variables["global_step"] = tf.compat.v1.Variable(
-        np.int64(1000), name="global_step")
-    saver = tf.compat.v1.train.Saver(variables)
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      saver.save(session, str(folder / "bert_model.ckpt"),
-                 write_meta_graph=False)
+  checks.write_tf1_checkpoint(folder / "bert_model.ckpt", _shapes(config),
+                              seed=0)
   return folder
 
 
@@ -127,12 +113,9 @@ def model_garden_outputs(release, model_garden_release):
   """Model Garden's BertEncoder, restored from its converter's output."""
   config = model_garden_configs.BertConfig.from_json_file(
       str(release / "bert_config.json"))
-  out = model_garden_release
-  encoder = converter._create_bert_model(config)  # pylint: disable=protected-access
-  tf.train.Checkpoint(encoder=encoder).restore(
-      tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
-  batch = checks.padded_batch(config.vocab_size)
-  return (batch, *checks.encoder_outputs(encoder(batch)))
+  return checks.restored_outputs(
+      converter._create_bert_model(config), model_garden_release,  # pylint: disable=protected-access
+      config.vocab_size)
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])

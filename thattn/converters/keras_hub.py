@@ -166,11 +166,11 @@ def rules(config, arrays):
   return result
 
 
-def tokenizer(path):
+def tokenizer(path, model_family):
   """The preset's WordPiece tokenizer, or None where it has none (or is an
   ALBERT's SentencePiece)."""
   vocabulary = os.path.join(path, VOCABULARY)
-  if family(path) != "bert" or not os.path.isfile(vocabulary):
+  if model_family != "bert" or not os.path.isfile(vocabulary):
     return None
   settings = _read_json(path, TOKENIZER_FILE).get("config", {})
   with open(vocabulary, encoding="utf-8") as f:
@@ -184,6 +184,7 @@ def read(path, attention):
   """The preset as a `weights.Source`."""
   config = bert_config(path, attention)
   arrays = read_arrays(path)
+  model_family = "albert" if config.share_layers else "bert"
   return weights_lib.Source(
       config=config, arrays=arrays, rules=rules(config, arrays), dropped=(),
-      tokenizer=tokenizer(path), family=family(path))
+      tokenizer=tokenizer(path, model_family), family=model_family)
