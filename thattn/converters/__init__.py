@@ -5,10 +5,11 @@
                        attention="talking_heads")
     model = thattn.models.load("runs/bert")
 
-One module per source format, each a name-and-shape map (`weights.Rule`s)
-over one mechanism (`weights.plan`: every weight filled once, every source
-array used or dropped by name, every shape checked, before anything is
-written) and one writer (`model_dir.write`: staged, whole or nothing):
+One module per source format, each a name-and-shape map (`weights.Rule`s,
+an encoder layer's from the format's `weights.Naming`) over one mechanism
+(`weights.plan`: every weight filled once, every source array used or
+dropped by name, every shape checked, before anything is written) and one
+writer (`model_dir.write`: staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
