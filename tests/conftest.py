@@ -29,6 +29,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from tests import forkserver
+from thattn.data import albert_tokenizer
 from thattn.data import corpus
 from thattn.data import tokenizers
 
@@ -133,6 +134,22 @@ def sentencepiece(sentencepiece_model):
   # tokenizer then fails later with "Resource ... does not exist".
   return tokenizers.SentencepieceTokenizer(sentencepiece_model,
                                            num_sentinels=100)
+
+
+@pytest.fixture(scope="session")
+def albert_sentencepiece_model():
+  """A SentencePiece model trained as ALBERT's 30k-clean.model was."""
+  from tests.converters import checks  # pylint: disable=g-import-not-at-top
+  return checks.albert_sentencepiece(200)
+
+
+@pytest.fixture
+def albert(albert_sentencepiece_model):
+  """ALBERT's tokenizer with every step of normalization and splitting on
+  (fresh per test, as `sentencepiece`)."""
+  return albert_tokenizer.AlbertSentencepieceTokenizer(
+      albert_sentencepiece_model, split_digit_comma=True,
+      split_symbols=("[MASK]", "(", ")", "-"))
 
 
 @pytest.fixture(scope="session")

@@ -85,3 +85,29 @@ def restored_outputs(encoder, checkpoint_folder, vocab_size):
       str(checkpoint_folder))).assert_existing_objects_matched()
   batch = padded_batch(vocab_size)
   return (batch, *encoder_outputs(encoder(batch)))
+
+
+# Texts for ALBERT's normalization: `` and '', accents and a ligature, a
+# hyphen (a user-defined piece) inside a word, and digits before commas.
+ALBERT_TEXTS = ("In 1990, the Café opened ``quoted'' text.",
+                "By 2001, 1990, and 1,000 people used self-attention.",
+                "Crème Brûlée, À LA CARTE: ﬁne x²,  spaced\tout.")
+
+
+def albert_sentencepiece(vocab_size):
+  """A SentencePiece model trained on the sample texts as ALBERT's
+  30k-clean.model was: <pad>=0, <unk>=1, [CLS], [SEP], [MASK] control
+  pieces, no end of sequence, ALBERT's user-defined symbols; and, so that
+  pieces like "1990," exist to split, numbers not split from commas."""
+  import io  # pylint: disable=g-import-not-at-top
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  model = io.BytesIO()
+  texts = sample_texts() + list(ALBERT_TEXTS) * 20
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=model,
+      vocab_size=vocab_size, model_type="unigram", pad_id=0, unk_id=1,
+      eos_id=-1, bos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+      user_defined_symbols=["(", ")", '"', "-", ".", "–", "£", "€"],
+      split_by_number=False, num_threads=1, input_sentence_size=0,
+      shuffle_input_sentence=False, minloglevel=2)
+  return model.getvalue()

@@ -6,8 +6,10 @@ its heads and global_step beside the encoder, saved as `model.ckpt-best`
 with no `checkpoint` state file, as the releases are), converted by Model
 Garden's own converter of that layout into its AlbertEncoder, whose
 outputs on a padded batch thattn's conversion equals within 1e-5, as
-multi-head attention and as talking heads started at the identity; and
-the structures thattn does not build refused by name.
+multi-head attention and as talking heads started at the identity; its
+tokenizer (a SentencePiece model trained here as 30k-clean.model was)
+gives google-research/albert's ids; and the structures thattn does not
+build refused by name.
 """
 
 import json
@@ -18,10 +20,13 @@ from tests.converters import google_bert_test
 from tests.converters import checks
 from tests.converters import model_garden_scripts
 from thattn import converters
+from thattn.data import albert_tokenizer
+from thattn.data import tokenizers
 
 converter = model_garden_scripts.script(
     "official.nlp.tools.tf2_albert_encoder_checkpoint_converter")
 from official.legacy.albert import configs as model_garden_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from official.nlp.tools import tokenization as model_garden_tokenization  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = dict(google_bert_test._CONFIG, vocab_size=120, embedding_size=16,  # pylint: disable=protected-access
                num_hidden_layers=3, num_hidden_groups=1, inner_group_num=1,
@@ -63,6 +68,7 @@ def release(tmp_path_factory):
   (folder / "albert_config.json").write_text(json.dumps(_CONFIG))
   checks.write_tf1_checkpoint(folder / "model.ckpt-best", _shapes(), seed=1,
                               state=False)
+  (folder / "30k-clean.model").write_bytes(checks.albert_sentencepiece(120))
   return folder
 
 
@@ -87,6 +93,31 @@ def test_albert_equals_model_gardens_conversion(release, model_garden_outputs,
                               attention=attention, log=lambda _: None)
   assert (config.share_layers, config.embedding_size) == (True, 16)
   checks.assert_same_outputs(tmp_path / "out", *model_garden_outputs)
+
+
+def _google_ids(model_path, text):
+  """google-research/albert's FullTokenizer (do_lower_case, its default):
+  Model Garden keeps its preprocess_text (spaces, NFKD, accents, case) and
+  encode_pieces (the digit-comma split); google-research/albert also
+  replaces `` and '' with " first, which Model Garden's copy dropped."""
+  full = model_garden_tokenization.FullSentencePieceTokenizer(model_path)
+  text = " ".join(text.split()).replace("``", '"').replace("''", '"')
+  return full.convert_tokens_to_ids(full.tokenize(
+      model_garden_tokenization.preprocess_text(text, lower=True)))
+
+
+def test_the_tokenizer_gives_google_albert_ids(release, tmp_path):
+  converters.convert(source=str(release), model_dir=str(tmp_path / "out"),
+                     log=lambda _: None)
+  ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
+  texts = checks.sample_texts() + list(checks.ALBERT_TEXTS)
+  expected = [_google_ids(str(release / "30k-clean.model"), text)
+              for text in texts]
+  assert ours.tokenize(texts).to_list() == expected
+  # The texts exercise the digit-comma split: without it, ids differ.
+  unsplit = albert_tokenizer.AlbertSentencepieceTokenizer(
+      ours.model, split_digit_comma=False)
+  assert unsplit.tokenize(texts).to_list() != expected
 
 
 @pytest.mark.parametrize("field", ["num_hidden_groups", "inner_group_num",

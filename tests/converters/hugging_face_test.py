@@ -70,7 +70,11 @@ def albert(tmp_path_factory):
       num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
       max_position_embeddings=_POSITIONS)
   model = transformers.AlbertModel(config).eval()
-  return model, _save(tmp_path_factory.mktemp("hf") / "albert", model)
+  folder = _save(tmp_path_factory.mktemp("hf") / "albert", model)
+  # The tokenizer as the Hub's ALBERT folders keep it: the SentencePiece
+  # model itself.
+  (folder / "spiece.model").write_bytes(checks.albert_sentencepiece(_VOCAB))
+  return model, folder
 
 
 def _assert_same_outputs(source_model, model_dir, vocab_size):
@@ -125,6 +129,34 @@ def test_the_tokenizer_gives_transformers_ids(vocab_file, tmp_path,
               for text in texts]
   assert ours.tokenize(texts).to_list() == expected
   assert sum(ids.count(ours.special.unk) for ids in expected) < len(texts)
+  for name in ("pad", "unk", "cls", "sep", "mask"):
+    token = getattr(theirs, f"{name}_token")
+    assert getattr(ours.special, name) == theirs.convert_tokens_to_ids(token)
+
+
+@pytest.mark.parametrize("files, lower_case", [
+    ("spiece.model", True), ("tokenizer.json", True),
+    ("tokenizer.json", False)])
+def test_the_albert_tokenizer_gives_transformers_ids(albert, tmp_path, files,
+                                                     lower_case):
+  """From spiece.model, and from tokenizer.json alone (what transformers 5
+  saves), lower-cased and accent-stripped or neither."""
+  folder = albert[1]
+  if files == "tokenizer.json":
+    folder = _save(tmp_path / "albert", albert[0])
+    transformers.AlbertTokenizer.from_pretrained(
+        str(albert[1]), do_lower_case=lower_case,
+        keep_accents=not lower_case).save_pretrained(folder)
+    assert not (folder / "spiece.model").exists()
+  converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                     log=lambda _: None)
+  ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
+  theirs = transformers.AlbertTokenizer.from_pretrained(str(folder))
+  texts = checks.sample_texts() + list(checks.ALBERT_TEXTS)
+  expected = [theirs(text, add_special_tokens=False)["input_ids"]
+              for text in texts]
+  assert ours.tokenize(texts).to_list() == expected
+  assert ours.vocab_size == _VOCAB
   for name in ("pad", "unk", "cls", "sep", "mask"):
     token = getattr(theirs, f"{name}_token")
     assert getattr(ours.special, name) == theirs.convert_tokens_to_ids(token)
@@ -225,6 +257,31 @@ def test_converted_bert_fine_tunes_with_both_backends(bert, tmp_path):
                 f"--export_dir={tmp_path / 'served'}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "served" / "saved_model.pb").exists()
+
+
+def test_converted_albert_trains_squad_and_masked_lm(albert, tmp_path):
+  """A converted ALBERT with its SentencePiece tokenizer: SQuAD (answer
+  spans through the tokenizer's offsets) with --backend=keras3 and masked
+  LM on a text file with --backend=keras, 2 steps each."""
+  out = tmp_path / "converted"
+  result = _run("thattn-convert", f"--source={albert[1]}",
+                f"--model_dir={out}", "--attention=talking_heads")
+  assert result.returncode == 0, result.stderr[-3000:]
+  text = tmp_path / "text.txt"
+  text.write_text("\n".join(checks.sample_texts()) + "\n")
+  for task, backend, data in (
+      ("squad", "keras3", ["--train_files=docs/examples/squad_sample/"
+                           "train.json", "--eval_files=docs/examples/"
+                           "squad_sample/dev.json", "--on_overflow=window"]),
+      ("mlm", "keras", [f"--train_files={text}", f"--eval_files={text}"])):
+    result = _run(
+        "thattn-train", f"--task={task}", *data, f"--init_checkpoint={out}",
+        f"--backend={backend}", f"--model_dir={tmp_path / task}",
+        f"--sequence_length={_POSITIONS}", "--batch_size=4",
+        "--train_steps=2", "--eval_steps=1", "--eval_every=0",
+        "--log_every=1", "--noexport")
+    assert result.returncode == 0, (task, result.stderr[-3000:])
+    assert "talking_heads" in result.stdout, result.stdout[-2000:]
 
 
 def test_weights_that_do_not_match_the_config_are_named(bert, tmp_path):

@@ -8,8 +8,9 @@ GELU's tanh form, which carries over), as multi-head attention and as
 talking heads started at the identity; the converted tokenizer gives
 KerasHub's ids on the README's sample and the docs/examples texts (KerasHub
 lower-cases and keeps accents). An `AlbertBackbone` (embedding width, one
-shared layer) converts the same way, and one with several groups is
-refused by name. KerasHub is the Keras 3 anchor
+shared layer) converts the same way, its `AlbertTokenizer` giving
+KerasHub's ids (SentencePiece alone, nothing lower-cased), and one with
+several groups is refused by name. KerasHub is the Keras 3 anchor
 (benchmarks/requirements-anchors.txt), which .ci/run installs and checks.
 """
 
@@ -76,12 +77,15 @@ def albert_preset(tmp_path_factory):
       hidden_dim=32, intermediate_dim=64, max_sequence_length=64)
   folder = tmp_path_factory.mktemp("keras_hub") / "albert"
   backbone.save_to_preset(str(folder))
-  return backbone, folder
+  tokenizer = keras_hub.models.AlbertTokenizer(
+      proto=checks.albert_sentencepiece(120))
+  tokenizer.save_to_preset(str(folder))
+  return backbone, folder, tokenizer
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
 def test_albert_equals_keras_hub(albert_preset, tmp_path, attention):
-  backbone, folder = albert_preset
+  backbone, folder, _ = albert_preset
   config = converters.convert(source=str(folder),
                               model_dir=str(tmp_path / "out"),
                               attention=attention, log=lambda _: None)
@@ -92,6 +96,18 @@ def test_albert_equals_keras_hub(albert_preset, tmp_path, attention):
                        "padding_mask": batch["input_mask"]})
   checks.assert_same_outputs(tmp_path / "out", batch,
                              *checks.encoder_outputs(expected))
+
+
+def test_the_albert_tokenizer_gives_keras_hub_ids(albert_preset, tmp_path):
+  _, folder, theirs = albert_preset
+  converters.convert(source=str(folder), model_dir=str(tmp_path / "out"),
+                     log=lambda _: None)
+  ours = tokenizers.load(str(tmp_path / "out" / "tokenizer"))
+  texts = checks.sample_texts() + list(checks.ALBERT_TEXTS)
+  assert ours.tokenize(texts).to_list() == [
+      np.asarray(theirs(text)).tolist() for text in texts]
+  assert (ours.special.cls, ours.special.mask) == (
+      theirs.token_to_id("[CLS]"), theirs.token_to_id("[MASK]"))
 
 
 def test_an_albert_with_several_groups_is_refused(albert_preset, tmp_path):

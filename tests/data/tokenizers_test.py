@@ -17,7 +17,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.",
          "Héllo, wörld: naïve café and ünïcode."]
 
 
-@pytest.fixture(params=["wordpiece", "sentencepiece"])
+@pytest.fixture(params=["wordpiece", "sentencepiece", "albert"])
 def tokenizer(request):
   return request.getfixturevalue(request.param)
 

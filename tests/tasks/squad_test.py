@@ -80,7 +80,7 @@ def _oracle_logits(features, length):
   return starts.numpy(), ends.numpy()
 
 
-@pytest.mark.parametrize("name", ["wordpiece", "sentencepiece"])
+@pytest.mark.parametrize("name", ["wordpiece", "sentencepiece", "albert"])
 def test_labels_point_at_the_answers(request, tmp_path, name):
   tokenizer = request.getfixturevalue(name)
   examples = squad_data.read_squad(_write(tmp_path, _squad(QAS)))

@@ -13,18 +13,23 @@ attention, `ffn_1/intermediate/dense` and `.../output/dense`,
 What carries over: the sizes, E, the shared layer, `hidden_act` "gelu" in
 google-research/albert's tanh form, layer norms at 1e-12. Refused by name:
 `num_hidden_groups` or `inner_group_num` above 1 and `net_structure_type`
-other than 0 (structures thattn does not build). ALBERT's SentencePiece
-tokenizer, with its own lower-casing and normalization, is not carried
-over yet: the model_dir has no tokenizer.
+other than 0 (structures thattn does not build). The tokenizer:
+`30k-clean.model` with google-research/albert's `FullTokenizer` around
+it (`` and '' as ", accents stripped, lower-cased as its run scripts'
+`do_lower_case` default, and the split of pieces ending in a digit and a
+comma); the model_dir has none where the folder has no `*.model`.
 """
 
+import glob
 import json
 import os
 
 from thattn.converters import google_bert
 from thattn.converters import weights as weights_lib
+from thattn.data import albert_tokenizer
 
 CONFIG_FILE = "albert_config.json"
+SENTENCEPIECE_MODEL = "30k-clean.model"
 _LAYER = "bert/encoder/transformer/group_0/inner_group_0"
 # albert_config.json fields that select structures thattn does not build,
 # with the one value it reads.
@@ -64,9 +69,25 @@ def rules(config):
                                config.d_model // heads)
 
 
+def tokenizer(path):
+  """google-research/albert's tokenizer over the folder's SentencePiece
+  model (30k-clean.model, else the one *.model), or None."""
+  model_path = os.path.join(path, SENTENCEPIECE_MODEL)
+  if not os.path.isfile(model_path):
+    found = glob.glob(os.path.join(path, "*.model"))
+    if len(found) != 1:
+      return None
+    model_path = found[0]
+  with open(model_path, "rb") as f:
+    return albert_tokenizer.AlbertSentencepieceTokenizer(
+        f.read(), lower_case=True, strip_accents=True, replace_quotes=True,
+        split_digit_comma=True)
+
+
 def read(path, attention):
   config = albert_config(path, attention)
   return weights_lib.Source(
       config=config, arrays=google_bert.read_arrays(path),
-      rules=rules(config), dropped=google_bert.DROPPED, tokenizer=None,
+      rules=rules(config), dropped=google_bert.DROPPED,
+      tokenizer=tokenizer(path),
       family="albert")

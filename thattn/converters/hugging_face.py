@@ -5,7 +5,8 @@ weights as `model.safetensors` (or sharded, with
 `model.safetensors.index.json`), or as `pytorch_model.bin` where PyTorch
 is installed, and the tokenizer: BERT's `vocab.txt` (WordPiece, cased or
 not as `tokenizer_config.json`'s `do_lower_case` says) or ALBERT's
-`spiece.model` (SentencePiece).
+`spiece.model` (SentencePiece; transformers 5 saves either as
+`tokenizer.json`).
 
 What carries over, field by field (thattn's `BertConfig`): the sizes, the
 activation (`gelu` is GELU's exact form, `gelu_new` and
@@ -27,7 +28,9 @@ import os
 import numpy as np
 
 from thattn import models
+from thattn.converters import sentencepiece_models
 from thattn.converters import weights as weights_lib
+from thattn.data import albert_tokenizer
 from thattn.data import tokenizers
 
 CONFIG_FILE = "config.json"
@@ -37,6 +40,7 @@ TORCH_FILE = "pytorch_model.bin"
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "tokenizer.json"
+SENTENCEPIECE_FILE = "spiece.model"
 MODEL_TYPES = ("bert", "albert")
 # config.json's hidden_act -> thattn's BertConfig.activation.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
@@ -237,13 +241,41 @@ def _casing(path):
                              normalizer.get("strip_accents"))
 
 
-def tokenizer(path, hf_config):
-  """BERT's WordPiece tokenizer (its [PAD], [UNK], [CLS], [SEP] and [MASK]
-  ids from the vocabulary), or None where the folder has no tokenizer
-  files or is an ALBERT (its SentencePiece tokenizer is not carried over
-  yet)."""
-  if hf_config["model_type"] != "bert":
+def _albert_tokenizer(path):
+  """ALBERT's SentencePiece tokenizer as transformers 5 runs it, or None
+  where the folder has no tokenizer files: the model from spiece.model,
+  else rebuilt from tokenizer.json; `` and '' as ", accents stripped and
+  lower-cased as tokenizer_config.json says; and the added tokens (the
+  special ones and SentencePiece's user-defined pieces) found in the text
+  first, as transformers does, so the text after each starts a new word."""
+  fast = _read_json(path, FAST_TOKENIZER)
+  model_path = os.path.join(path, SENTENCEPIECE_FILE)
+  if os.path.isfile(model_path):
+    with open(model_path, "rb") as f:
+      model = f.read()
+  elif fast:
+    model = sentencepiece_models.from_tokenizer_json(
+        fast, os.path.join(path, FAST_TOKENIZER))
+  else:
     return None
+  if fast:
+    symbols = [token["content"] for token in fast.get("added_tokens", ())]
+  else:  # what transformers adds when it converts spiece.model
+    symbols = list(albert_tokenizer.ALBERT_SPECIAL_PIECES) + list(
+        sentencepiece_models.user_defined_pieces(model))
+  settings = _read_json(path, TOKENIZER_CONFIG)
+  return albert_tokenizer.AlbertSentencepieceTokenizer(
+      model, lower_case=settings.get("do_lower_case", True),
+      strip_accents=not settings.get("keep_accents", False),
+      replace_quotes=True, split_digit_comma=False, split_symbols=symbols)
+
+
+def tokenizer(path, hf_config):
+  """The folder's tokenizer: BERT's WordPiece (its [PAD], [UNK], [CLS],
+  [SEP] and [MASK] ids from the vocabulary) or ALBERT's SentencePiece;
+  None where the folder has no tokenizer files."""
+  if hf_config["model_type"] == "albert":
+    return _albert_tokenizer(path)
   vocab = _wordpiece_vocab(path)
   if vocab is None:
     return None

@@ -2,7 +2,8 @@
 
 A preset folder holds `config.json` (the backbone's class and arguments),
 `model.weights.h5` (Keras 3's weights file), and, where the tokenizer was
-saved with it, `tokenizer.json` and `assets/tokenizer/vocabulary.txt`.
+saved with it, `tokenizer.json` and `assets/tokenizer/vocabulary.txt`
+(BERT) or `vocabulary.spm` (ALBERT).
 The weights file is read with h5py, as Keras writes it: one group per
 layer under `layers/`, named by the layer's class in snake case, numbered
 in the model's layer order (`transformer_encoder`, `transformer_encoder_1`,
@@ -17,7 +18,8 @@ refused by name); the
 query's 1/sqrt(d_k), which Keras's MultiHeadAttention applies at run time,
 is folded into the query kernel and bias. The tokenizer: BERT's WordPiece
 over `vocabulary.txt`, lower-cased and accent-stripped as `tokenizer.json`
-says; ALBERT's SentencePiece tokenizer is not carried over yet.
+says; ALBERT's SentencePiece model, with no normalization of its own
+before SentencePiece's (KerasHub lower-cases nothing).
 """
 
 import json
@@ -28,12 +30,14 @@ import numpy as np
 
 from thattn import models
 from thattn.converters import weights as weights_lib
+from thattn.data import albert_tokenizer
 from thattn.data import tokenizers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_FILE = "tokenizer.json"
 VOCABULARY = os.path.join("assets", "tokenizer", "vocabulary.txt")
+SENTENCEPIECE_MODEL = os.path.join("assets", "tokenizer", "vocabulary.spm")
 BACKBONES = {"keras_hub>BertBackbone": "bert",
              "keras_hub>AlbertBackbone": "albert"}
 # AlbertBackbone arguments that select structures thattn does not build,
@@ -167,10 +171,20 @@ def rules(config, arrays):
 
 
 def tokenizer(path, model_family):
-  """The preset's WordPiece tokenizer, or None where it has none (or is an
-  ALBERT's SentencePiece)."""
+  """The preset's tokenizer, or None where it has none: BERT's WordPiece
+  over vocabulary.txt, cased and accent-stripped as tokenizer.json says,
+  or ALBERT's SentencePiece model as KerasHub runs it (SentencePiece's
+  own normalization only)."""
+  if model_family == "albert":
+    model_path = os.path.join(path, SENTENCEPIECE_MODEL)
+    if not os.path.isfile(model_path):
+      return None
+    with open(model_path, "rb") as f:
+      return albert_tokenizer.AlbertSentencepieceTokenizer(
+          f.read(), lower_case=False, strip_accents=False,
+          replace_quotes=False)
   vocabulary = os.path.join(path, VOCABULARY)
-  if model_family != "bert" or not os.path.isfile(vocabulary):
+  if not os.path.isfile(vocabulary):
     return None
   settings = _read_json(path, TOKENIZER_FILE).get("config", {})
   with open(vocabulary, encoding="utf-8") as f:

@@ -20,6 +20,9 @@ T5's own vocabularies (`T5SentencepieceTokenizer`): <pad>=0, </s>=1,
 <unk>=2, and 100 sentinels past the model's pieces.
 `tokenizer.special` holds the ids.
 
+ALBERT's SentencePiece tokenizer, with its own normalization, is
+`thattn.data.albert_tokenizer`'s.
+
 `save(directory)` writes `tokenizer.json` and the vocabulary (`vocab.txt` or
 `sentencepiece.model`) beside a checkpoint or an export; `load(directory)`
 reads them back.
@@ -369,6 +372,9 @@ def load(directory, *, vocab_size=None):
     # Folders saved before vocab_size was recorded have no padded rows.
     return SentencepieceTokenizer(model, num_sentinels=config["num_sentinels"],
                                   vocab_size=vocab_size)
+  if config.get("kind") == "albert_sentencepiece":
+    from thattn.data import albert_tokenizer  # pylint: disable=g-import-not-at-top
+    return albert_tokenizer.load(directory, config, vocab_size)
   raise ValueError(f"{config_path}: unknown tokenizer kind "
                    f"{config.get('kind')!r}.")
 
