@@ -41,7 +41,9 @@ EXTRAS_REQUIRE = {
     # JAX's CUDA wheels (jax[cuda13]). torch 2.13: on CPU machines pip's
     # local CPU-only wheel (2.13.0+cpu) satisfies it, and sorts above the
     # CUDA build on PyPI.
-    "jax": KERAS + ["jax[cpu]"],
+    # orbax-checkpoint: a keras3 run's checkpoints on JAX
+    # (thattn.training.keras3_checkpoints).
+    "jax": KERAS + ["jax[cpu]", "orbax-checkpoint"],
     "torch": KERAS + ["torch==2.13.*"],
     # The tf_keras layers and models, thattn-train, thattn-export, the data
     # pipeline, thattn-convert's BERT and ALBERT sources, and thattn.keras3

@@ -54,6 +54,16 @@ loss = float(model.train_on_batch(batch, np.array([0, 1, 0, 1])))
 moved = sum(not np.array_equal(old, new)
             for old, new in zip(before, model.get_weights()))
 assert np.isfinite(loss) and moved == len(before), (loss, moved, len(before))
+# A keras3 run's checkpoint (Orbax, in the [jax] extra) saves and restores.
+from thattn.training import keras3_checkpoints
+state = {f"weight.{i:04d}": v for i, v in enumerate(model.weights)}
+checkpoints = keras3_checkpoints.RunCheckpoints("checkpoints")
+checkpoints.save(1, state)
+checkpoints.wait()
+saved = model.get_weights()
+model.train_on_batch(batch, np.array([1, 0, 1, 0]))
+checkpoints.restore(1, state)
+assert all(np.array_equal(a, b) for a, b in zip(saved, model.get_weights()))
 assert sys.modules.get("tensorflow") is None, "TensorFlow was imported"
 print(keras.backend.backend(), "BERT step, loss", loss)
 """

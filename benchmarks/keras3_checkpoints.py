@@ -1,0 +1,153 @@
+"""Saving a keras3 run at BERT-base size: Orbax against the twin path.
+
+What a keras3 run saves is its weights, its optimizer's slots and a few
+scalars. Until issue 54, `--backend=keras3` saved them by copying every
+Keras 3 value to the host (`keras.ops.convert_to_numpy`) into a tf_keras
+twin's TensorFlow variables and writing those with
+`tf.train.CheckpointManager`; the replacement writes the JAX arrays with
+Orbax (`thattn.training.keras3_checkpoints.RunCheckpoints`), synchronously
+or asynchronously. This measures, in one process, with rounds alternating:
+
+- the twin path's save (the host copy, the assign into tf.Variables of the
+  same shapes, `CheckpointManager.save`) and its restore (read, then
+  assign back into the Keras 3 variables);
+- Orbax's save, synchronous (until the files are final), and asynchronous
+  (until `save` returns: the time a training step waits; then until the
+  files are final), and its restore into the variables' shardings;
+- each checkpoint's size on disk.
+
+The state: the Keras 3 BERT-base (`bert_base`, 110M weights) with thattn's
+Adafactor slots built (factored second moments: small), on JAX's CPU.
+
+    python benchmarks/keras3_checkpoints.py            # ~3 minutes, 2 cores
+    python benchmarks/keras3_checkpoints.py --quick    # bert_tiny, seconds
+
+Must run in a fresh Python (it sets KERAS_BACKEND=jax before Keras loads).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+
+def _state(preset):
+  """{key: Keras 3 variable}: the model's weights and Adafactor's slots."""
+  from thattn.keras3 import models  # pylint: disable=g-import-not-at-top
+  from thattn.keras3 import optimizers  # pylint: disable=g-import-not-at-top
+  model = models.create_model(preset)
+  optimizer = optimizers.Adafactor(1e-3)
+  optimizer.build(model.trainable_variables)
+  state = {f"weight.{i:04d}": v for i, v in enumerate(model.weights)}
+  state.update({f"optimizer.{i:04d}": v
+                for i, v in enumerate(optimizer.variables)})
+  return state
+
+
+class TwinPath:
+  """The save being replaced: host copies into tf.Variables, then
+  tf.train.CheckpointManager."""
+
+  def __init__(self, state, directory):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import keras  # pylint: disable=g-import-not-at-top
+    self.tf, self.keras, self.state = tf, keras, state
+    self.twin = {key: tf.Variable(keras.ops.convert_to_numpy(v.value),
+                                  trainable=False)
+                 for key, v in state.items()}
+    module = tf.Module()
+    module.by_key = self.twin
+    self.manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(state=module), directory, max_to_keep=1)
+
+  def save(self, step):
+    for key, variable in self.state.items():
+      self.twin[key].assign(self.keras.ops.convert_to_numpy(variable.value))
+    return self.manager.save(checkpoint_number=step)
+
+  def restore(self, path):
+    self.manager.checkpoint.restore(path).assert_consumed()
+    for key, variable in self.state.items():
+      variable.assign(self.twin[key].numpy())
+
+
+def _size(path):
+  return int(subprocess.run(["du", "-sb", path], capture_output=True,
+                            text=True, check=True).stdout.split()[0])
+
+
+def _timed(function):
+  start = time.perf_counter()
+  result = function()
+  return time.perf_counter() - start, result
+
+
+def _round(state, root, step):
+  """One round's times (seconds) and sizes (bytes)."""
+  from thattn.training import keras3_checkpoints  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  row = {}
+  twin = TwinPath(state, os.path.join(root, f"twin{step}"))
+  row["twin save"], path = _timed(lambda: twin.save(step))
+  row["twin restore"], _ = _timed(lambda: twin.restore(path))
+  row["twin size"] = sum(_size(p) for p in (path + ".index",
+                                            path + ".data-00000-of-00001"))
+  for mode in ("sync", "async"):
+    directory = os.path.join(root, f"orbax_{mode}{step}")
+    checkpoints = keras3_checkpoints.RunCheckpoints(
+        directory, async_save=mode == "async")
+    start = time.perf_counter()
+    checkpoints.save(step, state)
+    row[f"orbax {mode} save returns"] = time.perf_counter() - start
+    checkpoints.wait()
+    row[f"orbax {mode} save final"] = time.perf_counter() - start
+    row[f"orbax {mode} restore"], _ = _timed(
+        lambda: (checkpoints.restore(step, state),  # pylint: disable=cell-var-from-loop
+                 jax.block_until_ready([v.value for v in state.values()])))
+    row["orbax size"] = _size(checkpoints.path(step))
+    checkpoints.close()
+  return row
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--json", help="also write the results here")
+  args = parser.parse_args()
+  import keras  # pylint: disable=g-import-not-at-top
+  assert keras.backend.backend() == "jax", "run in a fresh Python"
+  preset = "bert_tiny" if args.quick else "bert_base"
+  state = _state(preset)
+  count = sum(int(np.prod(v.shape)) for v in state.values())
+  print(f"{preset}: {len(state)} values, {count / 1e6:.1f}M numbers")
+  rows = []
+  with tempfile.TemporaryDirectory() as root:
+    for step in range(1, (1 if args.quick else args.rounds) + 1):
+      rows.append(_round(state, root, step))
+      print(json.dumps({k: round(v, 3) for k, v in rows[-1].items()}))
+  medians = {key: statistics.median(row[key] for row in rows)
+             for key in rows[0]}
+  for key, value in medians.items():
+    unit = "MB" if "size" in key else "s"
+    scaled = value / 1e6 if unit == "MB" else value
+    ratio = ("" if "size" in key or key.startswith("twin") else
+             f"  ({value / medians['twin ' + key.split()[-1]]:.2f}x twin)"
+             if key.split()[-1] in ("restore",) else
+             f"  ({value / medians['twin save']:.2f}x twin)")
+    print(f"{key:28s} {scaled:8.2f} {unit}{ratio}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"preset": preset, "numbers": count, "rounds": rows,
+                 "medians": medians}, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

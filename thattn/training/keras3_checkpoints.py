@@ -1,0 +1,176 @@
+"""Orbax checkpoints of a Keras 3 run's values (issue 54's first piece).
+
+A keras3 run's state is a flat {key: Keras 3 variable} (the weights, the
+optimizer's slots and iteration, dropout's seed generators; the keys are
+the run's own names, e.g. `weight.block_0.attention.query.kernel`).
+`RunCheckpoints` saves it with Orbax's `CheckpointManager` into
+`model_dir/checkpoints/<step>/`:
+
+- `state/`: the values, each written by the processes that hold its
+  shards (Orbax's `StandardSave` of JAX arrays; on a mesh nothing is
+  gathered to one host), and
+- `meta/`: a small JSON dict beside them (the held-out loss at step 0).
+
+Orbax writes a step into a temporary folder and renames it when every
+process has finished (`commit_success.txt` on file systems without atomic
+rename), so a save cut short is never listed as a step; it keeps the last
+`max_to_keep` steps and deletes only the step folders it wrote.
+
+Restoring is strict and explicit. Every saved value must find its variable
+and every variable its value, with the same shape: otherwise a ValueError
+names the keys (Keras's own `set_state_tree` skips what it cannot match,
+keras#23251). Each value is read straight into its variable's current
+sharding (a `jax.ShapeDtypeStruct` per value), so a checkpoint saved on
+one mesh or number of processes restores onto another. On Keras 3's
+TensorFlow and PyTorch backends the values are NumPy arrays, saved and
+restored the same way.
+"""
+
+import os
+
+import keras
+import numpy as np
+
+STATE = "state"
+META = "meta"
+
+
+def _orbax():
+  try:
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError("Keras 3 checkpoints need orbax-checkpoint: pip "
+                      "install 'thattn[jax]'") from None
+  return ocp
+
+
+def _on_jax():
+  return keras.backend.backend() == "jax"
+
+
+def _saved_value(variable):
+  """What Orbax writes for a variable: the JAX array itself (sharded as it
+  is), or elsewhere its NumPy value."""
+  if _on_jax():
+    return variable.value
+  return keras.ops.convert_to_numpy(variable.value)
+
+
+def _target(variable):
+  """The abstract value a restore reads into: the variable's shape, dtype
+  and (on JAX) sharding."""
+  dtype = keras.backend.standardize_dtype(variable.dtype)
+  if _on_jax():
+    import jax  # pylint: disable=g-import-not-at-top
+    return jax.ShapeDtypeStruct(tuple(variable.shape), dtype,
+                                sharding=variable.value.sharding)
+  return np.zeros(tuple(variable.shape), dtype)
+
+
+class RunCheckpoints:
+  """The Orbax checkpoints of one run's state; see the module.
+
+  Args:
+    directory: where the numbered step folders go (created if missing).
+    max_to_keep: how many of the newest steps to keep.
+    async_save: whether `save` returns while the files are still being
+      written (they are finished by the next save, `wait` or `close`).
+  """
+
+  def __init__(self, directory, *, max_to_keep=5, async_save=False):
+    ocp = _orbax()
+    self.directory = os.path.abspath(directory)
+    self._ocp = ocp
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            enable_async_checkpointing=async_save),
+        # Named here, so that a manager opened on saved steps reads their
+        # metadata before anything is restored.
+        item_handlers={STATE: ocp.StandardCheckpointHandler(),
+                       META: ocp.JsonCheckpointHandler()})
+
+  def steps(self):
+    """The finished steps, oldest first."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self):
+    return self._manager.latest_step()
+
+  def path(self, step):
+    return os.path.join(self.directory, str(step))
+
+  def save(self, step, variables, meta=None):
+    """Saves {key: variable} (and the JSON dict `meta`) as `step`; every
+    process calls it. Returns the step's folder."""
+    state = {key: _saved_value(variable)
+             for key, variable in variables.items()}
+    ocp = self._ocp
+    self._manager.save(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardSave(state),
+        META: ocp.args.JsonSave(dict(meta or {}))}), force=True)
+    return self.path(step)
+
+  def _metadata(self, step):
+    tree = self._manager.item_metadata(step)[STATE]
+    return getattr(tree, "tree", tree)
+
+  def saved_shapes(self, step):
+    """{key: shape} of what `step` holds, read from its metadata."""
+    return {key: tuple(value.shape)
+            for key, value in self._metadata(step).items()}
+
+  def check_matches(self, step, variables):
+    """ValueError naming every key of `step` without a variable, every
+    variable without a saved value, and every shape that differs."""
+    saved = self.saved_shapes(step)
+    wanted = {key: tuple(variable.shape)
+              for key, variable in variables.items()}
+    problems = []
+    unused = sorted(set(saved) - set(wanted))
+    missing = sorted(set(wanted) - set(saved))
+    if unused:
+      problems.append(f"saved values no variable takes: {unused}")
+    if missing:
+      problems.append(f"variables the checkpoint has no value for: "
+                      f"{missing}")
+    problems += [f"{key}: saved {saved[key]}, variable {wanted[key]}"
+                 for key in sorted(set(saved) & set(wanted))
+                 if saved[key] != wanted[key]]
+    if problems:
+      raise ValueError(f"{self.path(step)} does not match this run's "
+                       f"state (nothing was restored): "
+                       + "; ".join(problems))
+
+  def restore(self, step, variables):
+    """Reads `step` into {key: variable}, each value in its variable's
+    sharding; returns the saved `meta` dict. Checked first
+    (`check_matches`): nothing is assigned unless everything matches."""
+    self.check_matches(step, variables)
+    ocp = self._ocp
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardRestore(
+            {key: _target(variable) for key, variable in variables.items()}),
+        META: ocp.args.JsonRestore()}))
+    for key, variable in variables.items():
+      variable.assign(restored[STATE][key])
+    return dict(restored[META] or {})
+
+  def read(self, step):
+    """(values, meta) of `step` as NumPy arrays in this process, for the
+    tools that read a run whole (export, conversion, fine-tuning)."""
+    ocp = self._ocp
+    targets = {key: np.zeros(tuple(value.shape), value.dtype)
+               for key, value in self._metadata(step).items()}
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardRestore(targets),
+        META: ocp.args.JsonRestore()}))
+    return ({key: np.asarray(value) for key, value in
+             restored[STATE].items()}, dict(restored[META] or {}))
+
+  def wait(self):
+    """Blocks until an asynchronous save has finished."""
+    self._manager.wait_until_finished()
+
+  def close(self):
+    self._manager.close()
