@@ -14,7 +14,10 @@ or asynchronously. This measures, in one process, with rounds alternating:
 - Orbax's save, synchronous (until the files are final), and asynchronous
   (until `save` returns: the time a training step waits; then until the
   files are final), and its restore into the variables' shardings;
-- each checkpoint's size on disk.
+- each checkpoint's size on disk;
+- whether the asynchronous write slows the compute it overlaps: a save
+  followed by 4 forward passes of the model (batch 8 x 128), until both
+  are done, synchronous against asynchronous, beside the passes alone.
 
 The state: the Keras 3 BERT-base (`bert_base`, 110M weights) with thattn's
 Adafactor slots built (factored second moments: small), on JAX's CPU.
@@ -48,7 +51,29 @@ def _state(preset):
   state = {f"weight.{i:04d}": v for i, v in enumerate(model.weights)}
   state.update({f"optimizer.{i:04d}": v
                 for i, v in enumerate(optimizer.variables)})
-  return state
+  return state, model
+
+
+def _work(model, steps):
+  """`steps` forward passes of the model on a batch of 8 x 128 (or the
+  model's longest; compiled once): compute that a save's background write
+  competes with."""
+  import jax  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  length = min(128, model.get_layer("position_embedding").max_length)
+  batch = {"input_word_ids": rng.integers(1, 100, (8, length)).astype(
+      "int32"), "input_mask": np.ones((8, length), "int32"),
+           "input_type_ids": np.zeros((8, length), "int32")}
+  values = ([v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables])
+  forward = jax.jit(lambda values, inputs: model.stateless_call(
+      *values, inputs)[0]["sequence_output"])
+  jax.block_until_ready(forward(values, batch))
+
+  def run():
+    for _ in range(steps):
+      jax.block_until_ready(forward(values, batch))
+  return run
 
 
 class TwinPath:
@@ -89,7 +114,7 @@ def _timed(function):
   return time.perf_counter() - start, result
 
 
-def _round(state, root, step):
+def _round(state, root, step, work):
   """One round's times (seconds) and sizes (bytes)."""
   from thattn.training import keras3_checkpoints  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -113,6 +138,20 @@ def _round(state, root, step):
                  jax.block_until_ready([v.value for v in state.values()])))
     row["orbax size"] = _size(checkpoints.path(step))
     checkpoints.close()
+  # Does the background write slow the steps it overlaps? A save followed
+  # by the same compute, synchronous against asynchronous, until both the
+  # compute and the files are done.
+  row["work alone"], _ = _timed(work)
+  for mode in ("sync", "async"):
+    checkpoints = keras3_checkpoints.RunCheckpoints(
+        os.path.join(root, f"overlap_{mode}{step}"),
+        async_save=mode == "async")
+    start = time.perf_counter()
+    checkpoints.save(step, state)
+    work()
+    checkpoints.wait()
+    row[f"orbax {mode} save + work"] = time.perf_counter() - start
+    checkpoints.close()
   return row
 
 
@@ -125,20 +164,22 @@ def main():
   import keras  # pylint: disable=g-import-not-at-top
   assert keras.backend.backend() == "jax", "run in a fresh Python"
   preset = "bert_tiny" if args.quick else "bert_base"
-  state = _state(preset)
+  state, model = _state(preset)
+  work = _work(model, 2 if args.quick else 4)
   count = sum(int(np.prod(v.shape)) for v in state.values())
   print(f"{preset}: {len(state)} values, {count / 1e6:.1f}M numbers")
   rows = []
   with tempfile.TemporaryDirectory() as root:
     for step in range(1, (1 if args.quick else args.rounds) + 1):
-      rows.append(_round(state, root, step))
+      rows.append(_round(state, root, step, work))
       print(json.dumps({k: round(v, 3) for k, v in rows[-1].items()}))
   medians = {key: statistics.median(row[key] for row in rows)
              for key in rows[0]}
   for key, value in medians.items():
     unit = "MB" if "size" in key else "s"
     scaled = value / 1e6 if unit == "MB" else value
-    ratio = ("" if "size" in key or key.startswith("twin") else
+    ratio = ("" if "size" in key or key.startswith("twin") or "work" in key
+             else
              f"  ({value / medians['twin ' + key.split()[-1]]:.2f}x twin)"
              if key.split()[-1] in ("restore",) else
              f"  ({value / medians['twin save']:.2f}x twin)")
