@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
     # local CPU-only wheel (2.13.0+cpu) satisfies it, and sorts above the
     # CUDA build on PyPI.
     # orbax-checkpoint: a keras3 run's checkpoints on JAX
-    # (thattn.training.keras3_checkpoints).
+    # (thattn.orbax_checkpoints).
     "jax": KERAS + ["jax[cpu]", "orbax-checkpoint"],
     "torch": KERAS + ["torch==2.13.*"],
     # The tf_keras layers and models, thattn-train, thattn-export, the data

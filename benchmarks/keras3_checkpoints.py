@@ -5,7 +5,7 @@ scalars. Until issue 54, `--backend=keras3` saved them by copying every
 Keras 3 value to the host (`keras.ops.convert_to_numpy`) into a tf_keras
 twin's TensorFlow variables and writing those with
 `tf.train.CheckpointManager`; the replacement writes the JAX arrays with
-Orbax (`thattn.training.keras3_checkpoints.RunCheckpoints`), synchronously
+Orbax (`thattn.orbax_checkpoints.RunCheckpoints`), synchronously
 or asynchronously. This measures, in one process, with rounds alternating:
 
 - the twin path's save (the host copy, the assign into tf.Variables of the
@@ -116,7 +116,7 @@ def _timed(function):
 
 def _round(state, root, step, work):
   """One round's times (seconds) and sizes (bytes)."""
-  from thattn.training import keras3_checkpoints  # pylint: disable=g-import-not-at-top
+  from thattn import orbax_checkpoints  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   row = {}
   twin = TwinPath(state, os.path.join(root, f"twin{step}"))
@@ -126,7 +126,7 @@ def _round(state, root, step, work):
                                             path + ".data-00000-of-00001"))
   for mode in ("sync", "async"):
     directory = os.path.join(root, f"orbax_{mode}{step}")
-    checkpoints = keras3_checkpoints.RunCheckpoints(
+    checkpoints = orbax_checkpoints.RunCheckpoints(
         directory, async_save=mode == "async")
     start = time.perf_counter()
     checkpoints.save(step, state)
@@ -143,7 +143,7 @@ def _round(state, root, step, work):
   # compute and the files are done.
   row["work alone"], _ = _timed(work)
   for mode in ("sync", "async"):
-    checkpoints = keras3_checkpoints.RunCheckpoints(
+    checkpoints = orbax_checkpoints.RunCheckpoints(
         os.path.join(root, f"overlap_{mode}{step}"),
         async_save=mode == "async")
     start = time.perf_counter()

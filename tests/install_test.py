@@ -55,9 +55,9 @@ moved = sum(not np.array_equal(old, new)
             for old, new in zip(before, model.get_weights()))
 assert np.isfinite(loss) and moved == len(before), (loss, moved, len(before))
 # A keras3 run's checkpoint (Orbax, in the [jax] extra) saves and restores.
-from thattn.training import keras3_checkpoints
+from thattn import orbax_checkpoints
 state = {f"weight.{i:04d}": v for i, v in enumerate(model.weights)}
-checkpoints = keras3_checkpoints.RunCheckpoints("checkpoints")
+checkpoints = orbax_checkpoints.RunCheckpoints("checkpoints")
 checkpoints.save(1, state)
 checkpoints.wait()
 saved = model.get_weights()

@@ -5,7 +5,7 @@ What `thattn-train` leaves in a model_dir:
 | name                    | what                                              |
 |-------------------------|---------------------------------------------------|
 | `run_config.json`       | task, preset, overrides, sizes: what a rerun must match and what `thattn-export` rebuilds the model from |
-| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints          |
+| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run on JAX: Orbax steps `N/` (`thattn.checkpoint_reading`) |
 | `train/`, `eval/`       | TensorBoard summaries                             |
 | `tokenizer/`            | the run's tokenizer (none for recall)             |
 | `dtensor_layouts.json`  | --strategy=dtensor: each weight's and slot's layout |
@@ -13,9 +13,11 @@ What `thattn-train` leaves in a model_dir:
 | `export/`               | the SavedModel, unless --export_dir says elsewhere |
 | `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
 
-A `--backend=keras3` run keeps the same files: its checkpoints hold the
-tf_keras twin's objects (`thattn.training.keras3_backend`), so everything
-that reads a Keras run reads it. A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
+A `--backend=keras3` run keeps the same files; on JAX its checkpoints are
+Orbax steps of the Keras 3 values, which `thattn.checkpoint_reading`
+reads into tf_keras objects by name, so everything that reads a Keras run
+reads it (on TensorFlow and PyTorch they hold the tf_keras twin's
+objects, as a Keras run's). A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
 `checkpoints/`: `operative_config.gin` and `model.ckpt-N`
 (`thattn.mtf.training`); its run_config.json says `"backend": "mtf"`.
 """
@@ -24,6 +26,8 @@ import json
 import os
 
 import tensorflow as tf
+
+from thattn import checkpoint_reading
 
 RUN_CONFIG = "run_config.json"
 SUMMARY = "summary.json"
@@ -165,27 +169,30 @@ def read_summary(model_dir):
 
 def latest_checkpoint(model_dir):
   """The newest checkpoint prefix of a model_dir; ValueError if none."""
-  latest = tf.train.latest_checkpoint(path(model_dir, CHECKPOINTS))
+  latest = checkpoint_reading.latest(path(model_dir, CHECKPOINTS))
   if not latest:
     raise ValueError(f"{path(model_dir, CHECKPOINTS)} holds no checkpoint.")
   return latest
 
 
 def run_dir_of(checkpoint):
-  """The model_dir of a checkpoint prefix, or the folder itself."""
-  if tf.io.gfile.isdir(checkpoint):
+  """The model_dir of a checkpoint prefix or Orbax step, or the folder
+  itself."""
+  if tf.io.gfile.isdir(checkpoint) and not checkpoint_reading.is_orbax_step(
+      checkpoint):
     return checkpoint
-  parent = os.path.dirname(checkpoint)
+  parent = os.path.dirname(checkpoint.rstrip("/"))
   return (os.path.dirname(parent) if os.path.basename(parent) == CHECKPOINTS
           else parent)
 
 
 def find_checkpoint(location):
   """A checkpoint prefix from a prefix, a checkpoints/ folder or a model_dir."""
-  if not tf.io.gfile.isdir(location):
+  if not tf.io.gfile.isdir(location) or checkpoint_reading.is_orbax_step(
+      location):
     return location
   for folder in (path(location, CHECKPOINTS), location):
-    latest = tf.train.latest_checkpoint(folder)
+    latest = checkpoint_reading.latest(folder)
     if latest:
       return latest
   raise ValueError(f"init_checkpoint={location!r}: no checkpoint found there "

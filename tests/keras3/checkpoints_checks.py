@@ -1,4 +1,4 @@
-"""Orbax checkpoints of Keras 3 values (thattn.training.keras3_checkpoints)
+"""Orbax checkpoints of Keras 3 values (thattn.orbax_checkpoints)
 on 4 JAX CPU devices.
 
 Run by `checkpoints_test.py` with KERAS_BACKEND=jax and
@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from thattn.training import keras3_checkpoints
+from thattn import orbax_checkpoints
 
 
 def _values(seed):
@@ -57,12 +57,12 @@ def _model_shards(variable):
 def test_a_checkpoint_restores_onto_another_mesh(tmp_path, target_mesh):
   saved = _variables(1, mesh_shape=(1, 4))
   assert _model_shards(saved["weight.kernel"]) == 4
-  checkpoints = keras3_checkpoints.RunCheckpoints(str(tmp_path))
+  checkpoints = orbax_checkpoints.RunCheckpoints(str(tmp_path))
   checkpoints.save(3, saved, meta={"initial_eval": 2.5})
   checkpoints.wait()
   target = _variables(2, mesh_shape=target_mesh)
   sharding = target["weight.kernel"].value.sharding
-  meta = keras3_checkpoints.RunCheckpoints(str(tmp_path)).restore(3, target)
+  meta = orbax_checkpoints.RunCheckpoints(str(tmp_path)).restore(3, target)
   assert meta == {"initial_eval": 2.5}
   for key, value in _numpy(saved).items():
     np.testing.assert_array_equal(np.asarray(target[key].value), value)
@@ -71,7 +71,7 @@ def test_a_checkpoint_restores_onto_another_mesh(tmp_path, target_mesh):
 
 
 def test_a_mismatch_names_every_key_and_restores_nothing(tmp_path):
-  checkpoints = keras3_checkpoints.RunCheckpoints(str(tmp_path))
+  checkpoints = orbax_checkpoints.RunCheckpoints(str(tmp_path))
   checkpoints.save(1, _variables(1))
   checkpoints.wait()
   target = _variables(2)
@@ -92,7 +92,7 @@ def test_a_mismatch_names_every_key_and_restores_nothing(tmp_path):
 
 def test_keeps_the_newest_and_never_reads_an_unfinished_save(tmp_path):
   (tmp_path / "notes.txt").write_text("the user's")
-  checkpoints = keras3_checkpoints.RunCheckpoints(str(tmp_path),
+  checkpoints = orbax_checkpoints.RunCheckpoints(str(tmp_path),
                                                   max_to_keep=2)
   for step in (1, 2, 3):
     checkpoints.save(step, _variables(step))
@@ -101,14 +101,14 @@ def test_keeps_the_newest_and_never_reads_an_unfinished_save(tmp_path):
   # What a save killed before Orbax renamed it into place leaves behind.
   unfinished = tmp_path / "4.orbax-checkpoint-tmp-1234567890"
   (unfinished / "state").mkdir(parents=True)
-  reopened = keras3_checkpoints.RunCheckpoints(str(tmp_path), max_to_keep=2)
+  reopened = orbax_checkpoints.RunCheckpoints(str(tmp_path), max_to_keep=2)
   assert (reopened.steps(), reopened.latest_step()) == ([2, 3], 3)
   assert (tmp_path / "notes.txt").read_text() == "the user's"
 
 
 def test_read_gives_numpy_values_of_their_dtypes(tmp_path):
   saved = _variables(5, mesh_shape=(2, 2))
-  checkpoints = keras3_checkpoints.RunCheckpoints(str(tmp_path),
+  checkpoints = orbax_checkpoints.RunCheckpoints(str(tmp_path),
                                                   async_save=True)
   checkpoints.save(5, saved, meta={"step": 5})
   checkpoints.wait()

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tests import conftest
 from tests import forkserver
 from tests.training import local_cluster
+from thattn import checkpoint_reading
 from thattn.training import run_lock
 
 pytest.importorskip("jax")
@@ -107,16 +108,24 @@ def test_both_backends_print_the_same_progress_lines(runs):
   assert len(formats["keras3"]) == _STEPS + 2  # before, each step, after
 
 
-def test_the_checkpoint_is_a_keras_runs_with_the_keras3_state(runs):
+def test_the_checkpoint_is_an_orbax_step_of_the_keras3_values(runs):
+  """Orbax steps 4 and 8, nothing of TensorFlow's; as many weights as the
+  Keras run's backbone and head hold, and the optimizer's iteration (the
+  random state is the kill test's, with dropout)."""
   keras3_dir, _ = runs["keras3"]
-  reader = tf.train.load_checkpoint(str(keras3_dir / "checkpoints" /
-                                        f"ckpt-{_STEPS}"))
-  names = reader.get_variable_to_shape_map()
-  assert any(name.startswith("backbone/") for name in names)
-  assert any(name.startswith("head/") for name in names)
-  iteration = [name for name in names
-               if name.startswith("keras3_state/") and "iteration" in name]
-  assert len(iteration) == 1 and reader.get_tensor(iteration[0]) == _STEPS
+  assert sorted(os.listdir(keras3_dir / "checkpoints")) == ["4", "8"]
+  saved = _saved(keras3_dir)
+  keras_run = tf.train.load_checkpoint(str(runs["keras"][0] / "checkpoints" /
+                                           f"ckpt-{_STEPS}"))
+  weights = {name.split("/.ATTRIBUTES")[0]
+             for name in keras_run.get_variable_to_shape_map()
+             if name.startswith(("backbone/", "head/")) and
+             "/.OPTIMIZER_SLOT/" not in name}
+  assert len({key for key in saved if key.startswith("weight.")}) == len(
+      weights)
+  iteration = [key for key in saved
+               if key.startswith("optimizer.") and "iteration" in key]
+  assert len(iteration) == 1 and saved[iteration[0]] == _STEPS
   with open(keras3_dir / "run_config.json") as f:
     assert json.load(f)["backend"] == "keras3"
 
@@ -165,13 +174,11 @@ def test_keras3_in_bfloat16_tracks_the_float32_run(runs, tiny_bert_flags,
       after], local_cluster.summary(str(runs["keras3"][0]))[after], rtol=0,
                              atol=MIXED_PRECISION_ATOL)
   # Weights and optimizer state are kept (and saved) in float32.
-  reader = tf.train.load_checkpoint(str(tmp_path / "bf16" / "checkpoints" /
-                                        f"ckpt-{_STEPS}"))
-  dtypes = reader.get_variable_to_dtype_map()
-  assert {dtype for dtype in dtypes.values() if dtype.is_floating} == {
-      tf.float32}
-  assert any(name.startswith("keras3_state/") and dtype == tf.float32
-             for name, dtype in dtypes.items())
+  saved = _saved(tmp_path / "bf16")
+  assert {value.dtype for value in saved.values()
+          if np.issubdtype(value.dtype, np.floating)} == {np.dtype("float32")}
+  assert any(key.startswith("optimizer.") and value.dtype == np.float32
+             for key, value in saved.items())
 
 
 def _tiny_task_loss(mixed_precision):
@@ -263,16 +270,17 @@ def _kill_after_step_6_and_rerun(model_dir, flags, *extra):
   return rerun
 
 
+def _saved(model_dir, step=_STEPS):
+  """{key: array} of a keras3 run's Orbax step."""
+  return checkpoint_reading.read_orbax_step(
+      str(model_dir / "checkpoints" / str(step)))
+
+
 def _assert_same_checkpoints(got_dir, want_dir):
-  want = tf.train.load_checkpoint(str(want_dir / "checkpoints" /
-                                      f"ckpt-{_STEPS}"))
-  got = tf.train.load_checkpoint(str(got_dir / "checkpoints" /
-                                     f"ckpt-{_STEPS}"))
-  names = sorted(want.get_variable_to_shape_map())
-  assert names == sorted(got.get_variable_to_shape_map())
-  for name in names:
-    if "save_counter" not in name:  # how many saves this process made
-      assert np.array_equal(got.get_tensor(name), want.get_tensor(name)), name
+  want, got = _saved(want_dir), _saved(got_dir)
+  assert sorted(want) == sorted(got)
+  for key, value in want.items():
+    assert np.array_equal(got[key], value), key
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(tiny_bert_flags,
@@ -285,10 +293,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(tiny_bert_flags,
   _train(tmp_path / "straight", tiny_bert_flags, "--backend=keras3", *dropout)
   _kill_after_step_6_and_rerun(tmp_path / "killed", tiny_bert_flags, *dropout)
   _assert_same_checkpoints(tmp_path / "killed", tmp_path / "straight")
-  reader = tf.train.load_checkpoint(str(tmp_path / "killed" / "checkpoints" /
-                                        f"ckpt-{_STEPS}"))
-  assert any(name.startswith("keras3_state/") and "/random." in name
-             for name in reader.get_variable_to_shape_map())
+  assert any(key.startswith("random.")
+             for key in _saved(tmp_path / "killed"))
 
 
 def _refused(model_dir, flags, *extra):
@@ -314,17 +320,36 @@ def test_the_keras3_run_keeps_the_drivers_promises(runs, tiny_bert_flags,
     error = _refused(run, tiny_bert_flags, f"--train_steps={_STEPS + 1}")
   assert "is in use by another run" in error, error
   assert conftest.snapshot(run) == before
-  data = run / "checkpoints" / f"ckpt-{_STEPS}.data-00000-of-00001"
+  # The largest file of the newest step: its values.
+  data = max((path for path in (run / "checkpoints" / str(_STEPS)).rglob("*")
+              if path.is_file()), key=lambda path: path.stat().st_size)
   with open(data, "r+b") as f:
     f.truncate(data.stat().st_size // 2)
   error = _refused(run, tiny_bert_flags, f"--train_steps={_STEPS + 1}")
-  for fragment in (f"ckpt-{_STEPS}.data-00000-of-00001", "cannot be restored",
-                   "ckpt-4", "--resume_from=latest_intact"):
+  for fragment in (f"checkpoints/{_STEPS} (", "cannot be restored",
+                   "checkpoints/4", "--resume_from=latest_intact"):
     assert fragment in error, error
   resumed = _train(run, tiny_bert_flags, "--backend=keras3",
                    f"--train_steps={_STEPS + 1}",
                    "--resume_from=latest_intact")
   assert "at step 4." in resumed
+
+
+def test_a_keras3_model_dir_of_tensorflow_checkpoints_is_refused(
+    runs, tiny_bert_flags, tmp_path):
+  """A keras3 run of thattn 0.2 saved TensorFlow checkpoints (the twin's):
+  a run on JAX now says how to go on from it and changes nothing; the
+  tools that read a run still read it."""
+  run = tmp_path / "old"
+  shutil.copytree(runs["keras"][0], run)
+  config = json.loads((run / "run_config.json").read_text())
+  (run / "run_config.json").write_text(json.dumps(dict(config,
+                                                       backend="keras3")))
+  before = conftest.snapshot(run)
+  error = _refused(run, tiny_bert_flags, f"--train_steps={_STEPS + 1}")
+  assert "TensorFlow checkpoints of a keras3 run" in error, error
+  assert f"--init_checkpoint={run}" in error, error
+  assert conftest.snapshot(run) == before
 
 
 @pytest.fixture(scope="module")

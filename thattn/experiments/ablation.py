@@ -30,9 +30,9 @@ import re
 import statistics
 
 import numpy as np
-import tensorflow as tf
 import tf_keras
 
+from thattn import checkpoint_reading
 from thattn import complexity
 from thattn import tasks
 from thattn.training import options as options_lib
@@ -232,17 +232,19 @@ def markdown_table(rows):
 
 
 def projections(model_dir):
-  """[(P_l, P_w)] per talking-heads layer, from model_dir's checkpoint."""
-  reader = tf.train.load_checkpoint(run_dir.path(model_dir,
-                                                run_dir.CHECKPOINTS))
-  names = sorted(reader.get_variable_to_shape_map(), key=_natural)
+  """[(P_l, P_w)] per talking-heads layer, from model_dir's checkpoint
+  (a Keras run's names are '/'-separated, a keras3 run's Orbax keys
+  '.'-separated)."""
+  values = checkpoint_reading.read_values(run_dir.latest_checkpoint(
+      model_dir))
   layers = []
-  for name in names:
-    if "/pre_softmax_projection/" in name:
-      partner = name.replace("/pre_softmax_projection/",
-                             "/post_softmax_projection/")
-      if partner in names:
-        layers.append((reader.get_tensor(name), reader.get_tensor(partner)))
+  for name in sorted(values, key=_natural):
+    match = re.search(r"(^|[/.])pre_softmax_projection([/.]|$)", name)
+    if match:
+      partner = (name[:match.start()] + match.group(0).replace(
+          "pre_softmax", "post_softmax") + name[match.end():])
+      if partner in values:
+        layers.append((values[name], values[partner]))
   return layers
 
 

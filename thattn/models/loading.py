@@ -14,6 +14,7 @@ part of the backbone; `thattn-export` serves a whole task.
 
 import tensorflow as tf
 
+from thattn import checkpoint_reading
 from thattn import run_dir
 from thattn.models import factory
 
@@ -59,8 +60,7 @@ def load(model_dir, *, checkpoint=None):
     checkpoint = run_dir.latest_checkpoint(model_dir)
   model = factory.create_model(config["preset"], **config.get("overrides", {}))
   try:
-    tf.train.Checkpoint(backbone=model).restore(
-        checkpoint).expect_partial().assert_existing_objects_matched()
+    checkpoint_reading.restore(checkpoint, backbone=model)
   except _RESTORE_ERRORS as error:
     cause = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     raise ValueError(f"{model_dir}: checkpoint {checkpoint} cannot be "

@@ -32,6 +32,7 @@ import re
 
 import tensorflow as tf
 
+from thattn import checkpoint_reading
 from thattn import models
 from thattn import run_dir
 from thattn.converters import model_dir as model_dir_lib
@@ -287,8 +288,7 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
                                      vocab_size=config.vocab_size)
   variables = model_map.keras_to_mtf(mtf_model=mtf_model,
                                      keras_model=keras_model)
-  match = re.search(r"-(\d+)$", checkpoint)
-  step = int(match.group(1)) if match else 0
+  step = checkpoint_reading.step_of(checkpoint)
   with model_dir_lib.staged(mtf_model_dir, "--mtf_model_dir", log) as folder:
     mtf_models.write_model_dir(mtf_model_dir=folder, gin_text=gin_text,
                                variables=variables, step=step)

@@ -14,6 +14,7 @@ import os
 
 import tensorflow as tf
 
+from thattn import checkpoint_reading
 from thattn.data import tokenizers
 from thattn.models import wiring
 
@@ -26,10 +27,10 @@ def restore(checkpoint, **objects):
   """Restores `objects` (backbone, head) from a training checkpoint.
 
   The checkpoint also holds the optimizer and trainer state, which serving
-  does not need.
+  does not need; a keras3 run's Orbax step is read by name
+  (`thattn.checkpoint_reading`).
   """
-  tf.train.Checkpoint(**objects).restore(
-      checkpoint).expect_partial().assert_existing_objects_matched()
+  checkpoint_reading.restore(checkpoint, **objects)
 
 
 def load_tokenizer(tokenizer_dir):

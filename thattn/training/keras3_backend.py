@@ -27,14 +27,20 @@ float32 weights and a bfloat16 or float16 computation, as run.py makes
 the twin under tf_keras's; float16 adds Keras 3's `LossScaleOptimizer`
 (`make_optimizer`; `keras3_steps` says how a step uses it).
 
-Checkpoints. A save writes the Keras 3 weights back into the tf_keras twin
-and saves with `tf.train.CheckpointManager` in `model_dir/checkpoints`, as
-the Keras backend does: `backbone` and `head` as tf_keras objects, so
-`thattn-export`, `thattn.models.load` and `thattn-convert --to=mtf` read a
-keras3 run as they read a Keras run. Beside them: `keras3_state`, the Keras
-3 optimizer's variables (its `iteration` is the run's step) and the random
-state (dropout's seed generators), and the held-out loss at step 0. Nothing of tf_keras runs in a step: the
-twin is touched at the start, at saves and restores, and for task metrics.
+Checkpoints. On JAX, a save writes the Keras 3 values themselves with
+Orbax (`_OrbaxStore` over `thattn.orbax_checkpoints`): the weights under
+their tf_keras names (`thattn.weight_names.checkpoint_key`), the
+optimizer's variables (its `iteration` is the run's step), the random
+state (dropout's seed generators), and the held-out loss at step 0;
+`thattn.checkpoint_reading` reads them into tf_keras objects for
+`thattn-export`, `thattn.models.load`, `thattn-convert --to=mtf` and
+`--init_checkpoint`. On TensorFlow and PyTorch (`_TwinStore`), a save
+writes the Keras 3 weights into the tf_keras twin and saves it with
+`tf.train.CheckpointManager` as the Keras backend does (`backbone`,
+`head`), with `keras3_state` (the optimizer's variables and the random
+state) and the held-out loss beside them. Nothing of tf_keras runs in a
+step: the twin is touched at the start, for task metrics, and in the
+TensorFlow and PyTorch saves.
 
 Exact resume: the step is the data's whole state (as in every backend),
 and the checkpoint holds every value the step reads, dropout's random
@@ -44,16 +50,21 @@ uninterrupted run's weights, with dropout on or off.
 """
 
 import contextlib
+import math
+import os
 
 import keras
 import tensorflow as tf
 
+from thattn import checkpoint_reading
 from thattn import run_dir
+from thattn import weight_names
 from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
 from thattn.keras3.models import heads
 from thattn.training import backend as backend_lib
 from thattn.training import devices as devices_lib
+from thattn import orbax_checkpoints
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
 from thattn.training import optimizer as optimizer_lib
@@ -117,7 +128,10 @@ class Keras3Backend(backend_lib.Backend):
       raise ValueError(f"--backend=keras3 runs on KERAS_BACKEND "
                        f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
     self.log(framework_line(self.framework))
-    self.task = self.loss_layer = self.steps = self.manager = None
+    self.task = self.loss_layer = self.steps = self.store = None
+    # On JAX the run's values are saved as they are, by Orbax; elsewhere
+    # through the tf_keras twin (see the module).
+    self.orbax = self.framework == "jax"
     self.pairs, self.state, self._step = [], {}, 0
     # Devices before any data is read: a mesh JAX cannot make fails here.
     self.mesh = (keras3_mesh.KerasMesh(self.options)
@@ -144,16 +158,11 @@ class Keras3Backend(backend_lib.Backend):
           self.loss_layer, make_optimizer(self.options),
           batch_layout=self.mesh.batch_layout if self.mesh else None)
     self.state = self._state()
-    checkpoint = tf.train.Checkpoint(
-        keras3_state=tf.Module(), initial_eval=self.initial_eval_variable,
-        **task.checkpoint_items())
-    checkpoint.keras3_state.by_key = {
-        key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
-                         trainable=False)
-        for key, variable in self.state.items()}
-    self.manager = tf.train.CheckpointManager(
-        checkpoint, run_dir.path(self.model_dir, run_dir.CHECKPOINTS),
-        max_to_keep=self.options.max_checkpoints)
+    directory = run_dir.path(self.model_dir, run_dir.CHECKPOINTS)
+    if self.orbax:
+      self.store = _OrbaxStore(self, directory)
+    else:
+      self.store = _TwinStore(self, directory)
 
   def _state(self):
     """{checkpoint key: Keras 3 variable} of what the run holds beside the
@@ -207,36 +216,33 @@ class Keras3Backend(backend_lib.Backend):
     return self.mesh.distribution(self._task_loss()).scope()
 
   def _twin_to_keras3(self):
-    """The tf_keras twin's weights, and the saved Keras 3 state, into the
-    Keras 3 run."""
-    saved = self.manager.checkpoint.keras3_state.by_key
+    """The tf_keras twin's weights into the Keras 3 run."""
     for source, target in self.pairs:
       target.assign(source.numpy())
-    for key, variable in self.state.items():
-      variable.assign(saved[key].numpy())
+
+  def _keras3_to_twin(self):
+    """The Keras 3 run's weights into the tf_keras twin."""
+    self.steps.sync()
+    for source, target in self.pairs:
+      source.assign(keras.ops.convert_to_numpy(target.value))
+
+  def _reloaded(self):
+    """After the Keras 3 variables changed: the compiled step reads them,
+    and the step count is the optimizer's."""
     self.steps.reload()
     self._step = int(keras.ops.convert_to_numpy(
         self.steps.optimizer.iterations))
 
-  def _keras3_to_twin(self):
-    """The Keras 3 run's weights and state into what the checkpoint saves
-    (the tf_keras twin and `keras3_state`)."""
-    self.steps.sync()
-    saved = self.manager.checkpoint.keras3_state.by_key
-    for source, target in self.pairs:
-      source.assign(keras.ops.convert_to_numpy(target.value))
-    for key, variable in self.state.items():
-      saved[key].assign(keras.ops.convert_to_numpy(variable.value))
-
   def checkpoints(self):
-    return list(self.manager.checkpoints)
+    return self.store.checkpoints()
 
   def restore(self, path):
-    self.manager.checkpoint.restore(path).assert_consumed()
-    self._twin_to_keras3()
+    self.store.restore(path)
+    self._reloaded()
 
   def initialize(self):
     self._twin_to_keras3()  # the build's weights, or init_checkpoint's
+    self._reloaded()
 
   @property
   def step(self):
@@ -278,14 +284,18 @@ class Keras3Backend(backend_lib.Backend):
         num_steps, devices_lib.StrategyDevices(tf.distribute.get_strategy()))
 
   def save(self):
-    self._keras3_to_twin()
-    return self.manager.save(checkpoint_number=self.step)
+    self.steps.sync()
+    return self.store.save(self.step)
 
   def latest_checkpoint(self):
-    return self.manager.latest_checkpoint
+    return self.store.latest()
 
   def checkpoint_directory(self):
-    return self.manager.directory
+    return self.store.directory
+
+  def close(self):
+    if self.store is not None:
+      self.store.close()
 
   def describe(self):
     return backend_lib.describe_run(
@@ -293,6 +303,100 @@ class Keras3Backend(backend_lib.Backend):
         [tuple(v.shape) for v in self.loss_layer.trainable_variables],
         self.mesh.describe() if self.mesh else _devices(),
         engine=f"Keras 3 on {self.framework}{_precision(self.loss_layer)}")
+
+
+class _OrbaxStore:
+  """A keras3 run's checkpoints on JAX: Orbax steps of its Keras 3 values
+  (`orbax_checkpoints.RunCheckpoints`), each weight under its
+  `weight_names.checkpoint_key`, beside the optimizer's and random state's
+  keys; the held-out loss at step 0 in the step's meta.
+
+  Saved synchronously: the driver prints a step's progress line after its
+  save, as the promise that the step is kept (thattn.training.run), which
+  an asynchronous save would break. Asynchronous saving measured to pay at
+  BERT-base size (benchmarks/RESULTS.md); it waits on the driver deferring
+  that line until the save is final."""
+
+  def __init__(self, backend, directory):
+    if tf.io.gfile.exists(os.path.join(directory, "checkpoint")):
+      raise ValueError(
+          f"{directory} holds TensorFlow checkpoints of a keras3 run made "
+          "by an earlier thattn, which saved through the tf_keras twin; "
+          "this one saves Orbax checkpoints on JAX and will not mix them. "
+          "thattn-export, thattn.models.load and --init_checkpoint still "
+          "read that run: start a new --model_dir with --init_checkpoint="
+          f"{os.path.dirname(directory)} to go on from its weights (nothing "
+          "was changed).")
+    self.backend, self.directory = backend, directory
+    self.values = {weight_names.checkpoint_key(source.name): target
+                   for source, target in backend.pairs}
+    self.values.update(backend.state)
+    self.run = orbax_checkpoints.RunCheckpoints(
+        directory, max_to_keep=backend.options.max_checkpoints)
+
+  def checkpoints(self):
+    return [self.run.path(step) for step in self.run.steps()]
+
+  def latest(self):
+    step = self.run.latest_step()
+    return None if step is None else self.run.path(step)
+
+  def save(self, step):
+    initial = self.backend.initial_eval
+    return self.run.save(step, self.values, meta={
+        "initial_eval": None if math.isnan(initial) else initial})
+
+  def restore(self, path):
+    meta = self.run.restore(checkpoint_reading.step_of(path), self.values)
+    initial = meta.get("initial_eval")
+    self.backend.set_initial_eval(float("nan") if initial is None else
+                                  initial)
+
+  def close(self):
+    self.run.close()  # an asynchronous save finishes first
+
+
+class _TwinStore:
+  """A keras3 run's checkpoints on TensorFlow and PyTorch: the Keras 3
+  weights copied into the tf_keras twin and saved with
+  `tf.train.CheckpointManager` as a Keras run's (`backbone`, `head`),
+  beside `keras3_state` (the optimizer's and random state's values) and
+  the held-out loss at step 0."""
+
+  def __init__(self, backend, directory):
+    self.backend = backend
+    checkpoint = tf.train.Checkpoint(
+        keras3_state=tf.Module(), initial_eval=backend.initial_eval_variable,
+        **backend.task.checkpoint_items())
+    checkpoint.keras3_state.by_key = {
+        key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
+                         trainable=False)
+        for key, variable in backend.state.items()}
+    self.saved = checkpoint.keras3_state.by_key
+    self.manager = tf.train.CheckpointManager(
+        checkpoint, directory, max_to_keep=backend.options.max_checkpoints)
+    self.directory = self.manager.directory
+
+  def checkpoints(self):
+    return list(self.manager.checkpoints)
+
+  def latest(self):
+    return self.manager.latest_checkpoint
+
+  def save(self, step):
+    self.backend._keras3_to_twin()  # pylint: disable=protected-access
+    for key, variable in self.backend.state.items():
+      self.saved[key].assign(keras.ops.convert_to_numpy(variable.value))
+    return self.manager.save(checkpoint_number=step)
+
+  def restore(self, path):
+    self.manager.checkpoint.restore(path).assert_consumed()
+    self.backend._twin_to_keras3()  # pylint: disable=protected-access
+    for key, variable in self.backend.state.items():
+      variable.assign(self.saved[key].numpy())
+
+  def close(self):
+    pass
 
 
 def _precision(loss_layer):

@@ -52,6 +52,7 @@ from thattn import run_dir
 from thattn import tasks
 from thattn import write_failures
 from thattn.training import backend as backend_lib
+from thattn import checkpoint_reading
 from thattn.training import cluster
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
@@ -168,8 +169,7 @@ def _resume(backend, task, options, log):
   else:
     if options.init_checkpoint:
       path = run_dir.find_checkpoint(options.init_checkpoint)
-      tf.train.Checkpoint(backbone=task.backbone).restore(
-          path).expect_partial().assert_existing_objects_matched()
+      checkpoint_reading.restore(path, backbone=task.backbone)
       log(f"Backbone initialized from {path}.")
     backend.initialize()
   start_step = backend.step
@@ -200,8 +200,7 @@ def _restore_latest(backend, paths, resume_from, log):
         f"intact checkpoint, {intact[0]}, as --resume_from=latest_intact "
         "asks.")
     return intact[0]
-  files = ", ".join(sorted(os.path.basename(f)
-                           for f in tf.io.gfile.glob(latest + ".*")))
+  files = ", ".join(_checkpoint_files(latest))
   hint = (f"The newest intact checkpoint is {intact[0]}: rerun with "
           "--resume_from=latest_intact to resume from it (the damaged one "
           "is replaced when training reaches its step again)."
@@ -211,8 +210,22 @@ def _restore_latest(backend, paths, resume_from, log):
                    f"restored: {cause}. {hint}")
 
 
+def _checkpoint_files(path):
+  """The names of a checkpoint's files, for a message: a prefix's
+  `ckpt-N.*`, an Orbax step's entries."""
+  if checkpoint_reading.is_orbax_step(path):
+    return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(path))
+  return sorted(os.path.basename(f) for f in tf.io.gfile.glob(path + ".*"))
+
+
 def _readable(path):
   """Whether every tensor of the checkpoint at `path` can be read."""
+  if checkpoint_reading.is_orbax_step(path):
+    try:
+      checkpoint_reading.read_orbax_step(path)
+      return True
+    except ValueError:  # RunCheckpoints names a step it cannot read so
+      return False
   try:
     reader = tf.train.load_checkpoint(path)
     for name in reader.get_variable_to_shape_map():

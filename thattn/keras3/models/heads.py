@@ -5,25 +5,17 @@ tf_keras twins'.
 tasks masked LM, classification and SQuAD (`thattn.tasks`), their
 computations written once for both front ends in `thattn.models.
 task_wiring`; this module adds Keras 3's glue. They have the tf_keras
-heads' weights' names (`shared_name`), so a tf_keras run's head moves into
-them by name (`pair_by_name`).
+heads' weights' names (`thattn.weight_names.shared_name`), so a tf_keras
+run's head moves into them by name (`pair_by_name`).
 """
 
 import keras
 
+from thattn import weight_names
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
 from thattn.keras3.models import front_end
 from thattn.models import task_wiring
-
-
-def shared_name(name):
-  """What a weight's name is in both front ends: without ':0' and without
-  tf_keras's doubled attention scope ('block_0/attention/attention/query/
-  kernel' -> 'block_0/attention/query/kernel')."""
-  parts = name.split(":")[0].split("/")
-  return "/".join(part for index, part in enumerate(parts)
-                  if index == 0 or part != parts[index - 1])
 
 
 def pair_by_name(sources, targets):
@@ -36,8 +28,9 @@ def pair_by_name(sources, targets):
     ValueError naming the weights one side has and the other lacks, or
     whose shapes differ.
   """
-  by_name = {shared_name(source.name): source for source in sources}
-  targets_by_name = {shared_name(target.path): target for target in targets}
+  shared = weight_names.shared_name
+  by_name = {shared(source.name): source for source in sources}
+  targets_by_name = {shared(target.path): target for target in targets}
   missing = sorted(set(by_name) ^ set(targets_by_name))
   if missing:
     raise ValueError(f"The two models' weights differ in name: "

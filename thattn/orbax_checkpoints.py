@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a Keras 3 run's values (issue 54's first piece).
+"""Orbax checkpoints of a Keras 3 run's values.
 
 A keras3 run's state is a flat {key: Keras 3 variable} (the weights, the
 optimizer's slots and iteration, dropout's seed generators; the keys are
@@ -14,7 +14,9 @@ the run's own names, e.g. `weight.block_0.attention.query.kernel`).
 Orbax writes a step into a temporary folder and renames it when every
 process has finished (`commit_success.txt` on file systems without atomic
 rename), so a save cut short is never listed as a step; it keeps the last
-`max_to_keep` steps and deletes only the step folders it wrote.
+`max_to_keep` steps and deletes only the step folders it wrote. Saving a
+step that exists (a run resumed before it, because it could not be read)
+replaces it.
 
 Restoring is strict and explicit. Every saved value must find its variable
 and every variable its value, with the same shape: otherwise a ValueError
@@ -26,7 +28,9 @@ TensorFlow and PyTorch backends the values are NumPy arrays, saved and
 restored the same way.
 """
 
+import gc
 import os
+import sys
 
 import keras
 import numpy as np
@@ -48,10 +52,13 @@ def _on_jax():
   return keras.backend.backend() == "jax"
 
 
-def _saved_value(variable):
-  """What Orbax writes for a variable: the JAX array itself (sharded as it
-  is), or elsewhere its NumPy value."""
+def _saved_value(variable, copy):
+  """What Orbax writes for a variable: the JAX array (sharded as it is; a
+  copy when `copy`), or elsewhere its NumPy value."""
   if _on_jax():
+    if copy:
+      import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+      return jnp.copy(variable.value)
     return variable.value
   return keras.ops.convert_to_numpy(variable.value)
 
@@ -74,12 +81,15 @@ class RunCheckpoints:
     directory: where the numbered step folders go (created if missing).
     max_to_keep: how many of the newest steps to keep.
     async_save: whether `save` returns while the files are still being
-      written (they are finished by the next save, `wait` or `close`).
+      written (they are finished by the next save, `wait` or `close`);
+      it then writes copies of the values, which the caller may change
+      at once.
   """
 
   def __init__(self, directory, *, max_to_keep=5, async_save=False):
     ocp = _orbax()
     self.directory = os.path.abspath(directory)
+    self.async_save = async_save
     self._ocp = ocp
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
@@ -103,9 +113,16 @@ class RunCheckpoints:
   def save(self, step, variables, meta=None):
     """Saves {key: variable} (and the JSON dict `meta`) as `step`; every
     process calls it. Returns the step's folder."""
-    state = {key: _saved_value(variable)
+    # Asynchronously, Orbax reads the arrays after `save` returns, while
+    # the next steps run; a compiled step that donates its inputs' buffers
+    # (keras3_steps does) would reuse them under it, so it writes copies.
+    state = {key: _saved_value(variable, copy=self.async_save)
              for key, variable in variables.items()}
     ocp = self._ocp
+    if step in self._manager.all_steps():
+      # A step saved before, which a resumed run reaches again (it resumed
+      # from an earlier step because this one could not be read).
+      self._manager.delete(step)
     self._manager.save(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
         META: ocp.args.JsonSave(dict(meta or {}))}), force=True)
@@ -147,11 +164,8 @@ class RunCheckpoints:
     sharding; returns the saved `meta` dict. Checked first
     (`check_matches`): nothing is assigned unless everything matches."""
     self.check_matches(step, variables)
-    ocp = self._ocp
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(
-            {key: _target(variable) for key, variable in variables.items()}),
-        META: ocp.args.JsonRestore()}))
+    restored = self._restore(step, {key: _target(variable)
+                                    for key, variable in variables.items()})
     for key, variable in variables.items():
       variable.assign(restored[STATE][key])
     return dict(restored[META] or {})
@@ -159,14 +173,34 @@ class RunCheckpoints:
   def read(self, step):
     """(values, meta) of `step` as NumPy arrays in this process, for the
     tools that read a run whole (export, conversion, fine-tuning)."""
-    ocp = self._ocp
-    targets = {key: np.zeros(tuple(value.shape), value.dtype)
-               for key, value in self._metadata(step).items()}
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(targets),
-        META: ocp.args.JsonRestore()}))
+    restored = self._restore(step, {
+        key: np.zeros(tuple(value.shape), value.dtype)
+        for key, value in self._metadata(step).items()})
     return ({key: np.asarray(value) for key, value in
              restored[STATE].items()}, dict(restored[META] or {}))
+
+  def _restore(self, step, targets):
+    """Orbax's restore of `step` into `targets`; a step whose files cannot
+    be read (damaged, cut short by a full disk) is a ValueError naming it
+    and the cause, whatever the storage layer raised."""
+    ocp = self._ocp
+    try:
+      return self._manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(targets),
+          META: ocp.args.JsonRestore()}))
+    except Exception as error:  # pylint: disable=broad-except
+      # TensorStore appends its whole spec to the first line.
+      first = str(error).splitlines()[0].split(" See full TensorStore")[0]
+      cause = f"{type(error).__name__}: {first[:200]}"
+    # Orbax reads the values in concurrent coroutines; when one fails, the
+    # others' failures surface only as "Exception ignored in" tracebacks
+    # when they are collected. The ValueError below says it once.
+    hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+    try:
+      gc.collect()
+    finally:
+      sys.unraisablehook = hook
+    raise ValueError(f"{self.path(step)} cannot be read: {cause}")
 
   def wait(self):
     """Blocks until an asynchronous save has finished."""

@@ -1,0 +1,98 @@
+"""Reading a run's checkpoint into tf_keras objects, whichever wrote it.
+
+A `--backend=keras` run (and a conversion) saves `tf.train.Checkpoint`s of
+its tf_keras objects: `checkpoints/ckpt-N.*`. A `--backend=keras3` run on
+JAX saves Orbax steps of its Keras 3 values (`thattn.orbax_checkpoints`):
+`checkpoints/N/`, each weight under
+`thattn.weight_names.checkpoint_key` of its name. The tools that read a
+run whole (`thattn-export`, `thattn.models.load`, `thattn-convert
+--to=mtf`, `--init_checkpoint`) read either through `latest` and
+`restore`: an Orbax step is read into this process as NumPy arrays and
+each tf_keras weight takes its value by name at that moment.
+"""
+
+import os
+
+import tensorflow as tf
+
+from thattn import weight_names
+
+# What Orbax writes into a step's folder when the step is final.
+ORBAX_MARKER = "_CHECKPOINT_METADATA"
+
+
+def is_orbax_step(path):
+  """Whether `path` is a finished Orbax step folder."""
+  return tf.io.gfile.isdir(path) and tf.io.gfile.exists(
+      os.path.join(path, ORBAX_MARKER))
+
+
+def orbax_steps(folder):
+  """The finished Orbax step folders of `folder`, oldest first."""
+  if not tf.io.gfile.isdir(folder):
+    return []
+  steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(folder)
+                 if name.rstrip("/").isdigit() and
+                 is_orbax_step(os.path.join(folder, name.rstrip("/"))))
+  return [os.path.join(folder, str(step)) for step in steps]
+
+
+def latest(folder):
+  """The newest checkpoint in `folder`: an Orbax step folder or a
+  `tf.train.Checkpoint` prefix; None if it holds neither."""
+  steps = orbax_steps(folder)
+  if steps:
+    return steps[-1]
+  return tf.train.latest_checkpoint(folder)
+
+
+def step_of(checkpoint):
+  """The step a checkpoint path names (`.../ckpt-12`, `.../12`), or 0."""
+  tail = os.path.basename(checkpoint.rstrip("/")).rsplit("-", 1)[-1]
+  return int(tail) if tail.isdigit() else 0
+
+
+def read_values(checkpoint):
+  """{name: NumPy array} of every value a checkpoint holds: an Orbax
+  step's keys, or a `tf.train.Checkpoint`'s variable names."""
+  if is_orbax_step(checkpoint):
+    return read_orbax_step(checkpoint)
+  reader = tf.train.load_checkpoint(checkpoint)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+def read_orbax_step(path):
+  """{key: NumPy array} of an Orbax step folder, in this process."""
+  from thattn import orbax_checkpoints  # pylint: disable=g-import-not-at-top
+  checkpoints = orbax_checkpoints.RunCheckpoints(os.path.dirname(path))
+  try:
+    return checkpoints.read(step_of(path))[0]
+  finally:
+    checkpoints.close()
+
+
+def restore(checkpoint, **objects):
+  """Restores the tf_keras `objects` (backbone=, head=) from `checkpoint`.
+
+  Raises:
+    ValueError (Orbax) naming the weights the checkpoint has no value for;
+    TensorFlow's errors for a `tf.train.Checkpoint` that does not match.
+  """
+  if not is_orbax_step(checkpoint):
+    tf.train.Checkpoint(**objects).restore(
+        checkpoint).expect_partial().assert_existing_objects_matched()
+    return
+  values = read_orbax_step(checkpoint)
+  weights = [weight for obj in objects.values() for weight in obj.weights]
+  keys = [weight_names.checkpoint_key(weight.name) for weight in weights]
+  missing = sorted(key for key in keys if key not in values)
+  if missing:
+    raise ValueError(f"{checkpoint} has no value for {missing[:6]}"
+                     f"{' ...' if len(missing) > 6 else ''} of "
+                     f"{sorted(objects)}.")
+  for weight, key in zip(weights, keys):
+    if tuple(weight.shape) != values[key].shape:
+      raise ValueError(f"{checkpoint}: {key} is {values[key].shape}, the "
+                       f"weight {weight.name} {tuple(weight.shape)}.")
+    weight.assign(values[key])
