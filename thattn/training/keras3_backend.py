@@ -57,6 +57,7 @@ import keras
 import tensorflow as tf
 
 from thattn import checkpoint_reading
+from thattn import orbax_checkpoints
 from thattn import run_dir
 from thattn import weight_names
 from thattn.keras3 import optimizers as keras3_optimizers
@@ -64,7 +65,6 @@ from thattn.keras3.models import generation
 from thattn.keras3.models import heads
 from thattn.training import backend as backend_lib
 from thattn.training import devices as devices_lib
-from thattn import orbax_checkpoints
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
 from thattn.training import optimizer as optimizer_lib
