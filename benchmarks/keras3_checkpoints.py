@@ -176,14 +176,14 @@ def main():
   medians = {key: statistics.median(row[key] for row in rows)
              for key in rows[0]}
   for key, value in medians.items():
-    unit = "MB" if "size" in key else "s"
-    scaled = value / 1e6 if unit == "MB" else value
-    ratio = ("" if "size" in key or key.startswith("twin") or "work" in key
-             else
-             f"  ({value / medians['twin ' + key.split()[-1]]:.2f}x twin)"
-             if key.split()[-1] in ("restore",) else
-             f"  ({value / medians['twin save']:.2f}x twin)")
-    print(f"{key:28s} {scaled:8.2f} {unit}{ratio}")
+    if "size" in key:
+      print(f"{key:28s} {value / 1e6:8.2f} MB")
+      continue
+    # An Orbax save or restore against the twin path's.
+    anchor = None if key.startswith("twin") or "work" in key else (
+        "twin restore" if key.endswith("restore") else "twin save")
+    ratio = f"  ({value / medians[anchor]:.2f}x twin)" if anchor else ""
+    print(f"{key:28s} {value:8.2f} s{ratio}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"preset": preset, "numbers": count, "rounds": rows,

@@ -129,15 +129,7 @@ def rules(config):
   heads = config.attention.num_heads
   result = embedding_rules()
   for index in range(config.num_layers):
-    layer = f"bert/encoder/layer_{index}"
-    parts = {"query": f"{layer}/attention/self/query",
-             "key": f"{layer}/attention/self/key",
-             "value": f"{layer}/attention/self/value",
-             "attention_output": f"{layer}/attention/output/dense",
-             "attention_norm": f"{layer}/attention/output/LayerNorm",
-             "ff_input": f"{layer}/intermediate/dense",
-             "ff_output": f"{layer}/output/dense",
-             "ff_norm": f"{layer}/output/LayerNorm"}
+    parts = weights_lib.bert_layer_parts(f"bert/encoder/layer_{index}")
     result += NAMING.block(f"block_{index}", parts, heads,
                            config.d_model // heads)
   return result

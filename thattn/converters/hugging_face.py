@@ -190,15 +190,7 @@ def rules(config, model_type):
              "ff_norm": f"{layer}.full_layer_layer_norm"}
     return result + NAMING.block("shared_block", parts, heads, key_dim)
   for index in range(config.num_layers):
-    layer = f"encoder.layer.{index}"
-    parts = {"query": f"{layer}.attention.self.query",
-             "key": f"{layer}.attention.self.key",
-             "value": f"{layer}.attention.self.value",
-             "attention_output": f"{layer}.attention.output.dense",
-             "attention_norm": f"{layer}.attention.output.LayerNorm",
-             "ff_input": f"{layer}.intermediate.dense",
-             "ff_output": f"{layer}.output.dense",
-             "ff_norm": f"{layer}.output.LayerNorm"}
+    parts = weights_lib.bert_layer_parts(f"encoder.layer.{index}", ".")
     result += NAMING.block(f"block_{index}", parts, heads, key_dim)
   return result
 

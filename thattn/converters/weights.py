@@ -75,6 +75,22 @@ def albert_embedding_size(embedding_size, width, where):
 # the feed-forward network's two dense layers.
 BLOCK_PARTS = ("query", "key", "value", "attention_output", "attention_norm",
                "ff_input", "ff_output", "ff_norm")
+# google-research/bert's names of an encoder layer's parts, which
+# transformers kept with '.' for '/': Google's and Hugging Face's BERT.
+_BERT_LAYER_NAMES = {
+    "query": "attention/self/query", "key": "attention/self/key",
+    "value": "attention/self/value",
+    "attention_output": "attention/output/dense",
+    "attention_norm": "attention/output/LayerNorm",
+    "ff_input": "intermediate/dense", "ff_output": "output/dense",
+    "ff_norm": "output/LayerNorm"}
+
+
+def bert_layer_parts(layer, separator="/"):
+  """The `Naming.block` parts of BERT's encoder layer `layer` (its name
+  prefix), in google-research/bert's names joined by `separator`."""
+  return {part: separator.join([layer, *name.split("/")])
+          for part, name in _BERT_LAYER_NAMES.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -166,12 +166,13 @@ class AlbertSentencepieceTokenizer(tokenizers._Sentencepiece):  # pylint: disabl
         tf.strings.substr(chosen, tf.zeros_like(length), length - 1),
         WORD_BOUNDARY, ""))
     # Where the piece began inside a word, its digits do too.
-    bare = tf.strings.substr(self._sp.id_to_string(sub_ids.flat_values),
-                             len(WORD_BOUNDARY.encode("utf-8")), -1)
+    sub_pieces = self._sp.id_to_string(sub_ids.flat_values)
+    bare = tf.strings.substr(sub_pieces, len(WORD_BOUNDARY.encode("utf-8")),
+                             -1)
     fix = tf.equal(_row_positions(sub_ids), 0) & tf.repeat(
         ~tf.strings.regex_full_match(chosen, WORD_BOUNDARY + ".*"),
         sub_ids.row_lengths()) & tf.strings.regex_full_match(
-            self._sp.id_to_string(sub_ids.flat_values), WORD_BOUNDARY + ".*")
+            sub_pieces, WORD_BOUNDARY + ".*")
     sub_ids = tf.ragged.boolean_mask(
         sub_ids.with_flat_values(tf.where(fix, self._sp.string_to_id(bare),
                                           sub_ids.flat_values)),

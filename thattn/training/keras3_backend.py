@@ -129,9 +129,6 @@ class Keras3Backend(backend_lib.Backend):
                        f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
     self.log(framework_line(self.framework))
     self.task = self.loss_layer = self.steps = self.store = None
-    # On JAX the run's values are saved as they are, by Orbax; elsewhere
-    # through the tf_keras twin (see the module).
-    self.orbax = self.framework == "jax"
     self.pairs, self.state, self._step = [], {}, 0
     # Devices before any data is read: a mesh JAX cannot make fails here.
     self.mesh = (keras3_mesh.KerasMesh(self.options)
@@ -158,11 +155,10 @@ class Keras3Backend(backend_lib.Backend):
           self.loss_layer, make_optimizer(self.options),
           batch_layout=self.mesh.batch_layout if self.mesh else None)
     self.state = self._state()
-    directory = run_dir.path(self.model_dir, run_dir.CHECKPOINTS)
-    if self.orbax:
-      self.store = _OrbaxStore(self, directory)
-    else:
-      self.store = _TwinStore(self, directory)
+    # On JAX the run's values are saved as they are, by Orbax; elsewhere
+    # through the tf_keras twin (see the module).
+    store = _OrbaxStore if self.framework == "jax" else _TwinStore
+    self.store = store(self, run_dir.path(self.model_dir, run_dir.CHECKPOINTS))
 
   def _state(self):
     """{checkpoint key: Keras 3 variable} of what the run holds beside the
@@ -313,9 +309,9 @@ class _OrbaxStore:
 
   Saved synchronously: the driver prints a step's progress line after its
   save, as the promise that the step is kept (thattn.training.run), which
-  an asynchronous save would break. Asynchronous saving measured to pay at
-  BERT-base size (benchmarks/RESULTS.md); it waits on the driver deferring
-  that line until the save is final."""
+  an asynchronous save would break; and on 2 CPU cores an asynchronous
+  save's background write slows the steps it overlaps about as much as it
+  saves (benchmarks/RESULTS.md, "Saving a keras3 run")."""
 
   def __init__(self, backend, directory):
     if tf.io.gfile.exists(os.path.join(directory, "checkpoint")):
