@@ -65,7 +65,8 @@ def read_values(checkpoint):
 def read_orbax_step(path):
   """{key: NumPy array} of an Orbax step folder, in this process."""
   from thattn import orbax_checkpoints  # pylint: disable=g-import-not-at-top
-  checkpoints = orbax_checkpoints.RunCheckpoints(os.path.dirname(path))
+  checkpoints = orbax_checkpoints.RunCheckpoints(os.path.dirname(path),
+                                                 alone=True)
   try:
     return checkpoints.read(step_of(path))[0]
   finally:

@@ -70,6 +70,8 @@ def train(*, model_dir, task, model=None, data=None, options, export=True,
                       options=options, log=log)
   if "served" in summary:
     return summary
+  if not summary.get("chief", True):  # a JAX cluster's other processes
+    export_dir = None
   if export_dir and not (summary.get("already_finished") and
                          export_lib.is_export(export_dir)):
     export_run(model_dir=model_dir, export_dir=export_dir, log=log)

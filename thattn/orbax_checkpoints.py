@@ -74,6 +74,17 @@ def _target(variable):
   return np.zeros(tuple(variable.shape), dtype)
 
 
+def _processes_options(ocp, alone):
+  """Orbax's MultiprocessingOptions: every JAX process takes part, or with
+  `alone` only this one."""
+  if not (alone and _on_jax()):
+    return ocp.options.MultiprocessingOptions()
+  import jax  # pylint: disable=g-import-not-at-top
+  index = jax.process_index()
+  return ocp.options.MultiprocessingOptions(primary_host=index,
+                                            active_processes={index})
+
+
 class RunCheckpoints:
   """The Orbax checkpoints of one run's state; see the module.
 
@@ -84,17 +95,24 @@ class RunCheckpoints:
       written (they are finished by the next save, `wait` or `close`);
       it then writes copies of the values, which the caller may change
       at once.
+    alone: whether this process reads the steps by itself (`read`), even
+      where it is one of several JAX processes (a cluster's process 0
+      exporting the run after training): Orbax then waits for no other.
   """
 
-  def __init__(self, directory, *, max_to_keep=5, async_save=False):
+  def __init__(self, directory, *, max_to_keep=5, async_save=False,
+               alone=False):
     ocp = _orbax()
     self.directory = os.path.abspath(directory)
     self.async_save = async_save
     self._ocp = ocp
     self._manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True,
-            enable_async_checkpointing=async_save),
+            # A reader alone reads steps that are there (Orbax creates a
+            # folder only with every process).
+            max_to_keep=max_to_keep, create=not alone,
+            enable_async_checkpointing=async_save,
+            multiprocessing_options=_processes_options(ocp, alone)),
         # Named here, so that a manager opened on saved steps reads their
         # metadata before anything is restored.
         item_handlers={STATE: ocp.StandardCheckpointHandler(),

@@ -57,17 +57,19 @@ class LocalCluster:
 
   def __init__(self, argv, num_workers, *, env=None, timeout=300,
                configs=None, envs=None):
-    """envs: per-process variables; default: TF_CONFIG from `configs` (or
-    fresh `tf_configs(num_workers)`)."""
+    """argv: the command, or a list of one command per process; envs:
+    per-process variables; default: TF_CONFIG from `configs` (or fresh
+    `tf_configs(num_workers)`)."""
     self.timeout = timeout
     self.started = time.time()
     envs = envs or [{"TF_CONFIG": config}
                     for config in (configs or tf_configs(num_workers))]
+    argvs = argv if isinstance(argv[0], list) else [argv] * num_workers
     self.processes = [
-        forkserver.Popen(argv, env=dict(env or os.environ, **extra),
+        forkserver.Popen(command, env=dict(env or os.environ, **extra),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-        for extra in envs]
+        for command, extra in zip(argvs, envs)]
 
   def __enter__(self):
     return self
@@ -96,8 +98,10 @@ class LocalCluster:
       raise
 
 
-def kill_at_step(cluster, step, victim=1, timeout=180):
-  """SIGKILLs process `victim` once process 0 logs training step `step`.
+def kill_at_step(cluster, step, victim=1, timeout=180,
+                 signal_number=signal.SIGKILL):
+  """SIGKILLs process `victim` (or sends it `signal_number`) once process
+  0 logs training step `step`.
 
   Returns process 0's (return code, stderr) once it has stopped, at most
   `timeout` seconds later.
@@ -105,7 +109,7 @@ def kill_at_step(cluster, step, victim=1, timeout=180):
   leader = cluster.processes[0]
   for line in leader.stdout:
     if line.startswith(f"step {step:6d}/"):
-      cluster.processes[victim].send_signal(signal.SIGKILL)
+      cluster.processes[victim].send_signal(signal_number)
       break
   _, stderr = leader.communicate(timeout=timeout)
   return leader.returncode, stderr

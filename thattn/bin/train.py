@@ -25,6 +25,7 @@ model or training flag given (e.g. _h8 for --num_heads=8), unless
 """
 
 import os
+import signal
 import sys
 
 from thattn.bin import cli
@@ -43,9 +44,11 @@ from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-i
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import jax_processes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.training import run as run_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import run_setup  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -152,19 +155,36 @@ flags.DEFINE_enum("strategy", "default", list(strategies.STRATEGIES),
                   "themselves over --mesh_shape by --layout_rules "
                   "(thattn.training.dtensor).")
 flags.DEFINE_float("cluster_timeout", 300, "--strategy=multi_worker_mirrored "
-                   "and --backend=mtf over a TF_CONFIG cluster, and "
-                   "--strategy=dtensor over several clients (DTENSOR_JOBS): "
+                   "and --backend=mtf over a TF_CONFIG cluster, "
+                   "--strategy=dtensor over several clients (DTENSOR_JOBS), "
+                   "and --backend=keras3 over JAX processes: "
                    "seconds to wait for every task or client before "
                    "stopping with those that did not answer.")
+flags.DEFINE_string("coordinator_address", None, "--backend=keras3 on JAX "
+                    "across processes: host:port of process 0, where JAX's "
+                    "coordination service listens (with --num_processes and "
+                    "--process_id; none of the three on SLURM or Cloud TPU, "
+                    "where JAX finds them itself).")
+flags.DEFINE_integer("num_processes", None, "--backend=keras3 on JAX: how "
+                     "many processes train the run.")
+flags.DEFINE_integer("process_id", None, "--backend=keras3 on JAX: this "
+                     "process's index, 0 to --num_processes - 1; process 0 "
+                     "writes the run's files.")
+flags.DEFINE_integer("heartbeat_timeout", 100, "--backend=keras3 on JAX "
+                     "across processes: seconds after which the others stop "
+                     "(naming it) when a process stops answering. Joining "
+                     "waits up to --cluster_timeout.")
 flags.DEFINE_string("tpu", None, "TPU name or grpc:// address for "
                     "--strategy=tpu.")
-flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor or "
-                    "--backend=mtf: the mesh's axes and sizes, major to "
-                    "minor, e.g. batch:2,model:2 (4 devices). Required with dtensor; "
-                    "mtf without it runs on one device. Without a GPU, the "
-                    "CPU is split into that many logical devices.")
-flags.DEFINE_string("layout_rules", None, "--strategy=dtensor or "
-                    "--backend=mtf: logical axis "
+flags.DEFINE_string("mesh_shape", None, "--strategy=dtensor, --backend=mtf "
+                    "or --backend=keras3 (JAX): the mesh's axes and sizes, "
+                    "major to minor, e.g. batch:2,model:2 (4 devices; across "
+                    "JAX processes, every process's). Required with dtensor; "
+                    "mtf and keras3 without it run on one device (keras3 "
+                    "across processes: the batch over all). Without a GPU, "
+                    "the CPU is split into that many logical devices.")
+flags.DEFINE_string("layout_rules", None, "--strategy=dtensor, --backend=mtf "
+                    "or --backend=keras3: logical axis "
                     "-> mesh axis rules in Mesh TensorFlow's form; logical "
                     "axes without a rule are replicated. Default: "
                     f"{dtensor.DEFAULT_LAYOUT_RULES!r} (data "
@@ -219,7 +239,10 @@ def _options(task_class):
       tpu=FLAGS.tpu, init_checkpoint=FLAGS.init_checkpoint,
       resume_from=FLAGS.resume_from, cluster_timeout=FLAGS.cluster_timeout,
       mesh_shape=FLAGS.mesh_shape,
-      layout_rules=FLAGS.layout_rules, backend=FLAGS.backend)
+      layout_rules=FLAGS.layout_rules, backend=FLAGS.backend,
+      coordinator_address=FLAGS.coordinator_address,
+      num_processes=FLAGS.num_processes, process_id=FLAGS.process_id,
+      heartbeat_timeout=FLAGS.heartbeat_timeout)
 
 
 def _default_model_dir(task_class, model):
@@ -258,6 +281,16 @@ def main(argv):
     sys.exit(f"thattn-train: error: {e}")
   except write_failures.WriteFailed as e:  # a full or read-only disk
     sys.exit(f"thattn-train: error: {e}")
+  except run_lib.Preempted as e:  # SIGTERM: saved at a step boundary
+    cli.print_now(f"thattn-train: {e}")
+    sys.exit(128 + signal.SIGTERM)  # as a SIGTERM ends a process
+  except jax_processes.LostProcess as e:  # a JAX process died
+    sys.stdout.flush()
+    sys.stderr.write(f"thattn-train: error: {e}\n")
+    sys.stderr.flush()
+    # Now: JAX's shutdown would wait for the lost process, and its runtime
+    # end this one at the heartbeat timeout.
+    os._exit(1)  # pylint: disable=protected-access
   except tf.errors.UnavailableError as e:  # a task of the cluster died
     sys.exit(f"thattn-train: error: the cluster lost a task "
              f"({str(e).splitlines()[0]}). Restart every task with the same "

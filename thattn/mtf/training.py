@@ -292,7 +292,7 @@ class MtfBackend(backend_lib.Backend):
   def task_metrics(self, num_steps):
     """The task's metrics, computed by its Keras model holding mtf's
     trained weights (converted back, `model_map.mtf_to_keras`)."""
-    if type(self.task).extra_eval_metrics is tasks.Task.extra_eval_metrics:
+    if not self.task.has_metrics:
       return {}  # the task has none: no weights to convert
     model_map.mtf_to_keras(mtf_model=self.model,
                            keras_model=self.task.backbone,

@@ -28,9 +28,16 @@ One run (an instance, made with the keywords of `Task.__init__`):
 - `loss(batch, training)`: `(sum of weighted losses, sum of weights)` in
   nats, so the trainer can average exactly over replicas and batches;
 - `tokens_per_step`, `describe()`;
-- `extra_eval_metrics(num_steps, devices)`: metrics beyond the loss, placing
-  batches with `devices.place(batch)` and reading outputs back with
-  `devices.fetch(tensor)`;
+- metrics beyond the loss, written once for every front end:
+  `metric_outputs(batch)`, the tf_keras model's outputs the metrics read
+  (classification's logits, SQuAD's start and end logits, recall's value
+  logits; the Keras 3 model computes the same,
+  `keras3_steps.TaskLoss.metric_outputs`), and `metrics_of(predict,
+  num_steps)`, the metrics from `predict(batch) -> those outputs as NumPy`;
+  `extra_eval_metrics(num_steps, devices)` runs them on the tf_keras model,
+  placing batches with `devices.place(batch)` and reading outputs back with
+  `devices.fetch(tensor)` (a task may override it whole, as the toy tasks
+  of the tests do); `has_metrics` says whether there are any;
 - `decoding_metrics`: None, or for a task whose metrics decode step by
   step (span corruption) `decoding_metrics(generate)`, its metrics from a
   greedy decoder `generate(inputs) -> tokens`; `extra_eval_metrics` passes
@@ -126,8 +133,9 @@ class TaskFiles:
   """Folders a task reads and writes; the trainer owns the run's layout.
 
   tokenizer_dir: where this run keeps its tokenizer (a resumed run finds it
-    there). init_tokenizer_dir: the tokenizer of the --init_checkpoint run,
-    which a fine-tuned backbone must keep, or None.
+    there). init_tokenizer_dir: a tokenizer the run must take, or None: the
+    --init_checkpoint run's (a fine-tuned backbone must keep it), or across
+    processes the chief's (every process tokenizes alike).
   """
   tokenizer_dir: str = None
   init_tokenizer_dir: str = None
@@ -310,8 +318,34 @@ class Task:
   decoding_metrics = None
 
   def extra_eval_metrics(self, num_steps, devices):
-    """Task metrics beyond the eval loss; {} by default."""
-    del num_steps, devices  # tasks with metrics use them
+    """Task metrics beyond the eval loss, of the tf_keras model on
+    `devices`: `metrics_of` over its `metric_outputs`."""
+    function = tf.function(self.metric_outputs, autograph=False)
+
+    def predict(batch):
+      placed = devices.place(tf.nest.map_structure(tf.convert_to_tensor,
+                                                   batch))
+      return tuple(devices.fetch(output) for output in function(placed))
+    return self.metrics_of(predict, num_steps)
+
+  @property
+  def has_metrics(self):
+    """Whether the task computes metrics beyond the eval loss."""
+    kind = type(self)
+    return (kind.extra_eval_metrics is not Task.extra_eval_metrics or
+            kind.metrics_of is not Task.metrics_of)
+
+  def metric_outputs(self, batch):
+    """The model's outputs the task's metrics read, for one held-out batch:
+    a tuple of tensors (each front end computes the same ones: the Keras 3
+    model's are `keras3_steps.TaskLoss.metric_outputs`)."""
+    raise NotImplementedError(f"{type(self).__name__} has no metrics.")
+
+  def metrics_of(self, predict, num_steps):
+    """Task metrics beyond the eval loss, {name: float}, from
+    `predict(batch) -> tuple of NumPy arrays`, `metric_outputs` computed by
+    either front end for one held-out batch (NumPy); {} by default."""
+    del predict, num_steps  # tasks with metrics use them
     return {}
 
   def run_config(self):

@@ -156,10 +156,15 @@ class Classification(finetune.FinetuneTask):
         front_end.TF_KERAS_OPS, self._predict(batch, training),
         batch["labels"], self.glue_task.is_regression)
 
-  def extra_eval_metrics(self, num_steps, devices):
-    predict = tf.function(
-        lambda batch: (self._predict(batch), batch["labels"]), autograph=False)
-    outputs, labels = self._eval_outputs(predict, devices)
+  def metric_outputs(self, batch):
+    """(logits [batch, classes], or predictions [batch] in regression)."""
+    return (self._predict(batch),)
+
+  def metrics_of(self, predict, num_steps):
+    """The GLUE task's metrics over every held-out example."""
+    del num_steps  # every example once
+    outputs, labels = self._eval_outputs(
+        lambda batch: (predict(batch)[0], batch["labels"]))
     return glue_metrics(self.glue_task, labels, outputs)
 
   def run_config(self):

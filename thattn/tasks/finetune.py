@@ -91,13 +91,15 @@ class FinetuneTask(base.Task):
                                    seed=seed, start_step=start_step,
                                    num_steps=num_steps, shuffle=train)
 
-  def _eval_outputs(self, function, devices):
-    """function(batch) over the eval features in order, once, concatenated."""
+  def _eval_outputs(self, function):
+    """function(batch) (NumPy arrays of a NumPy batch) over the eval
+    features in order, once, concatenated."""
     count = len(self.eval_features["input_word_ids"])
     steps = math.ceil(count / self.batch_size)
-    outputs = [function(devices.place(batch)) for batch in self._batches(
-        seed=0, start_step=0, num_steps=steps, train=False)]
-    return [np.concatenate([devices.fetch(o[i]) for o in outputs])[:count]
+    outputs = [function(batch) for batch in self._batches(
+        seed=0, start_step=0, num_steps=steps,
+        train=False).as_numpy_iterator()]
+    return [np.concatenate([o[i] for o in outputs])[:count]
             for i in range(len(outputs[0]))]
 
   def run_config(self):

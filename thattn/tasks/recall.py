@@ -10,6 +10,7 @@ keywords, and the held-out metrics are ln(PPL) of the values and accuracy.
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from thattn import layers
@@ -70,18 +71,19 @@ class Recall(base.Task):
   def tokens_per_step(self):
     return self.batch_size * self.config.sequence_length
 
-  def extra_eval_metrics(self, num_steps, devices):
+  def metric_outputs(self, batch):
+    """(value logits [batch, length, num_values],) of (tokens, targets,
+    weights)."""
+    return (self.backbone(batch[0]),)
+
+  def metrics_of(self, predict, num_steps):
     """Accuracy of the recalled values over the held-out queries."""
-    @tf.function(autograph=False)
-    def correct(tokens, targets, weights):
-      hits = tf.cast(tf.equal(tf.argmax(self.backbone(tokens), -1,
-                                        output_type=tf.int32), targets),
-                     tf.float32)
-      return tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
     hits = count = 0.0
-    for batch in self.eval_dataset(num_steps):
-      batch_hits, batch_count = correct(*devices.place(batch))
-      hits, count = hits + float(batch_hits), count + float(batch_count)
+    for batch in self.eval_dataset(num_steps).as_numpy_iterator():
+      _, targets, weights = batch
+      recalled = np.argmax(predict(batch)[0], -1) == targets
+      hits += float(np.sum(recalled * weights))
+      count += float(np.sum(weights))
     return {"accuracy": hits / max(count, 1.0)}
 
   def run_config(self):

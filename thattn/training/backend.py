@@ -27,6 +27,9 @@ how one step runs. It is a `Backend` subclass, registered by name:
 | | `save()` | a checkpoint at `step`; its path |
 | | `latest_checkpoint()` | the newest checkpoint's path, or None |
 | | `describe()` | one log line: model, optimizer, devices |
+| | `make_task(make)` | the run's task, `make(tokenizer_dir)`: across processes, every one takes the chief's tokenizer |
+| | `agree(settings, check)` | `check()` (run_config.json's), and across processes the refusal of differing `settings` |
+| | `preempted()` | after a step: whether a SIGTERM asks the run to save and stop |
 | | `close()` | release sessions and scopes (the driver calls it) |
 
 `train_step` takes the schedule's learning rate at the step before the
@@ -64,12 +67,16 @@ MTF_EXTRA = extras.install_command("mtf")
 class Place:
   """Where one process of a run writes, and what its backend holds there.
 
-  write_dir: model_dir, but for the non-chief workers of a Keras cluster
-    (their own temporary folders). state: the backend's own (mtf: the
-    chief's server of a TF_CONFIG cluster), None by default.
+  write_dir: model_dir, but for the processes of a cluster that are not
+    its chief (their own temporary folders). state: the backend's own (mtf:
+    the chief's server of a TF_CONFIG cluster; keras3: its JAX
+    `Processes`), None by default. chief: whether this process owns the
+    model_dir (its lock, its files); None: as TF_CONFIG or DTENSOR_* say
+    (`thattn.training.cluster.is_chief`).
   """
   write_dir: str
   state: object = None
+  chief: bool = None
 
 
 def register(backend_class):
@@ -214,6 +221,23 @@ class Backend(abc.ABC):
   @abc.abstractmethod
   def describe(self):
     """One log line: the model, what is trained, optimizer, devices."""
+
+  def make_task(self, make):
+    """The run's task: `make(tokenizer_dir)`, where tokenizer_dir (None
+    here) is a tokenizer every process of the run must take."""
+    return make(None)
+
+  def agree(self, settings, check):
+    """Runs `check()`, which raises ValueError for settings the model_dir's
+    run refuses; a backend whose processes must agree also refuses
+    processes whose `settings` (a JSON-able dict) differ."""
+    del settings
+    check()
+
+  def preempted(self):
+    """Whether, after the step just trained, the run saves and stops (a
+    SIGTERM); the driver asks after every step."""
+    return False
 
   def close(self):
     """Releases what the backend holds (sessions, scopes)."""

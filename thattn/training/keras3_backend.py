@@ -39,8 +39,20 @@ writes the Keras 3 weights into the tf_keras twin and saves it with
 `tf.train.CheckpointManager` as the Keras backend does (`backbone`,
 `head`), with `keras3_state` (the optimizer's variables and the random
 state) and the held-out loss beside them. Nothing of tf_keras runs in a
-step: the twin is touched at the start, for task metrics, and in the
+step, an evaluation or the task's metrics (the task's `metrics_of` reads
+the Keras 3 model's `TaskLoss.metric_outputs`; span corruption decodes
+with the Keras 3 model): the twin is touched at the start and in the
 TensorFlow and PyTorch saves.
+
+Across processes (JAX): `processes` joins the JAX cluster the flags or
+the environment name (`thattn.training.jax_processes`); process 0 owns
+the model_dir, the others write their files to temporary folders and take
+process 0's tokenizer; every process feeds its own rows of each batch
+(`keras3_steps.Steps.inputs`) and writes its own shards of each Orbax
+checkpoint; processes started with different settings are refused before
+the first step (`agree`), and a SIGTERM on any of them stops all after one
+agreed step, saved (`preempted`). docs/training.md, "Keras 3 on JAX across
+processes and hosts".
 
 Exact resume: the step is the data's whole state (as in every backend),
 and the checkpoint holds every value the step reads, dropout's random
@@ -50,8 +62,10 @@ uninterrupted run's weights, with dropout on or off.
 """
 
 import contextlib
+import dataclasses
 import math
 import os
+import tempfile
 
 import keras
 import tensorflow as tf
@@ -64,7 +78,7 @@ from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
 from thattn.keras3.models import heads
 from thattn.training import backend as backend_lib
-from thattn.training import devices as devices_lib
+from thattn.training import jax_processes
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
 from thattn.training import optimizer as optimizer_lib
@@ -121,6 +135,30 @@ class Keras3Backend(backend_lib.Backend):
                        f"{', '.join(keras3_steps.TASKS)}; --task="
                        f"{task_class.name} trains with --backend=keras.")
 
+  @classmethod
+  @contextlib.contextmanager
+  def processes(cls, model_dir, options, log):
+    """Joins the JAX cluster the options or the environment name
+    (`jax_processes`); process 0 owns the model_dir, the others write
+    their files to temporary folders (their checkpoint shards go to the
+    model_dir's checkpoints, with process 0's)."""
+    if jax_processes.wanted(options) and keras.backend.backend() != "jax":
+      raise ValueError(
+          "--backend=keras3 across processes runs on JAX's distributed "
+          f"runtime: set KERAS_BACKEND=jax (got {keras.backend.backend()}).")
+    with jax_processes.joined(options, log) as processes:
+      # The flags first (a batch size one process cannot split would stop
+      # it alone); the task's settings once it is made (`agree`).
+      jax_processes.check_same_run(
+          {key: value for key, value in dataclasses.asdict(options).items()
+           if key != "process_id"}, processes)
+      if processes is None or processes.chief:
+        yield backend_lib.Place(model_dir, processes, chief=True)
+        return
+      with tempfile.TemporaryDirectory(
+          prefix=f"thattn-process{processes.index}-") as folder:
+        yield backend_lib.Place(folder, processes, chief=False)
+
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     self.framework = keras.backend.backend()
@@ -130,12 +168,37 @@ class Keras3Backend(backend_lib.Backend):
     self.log(framework_line(self.framework))
     self.task = self.loss_layer = self.steps = self.store = None
     self.pairs, self.state, self._step = [], {}, 0
+    self.processes = self.place.state  # jax_processes.Processes, or None
     # Devices before any data is read: a mesh JAX cannot make fails here.
-    self.mesh = (keras3_mesh.KerasMesh(self.options)
-                 if self.options.mesh_shape else None)
+    self.mesh = (keras3_mesh.KerasMesh(self.options, self.processes)
+                 if self.options.mesh_shape or self.processes else None)
     if self.mesh:
       self.mesh.check_batch_size(self.options.batch_size)
     self.initial_eval_variable = tf.Variable(float("nan"), trainable=False)
+    self.preemption = jax_processes.Preemption(self.processes)
+
+  def make_task(self, make):
+    """Across processes, process 0 makes the task first (its tokenizer
+    learned or loaded, and saved in the model_dir), and the others take
+    that tokenizer: every process tokenizes alike."""
+    if self.processes is None:
+      return make(None)
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    if self.processes.chief:
+      task = make(None)
+      multihost_utils.sync_global_devices("thattn: the chief's tokenizer")
+      return task
+    multihost_utils.sync_global_devices("thattn: the chief's tokenizer")
+    return make(run_dir.path(self.model_dir, run_dir.TOKENIZER))
+
+  def agree(self, settings, check):
+    """Across processes: the same settings everywhere, and run_config.json's
+    check (process 0's) refusing on every process alike."""
+    jax_processes.check_same_run(settings, self.processes)
+    jax_processes.everywhere(check, self.processes)
+
+  def preempted(self):
+    return self.preemption.reached(self._step)
 
   def build(self, task):
     """The task's tf_keras twin (the initial weights), the Keras 3 model,
@@ -217,7 +280,7 @@ class Keras3Backend(backend_lib.Backend):
       target.assign(source.numpy())
 
   def _keras3_to_twin(self):
-    """The Keras 3 run's weights into the tf_keras twin."""
+    """The Keras 3 run's weights into the tf_keras twin (`_TwinStore`)."""
     self.steps.sync()
     for source, target in self.pairs:
       source.assign(keras.ops.convert_to_numpy(target.value))
@@ -264,20 +327,22 @@ class Keras3Backend(backend_lib.Backend):
     return self.steps.evaluate(batches)
 
   def task_metrics(self, num_steps):
-    """The task's metrics, computed by its tf_keras twin holding the Keras
-    3 weights (as the mtf backend does); a task's decoding metrics (span
-    corruption's), by the Keras 3 model's own greedy decoding."""
-    self._keras3_to_twin()  # also the step's values into the Keras 3 model
+    """The task's metrics, from the Keras 3 model: its metric outputs
+    (`TaskLoss.metric_outputs`, compiled as the steps are) read by the
+    task's `metrics_of`; span corruption's, by the Keras 3 model's own
+    greedy decoding."""
     if self.task.decoding_metrics is not None:
+      self.steps.sync()  # the generator reads the Keras 3 variables
       generator = generation.T5Generator(
           self.loss_layer.backbone, max_length=self.task.targets_length,
           eos_id=self.task.tokenizer.special.eos)
 
       def generate(inputs):
-        return keras.ops.convert_to_numpy(generator(inputs)["tokens"])
+        return keras3_steps.whole_value(generator(inputs)["tokens"])
       return self.task.decoding_metrics(generate)
-    return self.task.extra_eval_metrics(
-        num_steps, devices_lib.StrategyDevices(tf.distribute.get_strategy()))
+    if not self.task.has_metrics:
+      return {}
+    return self.task.metrics_of(self.steps.predict, num_steps)
 
   def save(self):
     self.steps.sync()
@@ -290,6 +355,7 @@ class Keras3Backend(backend_lib.Backend):
     return self.store.directory
 
   def close(self):
+    self.preemption.close()
     if self.store is not None:
       self.store.close()
 

@@ -17,6 +17,7 @@ them: a slot of its variable's shape (Adam's, Adafactor's unfactored `v`)
 like its variable, the factored row and column statistics whole.
 """
 
+import dataclasses
 import os
 
 import keras
@@ -27,16 +28,24 @@ from thattn.sharding import rules as rules_lib
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
 
+def split_host(count):
+  """On a CPU, JAX's host platform split into `count` devices, unless
+  XLA_FLAGS names a count already (before JAX starts; no effect after)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if HOST_DEVICES_FLAG not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={count}".strip()
+
+
 def jax_devices(count, mesh_shape):
-  """JAX's devices, at least `count` of them; on a CPU, the host split into
-  `count` devices when JAX has not started yet.
+  """JAX's devices (every process's, across a JAX cluster), at least
+  `count` of them; on a CPU, the host split into `count` devices when JAX
+  has not started yet (across processes `jax_processes` split each host
+  into its share before joining).
 
   Raises:
     ValueError naming the mesh, the devices JAX has, and the flag to set.
   """
-  flags = os.environ.get("XLA_FLAGS", "")
-  if HOST_DEVICES_FLAG not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={count}".strip()
+  split_host(count)
   import jax  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   if len(devices) < count:
@@ -49,21 +58,41 @@ def jax_devices(count, mesh_shape):
   return devices[:count]
 
 
+def jax_devices_everywhere():
+  """Every process's JAX devices (one process: its own)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.devices()
+
+
 class KerasMesh:
   """The device mesh, rules and layouts of one run; see the module."""
 
-  def __init__(self, options):
+  def __init__(self, options, processes=None):
+    """`processes`: the run's `jax_processes.Processes` across a JAX
+    cluster (without --mesh_shape, the batch split over every process's
+    devices), or None."""
     framework = keras.backend.backend()
     if framework != "jax":
       raise ValueError(
           f"--mesh_shape={options.mesh_shape} with --backend=keras3 needs "
           f"KERAS_BACKEND=jax (Keras 3 lays models out on JAX only); got "
           f"KERAS_BACKEND={framework}.")
+    if options.mesh_shape is None:  # several processes: data parallel
+      import jax  # pylint: disable=g-import-not-at-top
+      options = dataclasses.replace(
+          options, mesh_shape=f"{rules_lib.BATCH}:{jax.device_count()}")
+    self.processes = processes
     self.spec, self.rules = options.mtf_mesh()
     self.mesh_shape = options.mesh_shape
+    devices = jax_devices(self.spec.size, options.mesh_shape)
+    if processes and len(jax_devices_everywhere()) != self.spec.size:
+      raise ValueError(
+          f"--mesh_shape={self.mesh_shape} has {self.spec.size} devices, but "
+          f"the {processes.count} processes hold "
+          f"{len(jax_devices_everywhere())}: across processes the mesh spans "
+          "every process's devices; pass a mesh of that many.")
     self.device_mesh = keras.distribution.DeviceMesh(
-        self.spec.shape, list(self.spec.names),
-        jax_devices(self.spec.size, options.mesh_shape))
+        self.spec.shape, list(self.spec.names), devices)
     self.batch_axis = self.rules.mesh_axes((rules_lib.BATCH,))[0]
     self.sharded = self.weights = 0
 
@@ -71,11 +100,13 @@ class KerasMesh:
     if self.batch_axis is None:
       return
     size = self.spec.axis_size(self.batch_axis)
+    across = (f", over {self.processes.count} processes" if self.processes
+              else "")
     if batch_size % size:
       raise ValueError(
           f"--batch_size={batch_size} does not split over the mesh's "
-          f"{self.batch_axis!r} axis of size {size} (--mesh_shape="
-          f"{self.mesh_shape}); pass a multiple of {size}.")
+          f"{size} batch shards (its {self.batch_axis!r} axis, --mesh_shape="
+          f"{self.mesh_shape}{across}); pass a multiple of {size}.")
 
   def distribution(self, reference):
     """The `ModelParallel` distribution of a model built like `reference`
@@ -96,5 +127,6 @@ class KerasMesh:
         (self.batch_axis,) + (None,) * (len(shape) - 1), self.device_mesh)
 
   def describe(self):
-    return (f"mesh {self.mesh_shape} on {self.spec.size} JAX devices, "
+    across = (f" ({self.processes.describe()})" if self.processes else "")
+    return (f"mesh {self.mesh_shape} on {self.spec.size} JAX devices{across}, "
             f"{self.sharded} of {self.weights} weights sharded")

@@ -19,7 +19,8 @@ computes it, the same function (`thattn.models.task_wiring`) over
 - `recall`: a Keras 3 `RecallEncoder`, cross-entropy at the queries.
 
 `Steps` runs one train step (loss = total / max(count, 1), its gradient,
-the optimizer's update) and one eval step (total, count) on NumPy batches:
+the optimizer's update), one eval step (total, count) and the outputs the
+task's metrics read (`predict`) on NumPy batches:
 
 - JAX: `jax.jit` of a pure function of (trainable, non-trainable,
   optimizer) values, through `stateless_call` and `stateless_apply`; the
@@ -155,6 +156,23 @@ class TaskLoss(keras.layers.Layer):
       head = None
     return head
 
+  def metric_outputs(self, batch):
+    """The outputs the task's metrics read (`thattn.tasks.base.Task.
+    metric_outputs`, the tf_keras model's the same): classification's
+    logits (regression: predictions), SQuAD's start and end logits,
+    recall's value logits; a tuple."""
+    name = self.task_name
+    if name == "classification":
+      return (task_wiring.classification_outputs(self.backbone, self.head,
+                                                 batch, False),)
+    if name == "squad":
+      return tuple(task_wiring.span_logits(front_end.KERAS3_OPS,
+                                           self.backbone, self.head, batch,
+                                           False))
+    if name == "recall":
+      return (self.backbone(batch["tokens"], training=False),)
+    raise ValueError(f"--task={name} has no metrics of its model's outputs.")
+
   def call(self, batch, training=False):
     task_ops, name = front_end.KERAS3_OPS, self.task_name
     if name == "mlm":
@@ -176,6 +194,37 @@ class TaskLoss(keras.layers.Layer):
         tuple(batch[key] for key in _TASK_INPUTS["recall"]), training)
 
 
+def process_rows(sharding, shape):
+  """The slice of a batch's rows (axis 0) that this process's devices hold
+  under `sharding` (a JAX sharding): contiguous, as a mesh's batch axis
+  lays them out; every row where the batch is not split across
+  processes."""
+  spans = [index[0].indices(shape[0]) if index else (0, shape[0], 1)
+           for index in sharding.addressable_devices_indices_map(
+               tuple(shape)).values()]
+  return slice(min(start for start, _, _ in spans),
+               max(stop for _, stop, _ in spans))
+
+
+def host_value(value):
+  """A step's output as NumPy. Across JAX processes an output replicated
+  over the mesh is not wholly addressable from one process; its first
+  local copy is the whole value."""
+  if not getattr(value, "is_fully_addressable", True):
+    value = value.addressable_data(0)
+  return ops.convert_to_numpy(value)
+
+
+def whole_value(value):
+  """A step's output as one NumPy array on this process; across JAX
+  processes, gathered from every process's shards where it spans
+  several (a collective: every process calls it)."""
+  if getattr(value, "is_fully_addressable", True):
+    return ops.convert_to_numpy(value)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 def mean_loss(total, count):
   """The loss a step differentiates: the mean over the weighted positions
   (the Keras backend's, on one replica)."""
@@ -191,6 +240,10 @@ class Steps:
     self.task_loss, self.optimizer = task_loss, optimizer
     self.batch_layout = batch_layout
     self.backend = keras.backend.backend()
+    self.processes = 1
+    if self.backend == "jax":
+      import jax  # pylint: disable=g-import-not-at-top
+      self.processes = jax.process_count()
     optimizer.build(task_loss.trainable_variables)
     # Where the step count is in optimizer.variables, if a step can be
     # skipped (see the module); else None.
@@ -204,6 +257,7 @@ class Steps:
       self._init_tensorflow()
     else:
       self.train_step, self.eval_step = self._torch_train, self._torch_eval
+      self.output_step = self._torch_outputs
 
   def inputs(self, batch):
     """The batch's arrays the loss reads, as int32 NumPy (float32 weights
@@ -215,9 +269,19 @@ class Steps:
     arrays = {key: np.asarray(batch[key]).astype(dtypes[key]) for key in keys}
     if self.batch_layout is None:
       return arrays
-    return {key: keras.distribution.distribute_tensor(
-        array, self.batch_layout(array.shape))
-            for key, array in arrays.items()}
+    return {key: self._global_array(array) for key, array in arrays.items()}
+
+  def _global_array(self, array):
+    """A batch's array laid out on the mesh. Across processes each process
+    gives only the rows its devices hold (`process_rows`), and JAX
+    assembles the global array from every process's."""
+    layout = self.batch_layout(array.shape)
+    if self.processes == 1:
+      return keras.distribution.distribute_tensor(array, layout)
+    import jax  # pylint: disable=g-import-not-at-top
+    sharding = layout.backend_layout
+    return jax.make_array_from_process_local_data(
+        sharding, array[process_rows(sharding, array.shape)], array.shape)
 
   # JAX: pure functions of the values, compiled once.
   def _init_jax(self):
@@ -258,11 +322,20 @@ class Steps:
           state[0], state[1], batch, training=False)
       return total, count
 
+    def outputs(state, batch):
+      trainable, non_trainable, _ = state
+      with keras.StatelessScope(state_mapping=list(zip(
+          loss_layer.trainable_variables, trainable)) + list(zip(
+              loss_layer.non_trainable_variables, non_trainable))):
+        return loss_layer.metric_outputs(batch)
+
     train, evaluate = jax.jit(train, donate_argnums=0), jax.jit(evaluate)
+    outputs = jax.jit(outputs)
+    self.output_step = lambda batch: outputs(self.state, self.inputs(batch))
 
     def train_step(batch):
       self.state, loss = train(self.state, self.inputs(batch))
-      return float(loss)
+      return float(host_value(loss))
 
     self.train_step = train_step
     self.eval_step = lambda batch: evaluate(self.state, self.inputs(batch))
@@ -314,6 +387,8 @@ class Steps:
     train = tf.function(train, autograph=False)
     evaluate = tf.function(lambda batch: layer(batch, training=False),
                            autograph=False)
+    outputs = tf.function(layer.metric_outputs, autograph=False)
+    self.output_step = lambda batch: outputs(self.inputs(batch))
     self.train_step = lambda batch: float(train(self.inputs(batch)))
     self.eval_step = lambda batch: evaluate(self.inputs(batch))
 
@@ -338,11 +413,21 @@ class Steps:
     with torch.no_grad():  # no graph kept for a backward pass
       return self.task_loss(self.inputs(batch), training=False)
 
+  def _torch_outputs(self, batch):
+    import torch  # pylint: disable=g-import-not-at-top
+    with torch.no_grad():
+      return self.task_loss.metric_outputs(self.inputs(batch))
+
+  def predict(self, batch):
+    """The task's metric outputs (`TaskLoss.metric_outputs`) of one NumPy
+    batch, as NumPy arrays (across processes, whole on every one)."""
+    return tuple(whole_value(output) for output in self.output_step(batch))
+
   def evaluate(self, batches):
     """Mean loss over every weighted position of `batches` (tf.data)."""
     total = count = 0.0
     for batch in batches.as_numpy_iterator():
       batch_total, batch_count = self.eval_step(batch)
-      total += float(ops.convert_to_numpy(batch_total))
-      count += float(ops.convert_to_numpy(batch_count))
+      total += float(host_value(batch_total))
+      count += float(host_value(batch_count))
     return total / max(count, 1.0)

@@ -10,6 +10,8 @@ from thattn.training import optimizer as optimizer_lib
 from thattn.training import strategies
 
 MIXED_PRECISION = ("off", "float16", "bfloat16")
+# JAX's cluster flags (jax.distributed.initialize's names).
+PROCESS_FLAGS = ("coordinator_address", "num_processes", "process_id")
 # Where a rerun resumes: the latest checkpoint (a damaged one is an error
 # that names it), or the newest one that restores.
 RESUME_FROM = ("latest", "latest_intact")
@@ -48,6 +50,14 @@ class TrainOptions:
   mesh_shape: str = None
   layout_rules: str = None
   backend: str = KERAS  # see BACKENDS
+  # --backend=keras3 on JAX across processes (thattn.training.jax_processes):
+  # JAX's own names; None where JAX detects the cluster (SLURM, Cloud TPU)
+  # or the run is one process. cluster_timeout bounds the joining;
+  # heartbeat_timeout how long the others wait for a process that stopped.
+  coordinator_address: str = None
+  num_processes: int = None
+  process_id: int = None
+  heartbeat_timeout: int = 100
 
   def __post_init__(self):
     for name in ("train_steps", "batch_size", "sequence_length",
@@ -60,6 +70,7 @@ class TrainOptions:
                       MIXED_PRECISION)
     validation.one_of("strategy", self.strategy, strategies.STRATEGIES)
     validation.one_of("resume_from", self.resume_from, RESUME_FROM)
+    validation.positive_int("heartbeat_timeout", self.heartbeat_timeout)
     if not self.cluster_timeout > 0:
       raise ValueError(f"cluster_timeout must be positive, got "
                        f"{self.cluster_timeout}.")
@@ -76,6 +87,7 @@ class TrainOptions:
       dtensor.check_options(
           strategy=self.strategy, mesh_shape=self.mesh_shape,
           layout_rules=self.layout_rules, tpu=self.tpu)
+    self._check_processes()
 
   def _check_mtf(self):
     """--backend=mtf: mtf lays out the mesh itself; what it cannot do."""
@@ -95,6 +107,36 @@ class TrainOptions:
          "Keras 3 lays a run out with --mesh_shape (keras.distribution)"),
         (f"--tpu={self.tpu}", bool(self.tpu),
          "it runs on the devices of KERAS_BACKEND's framework")])
+
+  def _check_processes(self):
+    """The JAX cluster flags: --backend=keras3 only; a process id that is
+    one of the processes; a coordinator with the count and id beside it."""
+    given = {name: getattr(self, name) for name in PROCESS_FLAGS
+             if getattr(self, name) is not None}
+    if not given:
+      return
+    if self.backend != KERAS3:
+      flags = " ".join(f"--{name}={value}" for name, value in given.items())
+      raise ValueError(
+          f"{flags}: JAX's cluster flags apply with --backend=keras3 "
+          f"(KERAS_BACKEND=jax); --backend={self.backend} runs across "
+          "processes from TF_CONFIG or DTENSOR_* (docs/training.md).")
+    validation.positive_int("num_processes", self.num_processes,
+                            optional=True)
+    validation.non_negative_int("process_id", self.process_id or 0)
+    if "coordinator_address" in given and len(given) < 3:
+      missing = ", ".join(f"--{name}" for name in PROCESS_FLAGS
+                          if name not in given)
+      raise ValueError(
+          f"--coordinator_address={self.coordinator_address} needs "
+          f"{missing} too (JAX detects them itself only on SLURM and "
+          "Cloud TPU, where no flag is needed).")
+    if (self.num_processes is not None and self.process_id is not None and
+        self.process_id >= self.num_processes):
+      raise ValueError(
+          f"--process_id={self.process_id} is not one of the "
+          f"--num_processes={self.num_processes} processes (0-"
+          f"{self.num_processes - 1}).")
 
   def _refuse_for_backend(self, unsupported):
     """Refuses each (flag, given, reason) given, then checks the mesh

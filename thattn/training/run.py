@@ -19,7 +19,10 @@ once, for both:
 - the schedule, the step loop, evaluation every `eval_every` steps,
   progress lines and TensorBoard summaries (`thattn.training.progress`);
 - the task's extra metrics after training, and summary.json (its schema is
-  in docs/training.md).
+  in docs/training.md);
+- a stop asked for by SIGTERM where the backend hears one
+  (`backend.preempted()`, keras3): saved at the step boundary, then
+  `Preempted`, which thattn-train reports and exits with 143.
 
 What a run leaves in `model_dir` is listed in `thattn.run_dir`.
 
@@ -79,7 +82,8 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
     log: called with each progress line.
   Returns:
     The summary dict, also written to `model_dir/summary.json` (or, for a
-    process that only served another's mtf run, {"served", "model_dir"}).
+    process that only served another's mtf run, {"served", "model_dir"});
+    a process of a cluster that is not its chief adds "chief": False.
   """
   task_class = tasks.get(task)
   options = options or options_lib.TrainOptions()
@@ -93,11 +97,6 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
   model = run_setup.resolve_model(task_class, model, options, log)
   backend_class.check_task(task_class, model)
   guard = run_lock.StartGuard(model_dir)
-  # Only the chief owns the model_dir (thattn.training.cluster): the other
-  # workers of a cluster write to temporary folders, and take no lock.
-  chief = cluster.is_chief()
-  lock = run_lock.hold(model_dir, log=log) if chief else (
-      contextlib.nullcontext())
   # Every other file the run writes (run_config.json, the tokenizer, the
   # summaries, summary.json): a full or read-only disk is named in one
   # line; the checkpoints have their own, more precise message (_save).
@@ -106,12 +105,19 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
       then="Its checkpoints are as they were (a rerun resumes from the "
            "last complete one): make room (or make it writable) and rerun "
            "the same command.", folder=model_dir)
-  with refused, backend_class.processes(model_dir, options, log) as place, (
-      lock):
-    return _train_locked(
-        model_dir=model_dir, place=place, backend_class=backend_class,
-        task_class=task_class, model=model, data=data, options=options,
-        log=log, guard=guard if chief else None)
+  with refused, backend_class.processes(model_dir, options, log) as place:
+    # Only the chief owns the model_dir (thattn.training.cluster): the
+    # other processes of a cluster write to temporary folders, and take no
+    # lock.
+    chief = cluster.is_chief() if place.chief is None else place.chief
+    lock = run_lock.hold(model_dir, log=log) if chief else (
+        contextlib.nullcontext())
+    with lock:
+      summary = _train_locked(
+          model_dir=model_dir, place=place, backend_class=backend_class,
+          task_class=task_class, model=model, data=data, options=options,
+          log=log, guard=guard if chief else None)
+  return summary if chief else dict(summary, chief=False)
 
 
 def _train_locked(*, model_dir, place, backend_class, task_class, model,
@@ -150,10 +156,12 @@ def _start(backend, task_class, model, data, options, log):
   """
   write_dir = backend.write_dir
   tf.io.gfile.makedirs(write_dir)
-  task = run_setup.make_task(task_class, model_dir=write_dir, model=model,
-                             data=data, options=options, log=log)
-  run_dir.check_or_write_run_config(
-      write_dir, run_setup.run_config(task, model, data, options, write_dir))
+  task = backend.make_task(lambda tokenizer_dir: run_setup.make_task(
+      task_class, model_dir=write_dir, model=model, data=data,
+      options=options, log=log, tokenizer_dir=tokenizer_dir))
+  config = run_setup.run_config(task, model, data, options, write_dir)
+  backend.agree(dict(config, **run_setup.shared_settings(options)),
+                lambda: run_dir.check_or_write_run_config(write_dir, config))
   backend.build(task)
   return task, _resume(backend, task, options, log)
 
@@ -304,11 +312,17 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
       steady_start = time.time()
     step = backend.step
     last = step == options.train_steps
+    preempted = backend.preempted()
     # Saved before reported: a progress line says its step is kept.
-    if step % options.checkpoint_every == 0 or last:
-      _save(backend)
-    if step % options.log_every == 0 or last:
+    if step % options.checkpoint_every == 0 or last or preempted:
+      path = _save(backend)
+    if step % options.log_every == 0 or last or preempted:
       progress.report(step)
+    if preempted and not last:
+      raise Preempted(
+          f"Stopped by SIGTERM (a preemption) after step {step} of "
+          f"{options.train_steps}, saved in {path}; rerun the same command "
+          "to resume from it.")
     if options.eval_every and step % options.eval_every == 0 and not last:
       eval_started = time.time()
       value = backend.evaluate(eval_data)
@@ -322,6 +336,10 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
     return remaining, 0.0
   seconds = max(time.time() - steady_start - paused, 1e-9)
   return remaining, (remaining - 1) * task.tokens_per_step / seconds
+
+
+class Preempted(Exception):
+  """The run saved and stopped at a step boundary, as a SIGTERM asked."""
 
 
 def _save(backend):

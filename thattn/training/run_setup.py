@@ -94,14 +94,17 @@ def resolve_model(task_class, model, options, log=print):
   return model
 
 
-def make_task(task_class, *, model_dir, model, data, options, log):
-  """One run of `task_class`, with its files in model_dir."""
+def make_task(task_class, *, model_dir, model, data, options, log,
+              tokenizer_dir=None):
+  """One run of `task_class`, with its files in model_dir; `tokenizer_dir`:
+  a tokenizer it must take (a cluster's chief's), else the usual one."""
   init_dir = (run_dir.run_dir_of(options.init_checkpoint)
               if options.init_checkpoint else None)
+  if tokenizer_dir is None and init_dir:
+    tokenizer_dir = run_dir.path(init_dir, run_dir.TOKENIZER)
   files = tasks.TaskFiles(
       tokenizer_dir=run_dir.path(model_dir, run_dir.TOKENIZER),
-      init_tokenizer_dir=(run_dir.path(init_dir, run_dir.TOKENIZER)
-                          if init_dir else None))
+      init_tokenizer_dir=tokenizer_dir)
   return task_class(model=model, data=data, files=files,
                     batch_size=options.batch_size,
                     sequence_length=options.sequence_length,
@@ -131,6 +134,16 @@ def run_config(task, model, data, options, write_dir):
   if tf.io.gfile.exists(run_dir.path(write_dir, run_dir.TOKENIZER)):
     config["tokenizer_dir"] = run_dir.TOKENIZER  # the task saved one
   return config
+
+
+def shared_settings(options):
+  """The settings beside run_config.json's that every process of one run
+  must share (they may change between runs, not between processes)."""
+  return {name: getattr(options, name) for name in (
+      "train_steps", "sequence_length", "eval_every", "eval_steps",
+      "checkpoint_every", "max_checkpoints", "mesh_shape", "layout_rules",
+      "num_processes", "coordinator_address", "resume_from",
+      "init_checkpoint", "deterministic")}
 
 
 def finished_summary(model_dir, start_step, options, log):
