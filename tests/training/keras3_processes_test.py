@@ -8,19 +8,22 @@ within a process, the batch over the processes). Against one process
 holding all 4 devices: the same steps (held-out losses within 1e-4); a
 SIGKILLed process named by the one left, and the rerun ending on the
 uninterrupted run's weights; the two-process checkpoint resumed in one
-process without a mesh; SIGTERM saving at one agreed step; processes
-started with different flags refused.
+process without a mesh, until a SIGTERM saves it; SIGTERM on one of two
+processes saving both at one agreed step; processes started with
+different flags refused.
 """
 
 import os
 import shutil
 import signal
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import forkserver
 from tests.training import local_cluster
 from thattn import checkpoint_reading
 
@@ -114,24 +117,44 @@ def test_process_0_alone_writes_the_run_and_its_export(runs):
              for value in outputs.values() if value.dtype.is_floating)
 
 
-def test_a_two_process_checkpoint_resumes_in_one_process(runs, tmp_path,
-                                                         tiny_bert_flags):
-  """Process 0's model_dir, copied, resumed by one process on one device:
-  every saved value finds its variable, and the step-0 loss is kept."""
+def test_a_two_process_checkpoint_resumes_in_one_process_until_sigterm(
+    runs, tmp_path, tiny_bert_flags):
+  """Process 0's model_dir, copied, resumed by one process on one device
+  (every saved value finds its variable; the step-0 loss is kept), and
+  stopped by SIGTERM: saved at the step boundary, exit status 143."""
   two_dir, _ = runs["two"]
   copy = tmp_path / "copy"
   shutil.copytree(two_dir, copy)  # the two-process run stays as it was
   command = [arg for arg in _command(copy, tiny_bert_flags,
-                                     f"--train_steps={_STEPS + 1}")
+                                     "--train_steps=400")
              if arg != _MESH]
-  stdout = local_cluster.run_ok(command, _ENV)
+  process = forkserver.Popen(command, env=_ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    lines = []
+    for line in process.stdout:
+      lines.append(line)
+      if line.startswith(f"step {_STEPS + 2:6d}/"):
+        process.send_signal(signal.SIGTERM)
+        break
+    lines += process.stdout.readlines()
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines)
+  finally:
+    process.kill()
+  stdout = "".join(lines)
   assert f"Resumed from {copy}/checkpoints/{_STEPS} at step {_STEPS}." in (
       stdout)
   assert "; 1 device(s)." in stdout
   before = local_cluster.summary(str(two_dir))["held_out_ln_ppl_before"]
   assert f"Held-out ln_ppl before training: {before:.4f}" in stdout
+  step = int(lines[-1].split("after step ")[1].split()[0])
+  assert lines[-1].strip() == (
+      f"thattn-train: Stopped by SIGTERM (a preemption) after step {step} "
+      f"of 400, saved in {copy}/checkpoints/{step}; rerun the same command "
+      "to resume from it.")
+  assert step >= _STEPS + 2 and str(step) in os.listdir(copy / "checkpoints")
   assert sorted(local_cluster.train_losses(str(copy))) == list(
-      range(1, _STEPS + 2))
+      range(1, step + 1))
 
 
 def test_a_killed_process_is_named_and_the_rerun_ends_on_the_same_weights(

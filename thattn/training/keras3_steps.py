@@ -160,18 +160,20 @@ class TaskLoss(keras.layers.Layer):
     """The outputs the task's metrics read (`thattn.tasks.base.Task.
     metric_outputs`, the tf_keras model's the same): classification's
     logits (regression: predictions), SQuAD's start and end logits,
-    recall's value logits; a tuple."""
+    recall's value logits; a tuple, in float32 whatever the policy."""
     name = self.task_name
     if name == "classification":
-      return (task_wiring.classification_outputs(self.backbone, self.head,
-                                                 batch, False),)
-    if name == "squad":
-      return tuple(task_wiring.span_logits(front_end.KERAS3_OPS,
-                                           self.backbone, self.head, batch,
-                                           False))
-    if name == "recall":
-      return (self.backbone(batch["tokens"], training=False),)
-    raise ValueError(f"--task={name} has no metrics of its model's outputs.")
+      outputs = (task_wiring.classification_outputs(
+          self.backbone, self.head, batch, False),)
+    elif name == "squad":
+      outputs = task_wiring.span_logits(front_end.KERAS3_OPS, self.backbone,
+                                        self.head, batch, False)
+    elif name == "recall":
+      outputs = (self.backbone(batch["tokens"], training=False),)
+    else:
+      raise ValueError(
+          f"--task={name} has no metrics of its model's outputs.")
+    return tuple(ops.cast(output, "float32") for output in outputs)
 
   def call(self, batch, training=False):
     task_ops, name = front_end.KERAS3_OPS, self.task_name
