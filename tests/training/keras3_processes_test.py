@@ -213,6 +213,19 @@ def test_processes_started_with_different_flags_are_refused(
   assert not model_dir.exists()  # the start guard left nothing
 
 
+def test_a_batch_the_processes_cannot_split_is_refused(tmp_path,
+                                                       tiny_bert_flags):
+  model_dir = tmp_path / "run"
+  with _cluster(model_dir, tiny_bert_flags, "--batch_size=3") as cluster:
+    outputs = cluster.wait()
+  for code, _, stderr in outputs:
+    assert code == 1, stderr[-3000:]
+    assert ("--batch_size=3 does not split over the mesh's 2 batch shards "
+            "(its 'batch' axis, --mesh_shape=batch:2,model:2, over 2 "
+            "processes); pass a multiple of 2.") in stderr
+  assert not model_dir.exists()
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(backend="keras", num_processes=2, process_id=0),
      r"--num_processes=2 --process_id=0: JAX's cluster flags apply with "
