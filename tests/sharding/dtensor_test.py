@@ -21,9 +21,10 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 # float32 rounding: |sharded - unsharded| / max|unsharded|. Measured values
 # are 1e-7 to 2e-6; a wrong layout or a missing all-reduce gives O(1).
 TOLERANCE = 1e-5
-# The models sum over more terms (measured up to 3e-5, in layer-norm scales
-# and biases after two blocks).
-MODEL_TOLERANCE = 1e-4
+# The models sum over more terms, in an order that changes from run to run
+# (DTensor's CPU collectives): measured 1e-5 to 3e-5 in layer-norm scales
+# and embeddings after two blocks, and once, on 2 loaded cores, 1.06e-4.
+MODEL_TOLERANCE = 3e-4
 U, M = "unsharded", "model"
 
 # Rules "A": key_heads and value_heads on model, heads whole.

@@ -226,6 +226,31 @@ def test_a_batch_the_processes_cannot_split_is_refused(tmp_path,
   assert not model_dir.exists()
 
 
+def test_a_process_alone_stops_at_the_cluster_timeout_naming_it(
+    tmp_path, tiny_bert_flags):
+  """Process 1 of 2 with no process 0: it stops in bounded time with
+  thattn's message (JAX's runtime would abort it, later), and an
+  unresolvable coordinator host is refused at once."""
+  port = local_cluster.free_ports(1)[0]
+  command = _command(tmp_path / "run", tiny_bert_flags,
+                     f"--coordinator_address=localhost:{port}",
+                     "--num_processes=2", "--process_id=1",
+                     "--cluster_timeout=3")
+  result = forkserver.run(command, env=_ENV, capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert ("thattn-train: error: process 1 of 2 could not join the JAX "
+          f"cluster at localhost:{port} within --cluster_timeout=3 s: is "
+          "every process started") in result.stderr
+  command = [arg.replace(f"localhost:{port}", "no-such-host.invalid:8476")
+             for arg in command]
+  result = forkserver.run(command, env=_ENV, capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert ("--coordinator_address=no-such-host.invalid:8476: the host "
+          "'no-such-host.invalid' cannot be resolved") in result.stderr
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(backend="keras", num_processes=2, process_id=0),
      r"--num_processes=2 --process_id=0: JAX's cluster flags apply with "

@@ -14,7 +14,9 @@ collectives between CPU processes, and the preemption notifier that
 turns a SIGTERM on any process into one agreed step
 (`multihost_utils.reached_preemption_sync_point`). What this module adds:
 
-- `joined(options, log)`: the join, bounded by `--cluster_timeout`, with
+- `joined(options, log)`: the join, bounded by `--cluster_timeout` (a
+  process that cannot join within it ends with a message naming the
+  coordinator; JAX's runtime would abort it later, with its own), with
   `--heartbeat_timeout`, on each process's share of the devices (on a CPU
   the host is split into `mesh size / processes` devices), before
   anything touches a device; a clean shutdown at the end;
@@ -35,12 +37,19 @@ import dataclasses
 import json
 import os
 import signal
+import socket
+import sys
+import threading
 import time
 
 # Where JAX finds the cluster without flags (jax._src.clusters): the
 # environment variables that say so, and how many processes they name.
 _DETECTED = (("SLURM", "SLURM_PROCID", "SLURM_NTASKS"),  # an srun step
              ("Cloud TPU", "TPU_WORKER_HOSTNAMES", None))
+_JOIN_HINT = ("is every process started, with the same --coordinator_address "
+              "and --num_processes and its own --process_id, and is process "
+              "0's port free (a port is not reused across overlapping "
+              "restarts)?")
 # The coordination service's key-value folder of the lost-process roll
 # call (`lost_process_error`).
 _ROLL_CALL = "thattn_roll_call"
@@ -126,24 +135,29 @@ def joined(options, log):
   # gloo: collectives between CPU processes (accelerators use their own).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   where = options.coordinator_address or "the address JAX detects"
-  log(f"Joining the JAX cluster at {where} as process "
-      f"{'(detected)' if options.process_id is None else options.process_id}"
-      f" of {_process_count(options) or '(detected)'}; waiting up to "
-      f"{options.cluster_timeout:g} s for the others.")
+  me = ("(detected)" if options.process_id is None else options.process_id,
+        _process_count(options) or "(detected)")
+  log(f"Joining the JAX cluster at {where} as process {me[0]} of {me[1]}; "
+      f"waiting up to {options.cluster_timeout:g} s for the others.")
+  _check_resolves(options.coordinator_address)
+  # JAX's runtime ends a process that cannot join with a C++ abort, not an
+  # exception; so thattn's own timer ends it first, with a message.
+  watchdog = threading.Timer(options.cluster_timeout, _not_joined,
+                             args=(where, me, options.cluster_timeout))
+  watchdog.daemon = True
+  watchdog.start()
   try:
     jax.distributed.initialize(
         options.coordinator_address, options.num_processes,
         options.process_id,
-        initialization_timeout=max(int(options.cluster_timeout), 1),
+        initialization_timeout=int(options.cluster_timeout) + 60,
         heartbeat_timeout_seconds=options.heartbeat_timeout)
   except (RuntimeError, ValueError) as error:
     raise ValueError(
-        f"Could not join the JAX cluster at {where} within "
-        f"{options.cluster_timeout:g} s ({str(error).splitlines()[0]}): is "
-        "every process started with the same --coordinator_address and "
-        "--num_processes, its own --process_id, and is process 0's port "
-        "free (a port is not reused across overlapping restarts)?"
-    ) from None
+        f"Could not join the JAX cluster at {where} "
+        f"({str(error).splitlines()[0]}): {_JOIN_HINT}") from None
+  finally:
+    watchdog.cancel()
   processes = Processes(jax.process_index(), jax.process_count())
   log(f"Joined as {processes.describe()}: {jax.local_device_count()} of "
       f"{jax.device_count()} devices here.")
@@ -160,6 +174,35 @@ def joined(options, log):
   finally:
     if lost is None:  # a shutdown would wait for the lost process
       jax.distributed.shutdown()
+
+
+def _check_resolves(address):
+  """Raises ValueError when the coordinator's host has no address (JAX's
+  client would abort the process)."""
+  if address is None:
+    return
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ValueError(f"--coordinator_address={address!r} is not host:port "
+                     "(process 0's host and a free port on it).")
+  try:
+    socket.getaddrinfo(host.strip("[]"), int(port))
+  except OSError as error:
+    raise ValueError(f"--coordinator_address={address}: the host "
+                     f"{host!r} cannot be resolved ({error}); pass process "
+                     "0's host name or address.") from None
+
+
+def _not_joined(where, me, timeout):
+  """The join's timer: the process ends, saying what it waited for (the
+  main thread is inside JAX's runtime, which cannot be interrupted)."""
+  sys.stdout.flush()
+  sys.stderr.write(
+      f"thattn-train: error: process {me[0]} of {me[1]} could not join the "
+      f"JAX cluster at {where} within --cluster_timeout={timeout:g} s: "
+      f"{_JOIN_HINT}\n")
+  sys.stderr.flush()
+  os._exit(1)  # pylint: disable=protected-access
 
 
 def _gathered_texts(text, processes):
