@@ -28,7 +28,7 @@ how one step runs. It is a `Backend` subclass, registered by name:
 | | `latest_checkpoint()` | the newest checkpoint's path, or None |
 | | `describe()` | one log line: model, optimizer, devices |
 | | `make_task(make)` | the run's task, `make(tokenizer_dir)`: across processes, every one takes the chief's tokenizer |
-| | `agree(settings, check)` | `check()` (run_config.json's), and across processes the refusal of differing `settings` |
+| | `agree(settings, check)` | `check()` (run_config.json's), and across processes the refusal of differing `settings` (the run config) |
 | | `preempted()` | after a step: whether a SIGTERM asks the run to save and stop |
 | | `close()` | release sessions and scopes (the driver calls it) |
 

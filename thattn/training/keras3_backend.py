@@ -148,7 +148,8 @@ class Keras3Backend(backend_lib.Backend):
           f"runtime: set KERAS_BACKEND=jax (got {keras.backend.backend()}).")
     with jax_processes.joined(options, log) as processes:
       # The flags first (a batch size one process cannot split would stop
-      # it alone); the task's settings once it is made (`agree`).
+      # it alone); the run config (model, data, tokenizer) once the task
+      # is made (`agree`).
       jax_processes.check_same_run(
           {key: value for key, value in dataclasses.asdict(options).items()
            if key != "process_id"}, processes)

@@ -160,7 +160,7 @@ def _start(backend, task_class, model, data, options, log):
       task_class, model_dir=write_dir, model=model, data=data,
       options=options, log=log, tokenizer_dir=tokenizer_dir))
   config = run_setup.run_config(task, model, data, options, write_dir)
-  backend.agree(dict(config, **run_setup.shared_settings(options)),
+  backend.agree(config,
                 lambda: run_dir.check_or_write_run_config(write_dir, config))
   backend.build(task)
   return task, _resume(backend, task, options, log)

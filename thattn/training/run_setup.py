@@ -136,16 +136,6 @@ def run_config(task, model, data, options, write_dir):
   return config
 
 
-def shared_settings(options):
-  """The settings beside run_config.json's that every process of one run
-  must share (they may change between runs, not between processes)."""
-  return {name: getattr(options, name) for name in (
-      "train_steps", "sequence_length", "eval_every", "eval_steps",
-      "checkpoint_every", "max_checkpoints", "mesh_shape", "layout_rules",
-      "num_processes", "coordinator_address", "resume_from",
-      "init_checkpoint", "deterministic")}
-
-
 def finished_summary(model_dir, start_step, options, log):
   """The summary of a run that already reached train_steps, or None."""
   summary = run_dir.read_summary(model_dir)
