@@ -131,12 +131,8 @@ def test_a_two_process_checkpoint_resumes_in_one_process_until_sigterm(
   process = forkserver.Popen(command, env=_ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
   try:
-    lines = []
-    for line in process.stdout:
-      lines.append(line)
-      if line.startswith(f"step {_STEPS + 2:6d}/"):
-        process.send_signal(signal.SIGTERM)
-        break
+    lines = local_cluster.signal_at_step(process, _STEPS + 2, process,
+                                         signal.SIGTERM)
     lines += process.stdout.readlines()
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines)
   finally:
@@ -179,12 +175,7 @@ def test_sigterm_on_one_process_saves_every_process_at_one_step(
   model_dir = tmp_path / "run"
   with _cluster(model_dir, tiny_bert_flags, "--train_steps=400") as cluster:
     leader, other = cluster.processes
-    head = []
-    for line in leader.stdout:
-      head.append(line)
-      if line.startswith("step      3/"):
-        other.send_signal(signal.SIGTERM)
-        break
+    local_cluster.signal_at_step(leader, 3, other, signal.SIGTERM)
     outputs = [(process.wait(timeout=120), process.stdout.read())
                for process in cluster.processes]
   lines = []

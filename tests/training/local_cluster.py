@@ -107,12 +107,21 @@ def kill_at_step(cluster, step, victim=1, timeout=180,
   `timeout` seconds later.
   """
   leader = cluster.processes[0]
-  for line in leader.stdout:
-    if line.startswith(f"step {step:6d}/"):
-      cluster.processes[victim].send_signal(signal_number)
-      break
+  signal_at_step(leader, step, cluster.processes[victim], signal_number)
   _, stderr = leader.communicate(timeout=timeout)
   return leader.returncode, stderr
+
+
+def signal_at_step(reader, step, target, signal_number):
+  """Reads `reader`'s stdout until it logs training step `step`, then
+  sends `target` `signal_number`; returns the lines read."""
+  lines = []
+  for line in reader.stdout:
+    lines.append(line)
+    if line.startswith(f"step {step:6d}/"):
+      target.send_signal(signal_number)
+      break
+  return lines
 
 
 def resumed_steps(stdout):

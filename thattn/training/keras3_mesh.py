@@ -58,12 +58,6 @@ def jax_devices(count, mesh_shape):
   return devices[:count]
 
 
-def jax_devices_everywhere():
-  """Every process's JAX devices (one process: its own)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.devices()
-
-
 class KerasMesh:
   """The device mesh, rules and layouts of one run; see the module."""
 
@@ -85,12 +79,12 @@ class KerasMesh:
     self.spec, self.rules = options.mtf_mesh()
     self.mesh_shape = options.mesh_shape
     devices = jax_devices(self.spec.size, options.mesh_shape)
-    if processes and len(jax_devices_everywhere()) != self.spec.size:
+    held = len(keras.distribution.list_devices())  # every process's
+    if processes and held != self.spec.size:
       raise ValueError(
           f"--mesh_shape={self.mesh_shape} has {self.spec.size} devices, but "
-          f"the {processes.count} processes hold "
-          f"{len(jax_devices_everywhere())}: across processes the mesh spans "
-          "every process's devices; pass a mesh of that many.")
+          f"the {processes.count} processes hold {held}: across processes "
+          "the mesh spans every process's devices; pass a mesh of that many.")
     self.device_mesh = keras.distribution.DeviceMesh(
         self.spec.shape, list(self.spec.names), devices)
     self.batch_axis = self.rules.mesh_axes((rules_lib.BATCH,))[0]
