@@ -1,6 +1,6 @@
 """Packaging for thattn: talking-heads attention and its relatives.
 
-Installed by need (thattn/extras.py says what needs which extra):
+Installed by need (thattn/core/requirements.py says what needs which extra):
 
     pip install 'thattn[jax]'         # Keras 3 layers and models on JAX
     pip install 'thattn[torch]'       # ... on PyTorch
@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
     # local CPU-only wheel (2.13.0+cpu) satisfies it, and sorts above the
     # CUDA build on PyPI.
     # orbax-checkpoint: a keras3 run's checkpoints on JAX
-    # (thattn.orbax_checkpoints).
+    # (thattn.io.orbax_checkpoints).
     "jax": KERAS + ["jax[cpu]", "orbax-checkpoint"],
     "torch": KERAS + ["torch==2.13.*"],
     # The tf_keras layers and models, thattn-train, thattn-export, the data

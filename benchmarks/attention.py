@@ -40,7 +40,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 import tensorflow as tf
 import tf_keras
 
-from thattn import complexity
+from thattn.core import complexity
 from thattn import layers
 from thattn.kernels import talking_heads_softmax
 

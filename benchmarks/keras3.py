@@ -95,7 +95,7 @@ def child(sizes, repeats):
 
 
 def multiply_ratio(heads, sizes):
-  from thattn import complexity  # pylint: disable=g-import-not-at-top
+  from thattn.core import complexity  # pylint: disable=g-import-not-at-top
   counts = {variant: complexity.multiplies(complexity.AttentionShape(
       variant=variant, num_heads=heads, key_dim=sizes["width"] // heads,
       d_model=sizes["width"], query_length=sizes["length"],

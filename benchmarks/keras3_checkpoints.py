@@ -5,7 +5,7 @@ scalars. Until issue 54, `--backend=keras3` saved them by copying every
 Keras 3 value to the host (`keras.ops.convert_to_numpy`) into a tf_keras
 twin's TensorFlow variables and writing those with
 `tf.train.CheckpointManager`; the replacement writes the JAX arrays with
-Orbax (`thattn.orbax_checkpoints.RunCheckpoints`), synchronously
+Orbax (`thattn.io.orbax_checkpoints.RunCheckpoints`), synchronously
 or asynchronously. This measures, in one process, with rounds alternating:
 
 - the twin path's save (the host copy, the assign into tf.Variables of the
@@ -116,7 +116,7 @@ def _timed(function):
 
 def _round(state, root, step, work):
   """One round's times (seconds) and sizes (bytes)."""
-  from thattn import orbax_checkpoints  # pylint: disable=g-import-not-at-top
+  from thattn.io import orbax_checkpoints  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   row = {}
   twin = TwinPath(state, os.path.join(root, f"twin{step}"))

@@ -24,7 +24,11 @@ PACKAGE = ROOT / "thattn"
 
 # Lowest first; the same table is in docs/architecture.md.
 RANKS = {
-    "thattn": 0,  # dims, validation, paths, complexity, optimizers
+    "thattn": 0,  # the root's attention_wiring; optimizers, export, launch below
+    "thattn.core": 0,  # plain Python: dims, validation, complexity, ...
+    "thattn.ops": 1,  # the math written once; TensorFlow's ops namespace
+    "thattn.io": 1,  # model_dir, staged writes, checkpoints, the cache
+    "thattn.optimizers": 1,  # tf_keras's Adafactor, on thattn.ops
     "thattn.kernels": 1,
     "thattn.sharding": 1,
     "thattn.layers": 2,
@@ -139,9 +143,15 @@ def test_the_mtf_backend_does_not_import_the_keras_trainer():
   assert not offenders, f"{offenders}; see docs/architecture.md"
 
 
+# The modules of thattn.ops written in plain Python (the others are
+# TensorFlow's side of the ops namespace).
+_PLAIN_OPS = ("thattn.ops.adafactor",)
+
+
 def _keras3_may_import(path, imported):
   """thattn.keras3 runs on JAX and PyTorch: it may import keras, the
-  plain-Python modules of thattn and thattn.sharding's rules, but neither
+  plain-Python modules of thattn (thattn.core, the plain ops) and
+  thattn.sharding's rules, but neither
   tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). Two
   exceptions: `keras3/fused.py` reaches the fused TensorFlow kernel
   (thattn.kernels), importing it only on the TensorFlow backend, and
@@ -150,7 +160,9 @@ def _keras3_may_import(path, imported):
   if imported.split(".")[0] in ("tf_keras", "tensorflow", "mesh_tensorflow",
                                 "tensorflow_text"):
     return False
-  allowed = {None, "thattn", "thattn.keras3", "thattn.sharding"}
+  allowed = {None, "thattn", "thattn.core", "thattn.keras3", "thattn.sharding"}
+  if imported in _PLAIN_OPS:
+    return True
   if path.name == "fused.py":
     allowed.add("thattn.kernels")
   if path.name == "jax_kernel.py" and imported == "thattn.kernels.compiler":
@@ -164,6 +176,23 @@ def test_the_kernel_compiler_imports_no_framework():
                 if imported.split(".")[0] in ("tensorflow", "jax", "keras",
                                               "tf_keras", "torch")]
   assert not frameworks, frameworks
+
+
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "core").glob("*.py")) +
+    [PACKAGE / "ops" / "adafactor.py"], ids=lambda p: p.name)
+def test_the_plain_python_modules_import_no_framework(path):
+  """thattn.core and the plain ops are what every front end shares, on any
+  backend and with no framework installed: they import none, and only
+  each other."""
+  offenders = [imported for imported, _ in _imports(path)
+               if imported.split(".")[0] in ("tensorflow", "jax", "keras",
+                                             "tf_keras", "torch", "numpy",
+                                             "mesh_tensorflow") or
+               (imported.startswith("thattn") and
+                _package_of(imported) != "thattn.core" and
+                imported not in _PLAIN_OPS)]
+  assert not offenders, offenders
 
 
 def test_the_keras3_layers_import_no_tf_keras():
@@ -193,13 +222,16 @@ def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
     for imported, line in _imports(path):
       if owner == "thattn.keras3.models":
         allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
-                   _package_of(imported) in (None, "thattn", "thattn.keras3",
+                   imported in _PLAIN_OPS or
+                   _package_of(imported) in (None, "thattn", "thattn.core",
+                                             "thattn.keras3",
                                              "thattn.keras3.models"))
         allowed = allowed and imported.split(".")[0] not in (
             "tf_keras", "tensorflow", "mesh_tensorflow", "tensorflow_text")
       elif _module_name(path) in _SHARED_MODEL_MODULES:
         allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
-                   _package_of(imported) in (None, "thattn"))
+                   imported in _PLAIN_OPS or
+                   _package_of(imported) in (None, "thattn", "thattn.core"))
       else:
         continue
       if not allowed:

@@ -207,16 +207,16 @@ def unchanged():
   return check
 
 
-# What `thattn.staging.staged` makes (after its clean-up of earlier
+# What `thattn.io.staged_writes.staged` makes (after its clean-up of earlier
 # leftovers, left out so that several killed writes can pile up), then a
 # SIGKILL while a file is being written.
 _KILLED_WRITE = """
 import os, signal, sys
-from thattn import staging
+from thattn.io import staged_writes
 target, program, suffix = sys.argv[1:]
-folder = staging.staging_path(target, suffix)
+folder = staged_writes.staging_path(target, suffix)
 os.makedirs(folder)
-staging.mark(folder, program=program, target=target)
+staged_writes.mark(folder, program=program, target=target)
 with open(os.path.join(folder, "partial.data"), "wb") as f:
   f.write(b"half of a checkpoint")
   f.flush()
@@ -228,7 +228,7 @@ with open(os.path.join(folder, "partial.data"), "wb") as f:
 def killed_staging():
   """`killed_staging(target, program, suffix="")`: the staging folder a
   thattn write into target left when it was SIGKILLed mid-write (a real
-  process, `thattn.staging` as the binaries use it, killed while writing a
+  process, `thattn.io.staged_writes` as the binaries use it, killed while writing a
   file)."""
 
   def kill(target, program, suffix=""):

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from thattn import export
 from thattn import models
-from thattn import staging
+from thattn.io import staged_writes
 from thattn import tasks
 from thattn.data import tokenizers
 from thattn.training import options as options_lib
@@ -237,7 +237,7 @@ def test_a_killed_exports_staging_folder_goes_with_the_next_export(
   # marker (a name alone does not make a folder thattn's).
   live = tmp_path / f".served.incomplete-{os.getppid()}"
   live.mkdir()
-  (live / staging.MARKER).write_text(json.dumps(
+  (live / staged_writes.MARKER).write_text(json.dumps(
       {"pid": os.getppid(), "host": socket.gethostname()}))
   (tmp_path / ".served.incomplete-999999999").mkdir()
   lines = []
@@ -250,5 +250,5 @@ def test_a_killed_exports_staging_folder_goes_with_the_next_export(
       f".served.incomplete-{os.getppid()}", ".served.incomplete-999999999",
       "served"]
   assert export.is_export(str(target))
-  assert not (target / staging.MARKER).exists()
+  assert not (target / staged_writes.MARKER).exists()
   assert "serve_token_ids" in tf.saved_model.load(str(target)).signatures

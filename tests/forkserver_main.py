@@ -28,11 +28,11 @@ PRELOADS = {
     # absl flags then: it is never preloaded).
     "thattn": ("numpy", "absl.app", "absl.flags", "tensorflow", "tf_keras",
                "tensorflow_text", "thattn.bin.cli", "thattn.launch",
-               "thattn.tasks", "thattn.write_failures", "thattn.layers",
+               "thattn.tasks", "thattn.io.write_failures", "thattn.layers",
                "thattn.models", "thattn.training.dtensor",
                "thattn.training.optimizer", "thattn.training.options",
                "thattn.training.progress", "thattn.training.strategies",
-               "thattn.training.run_setup", "thattn.run_dir"),
+               "thattn.training.run_setup", "thattn.io.run_dir"),
     # Keras 3 on KERAS_BACKEND's framework (TensorFlow only where that is
     # the framework: tests/keras3's processes must not need it) and pytest.
     "keras3": ("numpy", "keras", "pytest"),

@@ -55,7 +55,7 @@ moved = sum(not np.array_equal(old, new)
             for old, new in zip(before, model.get_weights()))
 assert np.isfinite(loss) and moved == len(before), (loss, moved, len(before))
 # A keras3 run's checkpoint (Orbax, in the [jax] extra) saves and restores.
-from thattn import orbax_checkpoints
+from thattn.io import orbax_checkpoints
 state = {f"weight.{i:04d}": v for i, v in enumerate(model.weights)}
 checkpoints = orbax_checkpoints.RunCheckpoints("checkpoints")
 checkpoints.save(1, state)

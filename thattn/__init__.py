@@ -12,7 +12,7 @@ load on first use, so after a plain `import thattn`
   (tf_keras; Keras 3's are `thattn.keras3.optimizers`);
 - `thattn.sharding`: the one rules table from logical axes to mesh axes.
 
-What each needs installed is in `thattn.extras`; a missing framework is an
+What each needs installed is in `thattn.core.requirements`; a missing framework is an
 ImportError naming the pip command. Mesh TensorFlow (`thattn.mtf`) is never
 loaded this way; import it by name.
 """

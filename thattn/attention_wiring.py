@@ -6,10 +6,10 @@ Mixins for the layer classes of `thattn.layers` (tf_keras) and
 attributes or methods: `_framework` (tf_keras or keras), and for
 `ProjectedHooks` `_mix_heads(scores, projection)` and `_dynamic_mix(name,
 scores, projection)` in the framework's ops, for both `_serialize_
-initializer`. The equations are `thattn.attention_spec`'s.
+initializer`. The equations are `thattn.core.attention_spec`'s.
 
 - `ProjectedHooks`: the projected attention layers' hooks (letters as in
-  `thattn.dims`):
+  `thattn.core.dims`):
       Q = X P_q,  K = M P_k,  V = M P_v,  R = the dynamic generators' terms
       L[b, h, n, m]   = mix_logits(J[b, h_k, n, m]) = J P_l (+ dynamic)
       U[b, h_v, n, m] = mix_weights(W[b, h, n, m]) = W P_w (+ dynamic)
@@ -21,8 +21,8 @@ initializer`. The equations are `thattn.attention_spec`'s.
   checks and config.
 """
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 
 
 class ProjectedHooks:

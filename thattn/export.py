@@ -29,7 +29,7 @@ The export is atomic: everything is written to a hidden staging folder
 beside export_dir, then renamed into place. A failed export removes the
 staging folder and leaves any previous export untouched, so nothing that
 looks like a valid SavedModel appears at export_dir unless it is complete;
-what a killed export left is removed by the next one (`thattn.staging`:
+what a killed export left is removed by the next one (`thattn.io.staged_writes`:
 only thattn's own staging folders, of processes that are gone). The export
 replaces its target whole, so it never writes into a folder it did not
 write: export_dir must be absent, empty or an earlier thattn export, and
@@ -45,8 +45,8 @@ import time
 import tensorflow as tf
 
 from thattn import tasks
-from thattn import run_dir
-from thattn import staging
+from thattn.io import run_dir
+from thattn.io import staged_writes
 
 EXPORT_INFO = "thattn_export.json"
 
@@ -95,11 +95,11 @@ def export(*, model_dir, export_dir, checkpoint=None, overwrite=False,
   check_export_dir(export_dir, overwrite=overwrite, model_dir=model_dir)
   module, config, checkpoint = build_serving_module(model_dir, checkpoint)
   tf.io.gfile.makedirs(os.path.dirname(export_dir))
-  with staging.staged(export_dir, program="thattn-export",
+  with staged_writes.staged(export_dir, program="thattn-export",
                       log=log) as folder:
     tf.saved_model.save(module, folder, signatures=_signatures(module))
     _write_info(folder, config, checkpoint)
-    staging.unmark(folder)
+    staged_writes.unmark(folder)
     _replace(folder, export_dir)
   log(f"Exported {config['task']} model ({os.path.basename(checkpoint)}) to "
       f"{export_dir} in {time.time() - started:.1f}s.")
@@ -197,7 +197,7 @@ def _replace(folder, export_dir):
   if os.path.exists(export_dir):
     old = f"{folder}.old"
     os.rename(export_dir, old)
-    staging.mark(old, program="thattn-export", target=export_dir)
+    staged_writes.mark(old, program="thattn-export", target=export_dir)
   os.rename(folder, export_dir)
   if old:
     shutil.rmtree(old, ignore_errors=True)

@@ -25,8 +25,8 @@ TensorFlow only through the backends' registry.
 import os
 
 from thattn import export as export_lib
-from thattn import run_dir
-from thattn import staging
+from thattn.io import run_dir
+from thattn.io import staged_writes
 from thattn.training import backend as backend_lib
 from thattn.training import cluster
 from thattn.training import dtensor
@@ -96,10 +96,10 @@ def export_run(*, model_dir, export_dir, log=print, checkpoint=None,
     raise ValueError("--checkpoint applies to Keras runs; "
                      f"{model_dir} is a --backend={backend} run, whose "
                      "newest checkpoint is exported.")
-  # The converted copy is staged beside the target (thattn.staging): a
+  # The converted copy is staged beside the target (thattn.io.staged_writes): a
   # killed export's copy is removed by the next export there.
   export_lib.check_export_dir(export_dir, model_dir=model_dir)  # not after
-  with staging.staged(export_dir, program="thattn-export", log=log,
+  with staged_writes.staged(export_dir, program="thattn-export", log=log,
                       suffix=".converted") as temp:
     keras_dir = backend_lib.get(backend).model_dir_for_export(model_dir, temp,
                                                               log)

@@ -1,31 +1,31 @@
 """Adafactor and the inverse-square-root schedule for thattn's trainers.
 
 The step's and the schedule's arithmetic are written once for both front
-ends in `thattn.adafactor_rules` (Keras 3's optimizers: `thattn.keras3.
+ends in `thattn.ops.adafactor` (Keras 3's optimizers: `thattn.keras3.
 optimizers`); this module adds tf_keras's glue: slots made from their
 variables (colocated under a distribution strategy, laid out under
 DTensor) and assigned.
 """
 
-from thattn import extras  # pylint: disable=g-bad-import-order
+from thattn.core import requirements  # pylint: disable=g-bad-import-order
 
 # Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.optimizers", ("tensorflow", "tf_keras"))
+requirements.require("thattn.optimizers", ("tensorflow", "tf_keras"))
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras  # pylint: disable=g-import-not-at-top
 
-from thattn import adafactor_rules  # pylint: disable=g-import-not-at-top
-from thattn import tf_ops  # pylint: disable=g-import-not-at-top
+from thattn.ops import adafactor  # pylint: disable=g-import-not-at-top
+from thattn.ops import tf_ops  # pylint: disable=g-import-not-at-top
 
 
-# The tensor functions `thattn.adafactor_rules` computes with, in
+# The tensor functions `thattn.ops.adafactor` computes with, in
 # TensorFlow (keras.ops' names).
 TF_OPS = tf_ops.TF_OPS
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class InverseSqrtSchedule(adafactor_rules.InverseSqrtScheduleRules,
+class InverseSqrtSchedule(adafactor.InverseSqrtScheduleRules,
                           tf_keras.optimizers.schedules.LearningRateSchedule):
   """T5's inverse-square-root schedule with a final linear decay.
 
@@ -37,7 +37,7 @@ class InverseSqrtSchedule(adafactor_rules.InverseSqrtScheduleRules,
   the final f*T steps decays linearly to 0, as the talking-heads paper's T5
   runs do ("we also decay the learning rate linearly for the final 10
   percent of the training steps"). With `total_steps=None` there is no final
-  decay. (The computation: `thattn.adafactor_rules.
+  decay. (The computation: `thattn.ops.adafactor.
   InverseSqrtScheduleRules`.)
   """
 
@@ -57,7 +57,7 @@ def _compute_dtype(variable):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class Adafactor(adafactor_rules.AdafactorStep, tf_keras.optimizers.Optimizer):
+class Adafactor(adafactor.AdafactorStep, tf_keras.optimizers.Optimizer):
   """Adafactor (Shazeer & Stern, 2018), as Mesh TensorFlow implements it.
 
   Factored second moments: for a variable of rank >= 2 whose two largest axes
@@ -126,7 +126,7 @@ class Adafactor(adafactor_rules.AdafactorStep, tf_keras.optimizers.Optimizer):
                clipping_threshold=1.0, multiply_by_parameter_scale=True,
                min_dim_size_to_factor=128, epsilon1=1e-30, epsilon2=1e-3,
                name="Adafactor", **kwargs):
-    self.set_hyperparameters(  # in adafactor_rules.HYPERPARAMETERS' order
+    self.set_hyperparameters(  # in adafactor.HYPERPARAMETERS' order
         learning_rate, decay_rate, beta1, clipping_threshold,
         multiply_by_parameter_scale, min_dim_size_to_factor, epsilon1,
         epsilon2)
@@ -161,7 +161,7 @@ class Adafactor(adafactor_rules.AdafactorStep, tf_keras.optimizers.Optimizer):
 
   def update_step(self, gradient, variable):
     """One Adafactor step for one variable, in the order the class documents
-    (the arithmetic: `thattn.adafactor_rules.AdafactorStep`)."""
+    (the arithmetic: `thattn.ops.adafactor.AdafactorStep`)."""
     slots = self._slots[self._index_dict[self._var_key(variable)]]
     dtype = _compute_dtype(variable)
     subtrahend, new_slots = self.adafactor_update(

@@ -1,4 +1,4 @@
-"""Orbax checkpoints of Keras 3 values (thattn.orbax_checkpoints)
+"""Orbax checkpoints of Keras 3 values (thattn.io.orbax_checkpoints)
 on 4 JAX CPU devices.
 
 Run by `checkpoints_test.py` with KERAS_BACKEND=jax and
@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from thattn import orbax_checkpoints
+from thattn.io import orbax_checkpoints
 
 
 def _values(seed):

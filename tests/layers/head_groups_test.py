@@ -5,15 +5,15 @@ projections are block-diagonal. Checked here against the NumPy transcription
 of the paper with block-diagonal projections (G in {1, 2, 4}), against the
 ungrouped layer (G=1 is that layer; G groups equal the ungrouped layer with
 the blocks on its diagonal), against multi-head attention (G=h), and against
-thattn.complexity's parameter counts.
+thattn.core.complexity's parameter counts.
 """
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from thattn import complexity
-from thattn import dims
+from thattn.core import complexity
+from thattn.core import dims
 from thattn.layers import DYNAMIC_PROJECTIONS
 from thattn.layers import MultiHeadAttention
 from thattn.layers import TalkingHeadsAttention

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from thattn import dims
+from thattn.core import dims
 from thattn import layers
 
 

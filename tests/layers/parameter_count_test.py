@@ -1,13 +1,13 @@
 """count_params() of real layers equals the paper's "parameters per att. layer".
 
 Every row of Tables 1, 2, 3, 8 and 9 with a number, at d_model 768 and no
-biases, and thattn.complexity agrees with both.
+biases, and thattn.core.complexity agrees with both.
 """
 
 import pytest
 import tensorflow as tf
 
-from thattn import complexity
+from thattn.core import complexity
 from thattn import layers
 
 D_MODEL = 768

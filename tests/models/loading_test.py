@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 
 
 def _model_dir(folder, run_config, model=None):

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.converters import model_dir as converters_model_dir
 from thattn.data import tokenizers
 from thattn.mtf import architecture

@@ -12,7 +12,7 @@ import pytest
 
 from tests.mtf import model_convert_test
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.mtf import architecture
 from thattn.mtf import convert
 from thattn.mtf import model_map

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from thattn import dims
+from thattn.core import dims
 from thattn import layers
 from thattn import sharding
 

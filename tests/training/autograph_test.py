@@ -1,4 +1,4 @@
-"""thattn's traced code runs without AutoGraph (see thattn.tracing).
+"""thattn's traced code runs without AutoGraph (see thattn.ops.autograph).
 
 A training run is started through the binary in a fresh Python whose
 AutoGraph transpiler records every function it converts; none of thattn's
@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from tests import forkserver
-from thattn import tracing
+from thattn.ops import autograph
 
 _TRACER = """
 import atexit, json, sys
@@ -51,7 +51,7 @@ def test_a_training_run_converts_none_of_thattns_functions(tiny_bert_flags,
 
 class _RecordsTraining(tf_keras.layers.Layer):
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, inputs, training=None):
     self.seen = training
     return inputs

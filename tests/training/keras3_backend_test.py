@@ -24,7 +24,7 @@ import tensorflow as tf
 from tests import conftest
 from tests import forkserver
 from tests.training import local_cluster
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 from thattn.training import run_lock
 
 pytest.importorskip("jax")

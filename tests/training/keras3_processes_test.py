@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tests import forkserver
 from tests.training import local_cluster
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")

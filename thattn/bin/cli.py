@@ -31,7 +31,7 @@ import logging as python_logging
 import os
 import sys
 
-from thattn import extras
+from thattn.core import requirements
 
 _QUIET_LEVEL = "3"
 # --backend=keras3's framework when KERAS_BACKEND is not set: the first of
@@ -71,7 +71,7 @@ def quiet_tensorflow():
   """
   program = os.path.basename(sys.argv[0]) if sys.argv[0] else "thattn"
   try:
-    extras.require(program)
+    requirements.require(program)
   except ImportError as error:
     sys.exit(f"{program}: error: {error}")
   quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # else the user's choice
@@ -139,7 +139,7 @@ def run(main, module_name, doc):
 
 _HELP_FLAGS = {"--help", "--helpshort", "--helpfull", "--helpxml", "-?"}
 # What pip installs for the Mesh TensorFlow backend (setup.py's extra).
-MTF_EXTRA = extras.install_command("mtf")
+MTF_EXTRA = requirements.install_command("mtf")
 
 
 def import_mtf(module, program):

@@ -1,7 +1,7 @@
 r"""Prints parameters and multiplies per attention layer as a markdown table.
 
 With no flags, prints Table 1's columns for every configuration of the
-paper's Tables 1, 2, 3, 8 and 9, as computed by `thattn.complexity`:
+paper's Tables 1, 2, 3, 8 and 9, as computed by `thattn.core.complexity`:
 
   thattn-complexity
 
@@ -18,7 +18,7 @@ import dataclasses
 from absl import app
 from absl import flags
 
-from thattn import complexity
+from thattn.core import complexity
 from thattn.bin import cli
 
 _VARIANT = flags.DEFINE_enum(

@@ -33,7 +33,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import converters  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("source", None, "--to=thattn: the folder to convert, "

@@ -30,8 +30,8 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import export as export_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.io import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A model_dir written by thattn-train.")

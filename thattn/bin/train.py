@@ -40,7 +40,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 from thattn import launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -49,7 +49,7 @@ from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-impo
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import run as run_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.io import run_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import run_setup  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -35,7 +35,7 @@ mixes from there.
 import os
 
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.converters import google_albert
 from thattn.converters import google_bert
 from thattn.converters import hugging_face

@@ -18,8 +18,8 @@ import os
 import tensorflow as tf
 
 from thattn import models
-from thattn import run_dir
-from thattn import staging
+from thattn.io import run_dir
+from thattn.io import staged_writes
 
 # run_config.json's record of the source.
 CONVERTED_FROM = "converted_from"
@@ -49,14 +49,14 @@ def check_output(target, what):
 def staged(target, what, log=print):
   """Yields a staging folder that becomes `target` when the block succeeds.
 
-  `thattn.staging`: the folder is `.<name>.incomplete-<pid>` beside target,
+  `thattn.io.staged_writes`: the folder is `.<name>.incomplete-<pid>` beside target,
   and what killed conversions into target left there is removed first.
   """
   check_output(target, what)
   target = os.path.abspath(target)
-  with staging.staged(target, program="thattn-convert", log=log) as folder:
+  with staged_writes.staged(target, program="thattn-convert", log=log) as folder:
     yield folder
-    staging.unmark(folder)
+    staged_writes.unmark(folder)
     if os.path.exists(target):
       os.rmdir(target)  # empty, checked above; fails if a writer came since
     os.rename(folder, target)

@@ -6,8 +6,8 @@ it; pipelines (`batches`) address every batch by (seed, step), so a resumed
 run sees exactly the batches an uninterrupted one would.
 """
 
-from thattn import extras  # pylint: disable=g-bad-import-order
+from thattn.core import requirements  # pylint: disable=g-bad-import-order
 
 # Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.data",
+requirements.require("thattn.data",
                ("tensorflow", "tensorflow_text", "sentencepiece"))

@@ -22,7 +22,7 @@ noise from (seed, example slot), as `span_corruption` does.
 import numpy as np
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import masking
 from thattn.data import packing
 from thattn.data import span_corruption
@@ -99,7 +99,7 @@ def mlm_batches(rows, tokenizer, *, batch_size, seed, start_step=0,
   special = tokenizer.special
   config = config or masking.MaskingConfig.for_sequence_length(sequence_length)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def make_batch(step):
     chosen = tf.gather(rows, row_indices(
         step, batch_size=batch_size, num_rows=rows.shape[0], seed=seed,
@@ -148,7 +148,7 @@ def span_corruption_batches(rows, tokenizer, *, inputs_length, batch_size,
                               constant_values=special.pad)
     return pad(inputs, inputs_length), pad(targets, targets_length)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def make_batch(step):
     slots = tf.cast(step, tf.int64) * batch_size + tf.range(
         batch_size, dtype=tf.int64)
@@ -172,7 +172,7 @@ def feature_batches(features, *, batch_size, seed, start_step=0,
   if num_rows == 0:
     raise ValueError("feature_batches needs at least one example.")
 
-  @tracing.unconverted
+  @autograph.unconverted
   def make_batch(step):
     chosen = row_indices(step, batch_size=batch_size, num_rows=num_rows,
                          seed=seed, shuffle=shuffle)

@@ -16,7 +16,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from thattn import validation
+from thattn.core import validation
 from thattn.data import errors
 
 OVERFLOW_CHOICES = ("raise", "truncate", "drop")

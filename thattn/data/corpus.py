@@ -51,8 +51,8 @@ import sys
 import sysconfig
 import unicodedata
 
-from thattn import paths
-from thattn import write_failures
+from thattn.io import paths
+from thattn.io import write_failures
 
 _LOG = logging.getLogger("thattn")
 # Corpus folders this process has checked against their manifests.

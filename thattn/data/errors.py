@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import logging
 
-from thattn import validation
+from thattn.core import validation
 
 ON_ERROR_CHOICES = ("raise", "drop")
 

@@ -38,7 +38,7 @@ import math
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import packing
 
 
@@ -185,7 +185,7 @@ def mlm_dataset(documents, tokenizer, *, sequence_length, batch_size,
     rows = rows.repeat()
   batches = rows.batch(batch_size, drop_remainder=True)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def to_features(index, rows):
     edge = tf.fill([batch_size, 1], tf.constant(special.cls, tf.int32))
     end = tf.fill([batch_size, 1], tf.constant(special.sep, tf.int32))

@@ -9,7 +9,7 @@ every op batched: there is no per-token or per-document Python work.
 
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 
 
 def tokenized_batches(documents, tokenizer, *, documents_per_batch=64):
@@ -28,14 +28,14 @@ def pack(token_batches, width, *, separator=None):
   if width <= 0:
     raise ValueError(f"width must be positive, got {width}.")
 
-  @tracing.unconverted
+  @autograph.unconverted
   def flatten(ids):
     if separator is not None:
       ends = tf.fill([ids.nrows(), 1], tf.constant(separator, tf.int32))
       ids = tf.concat([ids, ends], axis=1)
     return ids.flat_values
 
-  @tracing.unconverted
+  @autograph.unconverted
   def cut(leftover, tokens):
     tokens = tf.concat([leftover, tokens], 0)
     num_rows = tf.size(tokens) // width

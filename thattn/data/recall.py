@@ -40,7 +40,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 
 
 
@@ -90,7 +90,7 @@ class RecallConfig:
                num_values=values_per_pair * num_pairs)
 
 
-@tracing.unconverted
+@autograph.unconverted
 def make_example(config, seed, index):
   """One example: (tokens[L, 2], targets[L], weights[L]).
 

@@ -30,7 +30,7 @@ is always right and the random fraction is just under one half.
 
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import masking
 
 OBJECTIVES = ("nsp", "sop")
@@ -141,7 +141,7 @@ def pair_dataset(documents, tokenizer, *, objective, sequence_length,
     pairs = pairs.shuffle(shuffle_buffer, seed=seed)
   batches = pairs.ragged_batch(batch_size, drop_remainder=True)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def to_features(a, b, document_ids):
     a, b, labels = _relabel(a, b, document_ids, objective)
     column = lambda token: tf.fill([batch_size, 1], tf.constant(token,

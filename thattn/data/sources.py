@@ -12,7 +12,7 @@ import logging
 
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import errors
 
 # TFDS text datasets and the feature that holds their text.
@@ -93,12 +93,12 @@ def text_files(pattern, *, split_blank_lines=False, validate=True,
                     deterministic=True)
   if not split_blank_lines:
     return texts
-  return texts.flat_map(tracing.unconverted(
+  return texts.flat_map(autograph.unconverted(
       lambda text: tf.data.Dataset.from_tensor_slices(
           _split_blank_lines(text))))
 
 
-@tracing.unconverted
+@autograph.unconverted
 def _read_text(path):
   text = tf.strings.regex_replace(tf.io.read_file(path), "\r\n?", "\n")
   return tf.strings.strip(text)
@@ -129,7 +129,7 @@ def tfrecord_texts(pattern, *, feature="text", compression_type=None):
   records = tf.data.TFRecordDataset(paths, compression_type=compression_type,
                                     num_parallel_reads=tf.data.AUTOTUNE)
   spec = {feature: tf.io.FixedLenFeature([], tf.string)}
-  return records.map(tracing.unconverted(
+  return records.map(autograph.unconverted(
       lambda record: tf.io.parse_single_example(record, spec)[feature]),
                      num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -160,5 +160,5 @@ def tfds_texts(name, split="train", *, feature=None, data_dir=None,
                      f"feature=. Known: {sorted(TFDS_TEXT_FEATURES)}.")
   dataset = tfds.load(name, split=split, data_dir=data_dir,
                       shuffle_files=shuffle_files, download=download)
-  return dataset.map(tracing.unconverted(lambda example: example[feature]),
+  return dataset.map(autograph.unconverted(lambda example: example[feature]),
                      num_parallel_calls=tf.data.AUTOTUNE)

@@ -29,7 +29,7 @@ a pure function of the data and the seed.
 
 import tensorflow as tf
 
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import packing
 
 
@@ -145,7 +145,7 @@ def span_corruption_dataset(documents, tokenizer, *, inputs_length,
       documents, tokenizer, documents_per_batch=documents_per_batch),
                       tokens_length)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def to_example(index, row):
     mask = noise_mask(tokens_length, tf.stack([tf.cast(seed, tf.int64),
                                                index]),

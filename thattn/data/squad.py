@@ -23,7 +23,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from thattn import validation
+from thattn.core import validation
 from thattn.data import bert_inputs
 from thattn.data import errors
 

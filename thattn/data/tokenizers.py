@@ -37,7 +37,7 @@ import os
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from thattn import write_failures
+from thattn.io import write_failures
 from thattn.data import cache_digest
 
 CONFIG_FILE = "tokenizer.json"

@@ -10,7 +10,7 @@ and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
 - `results.json`: every run's summary;
 - `table.md`: held-out ln(PPL) mean +- std over seeds, its difference from
   multi-head attention paired by seed, step time, and the parameters and
-  multiplies per attention layer (`thattn.complexity`);
+  multiplies per attention layer (`thattn.core.complexity`);
 - `ln_ppl_vs_heads.png`: ln(PPL) against heads, one line per variant;
 - `heatmaps_h<h>.png`: the learned P_l, P_w and P_l x P_w of the first
   talking-heads layer (seed 0), as in the paper's Figure 1.
@@ -32,11 +32,11 @@ import statistics
 import numpy as np
 import tf_keras
 
-from thattn import checkpoint_reading
-from thattn import complexity
+from thattn.io import checkpoint_reading
+from thattn.core import complexity
 from thattn import tasks
 from thattn.training import options as options_lib
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.training import trainer
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _step_ms(summary, options):
 
 
 def attention_shape(variant, heads, d_model, length):
-  """The `thattn.complexity` shape of one attention layer of the grid."""
+  """The `thattn.core.complexity` shape of one attention layer of the grid."""
   key_dim = None if variant == "general_bilinear" else d_model // heads
   options = {
       "multi_head": dict(variant="multi_head"),

@@ -14,19 +14,19 @@ first imported (Keras 3's default is tensorflow).
 # pylint: disable=g-bad-import-order,g-import-not-at-top
 import importlib
 
-from thattn import extras
+from thattn.core import requirements
 
 try:  # one line naming the pip extra or KERAS_BACKEND, not Keras's traceback
   import keras  # pylint: disable=unused-import
 except ModuleNotFoundError as error:
-  _friendly = extras.keras3_import_error(error)
+  _friendly = requirements.keras3_import_error(error)
   if _friendly is None:
     raise
   raise _friendly from error
 
-from thattn import attention_spec
-from thattn import validation
-from thattn.attention_spec import DYNAMIC_PROJECTIONS
+from thattn.core import attention_spec
+from thattn.core import validation
+from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
 from thattn.keras3.initializers import ScaledInitializer

@@ -1,15 +1,15 @@
 """The attention core in keras.ops: the same math as `thattn.layers`.
 
 Pure functions on backend tensors (TensorFlow, JAX or PyTorch), with the
-equations of `thattn.attention_spec`. Score tensors are laid out
-`[b, heads, n, m]`; letters follow `thattn.dims`.
+equations of `thattn.core.attention_spec`. Score tensors are laid out
+`[b, heads, n, m]`; letters follow `thattn.core.dims`.
 """
 
 import math
 
 from keras import ops
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
 
 def mix_heads(scores, projection):

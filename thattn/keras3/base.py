@@ -30,8 +30,8 @@ keras.layers.MultiHeadAttention's (Keras 3.15) conventions:
 import keras
 from keras import ops
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import conventions
 from thattn.keras3 import initializers

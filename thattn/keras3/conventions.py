@@ -22,8 +22,8 @@ import inspect
 import keras
 from keras import ops
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 from thattn.keras3 import masks
 
 

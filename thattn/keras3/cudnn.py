@@ -31,7 +31,7 @@ tests/keras3/gpu_paths_checks.py holds thattn's conditions against them). Such a
 call runs on thattn's keras.ops core, chosen before the call: nothing is
 tried and logged.
 
-Letters as in `thattn.dims`: Q[b, n, h, d], K and V [b, m, h, d] (BTNH).
+Letters as in `thattn.core.dims`: Q[b, n, h, d], K and V [b, m, h, d] (BTNH).
 """
 
 import functools

@@ -29,8 +29,8 @@ import re
 
 import keras
 
-from thattn import attention_spec
-from thattn import dims
+from thattn.core import attention_spec
+from thattn.core import dims
 from thattn.sharding import rules as rules_lib
 
 # thattn's default rules, the same as for DTensor (thattn.sharding.rules).

@@ -1,6 +1,6 @@
 """General bilinear multihead attention (Section 6) as a Keras 3 layer.
 
-Computation (per example; letters as in `thattn.dims`)::
+Computation (per example; letters as in `thattn.core.dims`)::
 
     L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
     W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
@@ -13,8 +13,8 @@ the weights `bilinear_p [d_X, d_M, h]` and `bilinear_q [d_M, d_Y, h]`.
 import keras
 from keras import ops
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
 

@@ -19,7 +19,7 @@ import math
 import keras
 import numpy as np
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn.keras3 import projected
 
 # thattn's projection -> keras.layers.MultiHeadAttention's sublayer.

@@ -17,7 +17,7 @@ layers a mask is laid out [b or 1, h or 1, n or 1, m or 1]:
 
 from keras import ops
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
 try:  # The functions keras.layers.MultiHeadAttention itself uses; Keras 3
   # has no public API for a tensor's implicit mask.

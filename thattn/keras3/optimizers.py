@@ -19,14 +19,14 @@ cap); it has no momentum; and it computes in the variable's dtype.
 import keras
 from keras import ops
 
-from thattn import adafactor_rules
+from thattn.ops import adafactor
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class InverseSqrtSchedule(adafactor_rules.InverseSqrtScheduleRules,
+class InverseSqrtSchedule(adafactor.InverseSqrtScheduleRules,
                           keras.optimizers.schedules.LearningRateSchedule):
   """T5's inverse-square-root schedule with a final linear decay (`thattn.
-  adafactor_rules.InverseSqrtScheduleRules` in `keras.ops`):
+  adafactor.InverseSqrtScheduleRules` in `keras.ops`):
 
       scale * rsqrt(max(s, w)) * min(1, (T - s) / (f * T)),  clamped at 0.
   """
@@ -55,10 +55,10 @@ def _compute_dtype(variable):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class Adafactor(adafactor_rules.AdafactorStep, keras.optimizers.Optimizer):
+class Adafactor(adafactor.AdafactorStep, keras.optimizers.Optimizer):
   """Adafactor (Shazeer & Stern, 2018) as Mesh TensorFlow implements it, in
   Keras 3: `thattn.optimizers.Adafactor`'s arguments and step (the step's
-  arithmetic is `thattn.adafactor_rules.AdafactorStep`'s, in `keras.ops`).
+  arithmetic is `thattn.ops.adafactor.AdafactorStep`'s, in `keras.ops`).
 
   Slots per variable: `vr` and `vc` for a factored one (its two largest
   axes both >= `min_dim_size_to_factor`), else `v`; and `m` with
@@ -77,7 +77,7 @@ class Adafactor(adafactor_rules.AdafactorStep, keras.optimizers.Optimizer):
         learning_rate=(float(learning_rate) if isinstance(learning_rate, int)
                        else learning_rate),  # Keras 3 takes floats only
         name=name, **kwargs)
-    self.set_hyperparameters(  # in adafactor_rules.HYPERPARAMETERS' order
+    self.set_hyperparameters(  # in adafactor.HYPERPARAMETERS' order
         learning_rate, decay_rate, beta1, clipping_threshold,
         multiply_by_parameter_scale, min_dim_size_to_factor, epsilon1,
         epsilon2)
@@ -89,7 +89,7 @@ class Adafactor(adafactor_rules.AdafactorStep, keras.optimizers.Optimizer):
     super().build(var_list)
     self._slots = []
     for variable in var_list:
-      axes = adafactor_rules.factored_axes(list(variable.shape),
+      axes = adafactor.factored_axes(list(variable.shape),
                                            self.min_dim_size_to_factor)
       dropped = {"vr": axes[0], "vc": axes[1]} if axes else {}
       self._slots.append({

@@ -3,7 +3,7 @@
 Computes talking-heads attention's core from the per-head queries, keys
 and values, tile by tile over the keys, without ever holding the logits L,
 the weights W or the mixed weights U beyond one [block_q, block_k] tile per
-head (letters as in `thattn.dims`; per example b):
+head (letters as in `thattn.core.dims`; per example b):
 
     J[h_k, n, m] = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
     L[h, n, m]   = einsum(J, P_l[h_k, h]) + bias[h, n, m]; masked: -1e9

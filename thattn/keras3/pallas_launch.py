@@ -4,7 +4,7 @@ with Triton's options, and the shapes of what programs write: [b, n, H]
 row tables, [b, tiles, H, H] partial pair sums, and per-head outputs made
 a slice of heads at a time (`pallas_tiles.head_slices`). What the kernel
 computes, and in which programs, is in `thattn.keras3.pallas_kernel`;
-letters as in `thattn.dims`.
+letters as in `thattn.core.dims`.
 """
 
 import functools

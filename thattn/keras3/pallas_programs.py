@@ -8,7 +8,7 @@ Triton's registers hold it (why: `thattn.keras3.pallas_kernel`).
 The arithmetic of one tile, all heads at once, is in
 `thattn.keras3.pallas_tiles`; the algorithm and its cost in
 `thattn.keras3.pallas_kernel`, the entry point, the launching in
-`thattn.keras3.pallas_launch`; letters as in `thattn.dims`. Each program
+`thattn.keras3.pallas_launch`; letters as in `thattn.core.dims`. Each program
 loops over tiles only: the heads are the last axis of its [Bq, Bk, H]
 arrays, the per-head products with Q, K, V and dO are unrolled, and the
 accumulators are [Bq, d] (or [Bk, d]) per head.

@@ -3,7 +3,7 @@ static description of a call (`Problem`), and the arithmetic of one
 [Bq, Bk] tile that the kernel's programs (`thattn.keras3.pallas_programs`)
 share. The algorithm and its cost are in `thattn.keras3.pallas_kernel`,
 the entry point, the launching in `thattn.keras3.pallas_launch`; letters
-as in `thattn.dims`.
+as in `thattn.core.dims`.
 """
 
 import dataclasses
@@ -12,7 +12,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
 # Keys the caller masked get the keras.ops path's logit (a fully masked row
 # is uniform over them); keys that are only padding to the tile get a far

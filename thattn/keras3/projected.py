@@ -1,7 +1,7 @@
 """Multi-head and talking-heads attention as Keras 3 layers.
 
-Computation (per example; letters as in `thattn.dims`; the equations are
-`thattn.attention_spec`'s, shared with `thattn.layers`)::
+Computation (per example; letters as in `thattn.core.dims`; the equations are
+`thattn.core.attention_spec`'s, shared with `thattn.layers`)::
 
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
@@ -22,9 +22,9 @@ arguments; these layers take the same ones and hold the same weights.
 import keras
 from keras import ops
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn import attention_wiring
-from thattn import dims
+from thattn.core import dims
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
 from thattn.keras3 import flash

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn import attention_wiring
 from thattn.keras3 import attention_math
 from thattn.keras3 import lookups

@@ -1,7 +1,7 @@
 """Compiles a kernel's C++ source against the installed TensorFlow, once.
 
 The shared library goes to `<cache>/kernels/<name>-<key>.so` (cache as in
-`thattn.paths.cache_dir`), where the key hashes everything the binary depends
+`thattn.io.paths.cache_dir`), where the key hashes everything the binary depends
 on: the source, the TensorFlow version and its compile and link flags, the
 compiler, and this CPU's instruction-set flags (the build uses
 `-march=native`, so a library from another CPU is never loaded); the

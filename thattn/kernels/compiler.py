@@ -3,7 +3,7 @@
 Framework-free (no TensorFlow, no JAX import), so both kernel front ends
 use it: `build` (TensorFlow ops) and `thattn.keras3.jax_kernel` (XLA FFI
 custom calls). The library goes to `<cache>/kernels/<name>-<key>.so`
-(cache as in `thattn.paths.cache_dir`), where the key hashes everything the
+(cache as in `thattn.io.paths.cache_dir`), where the key hashes everything the
 binary depends on: the source, the framework version and flags the caller
 passes, the compiler, and this CPU's instruction-set flags (the build uses
 `-march=native`, so a library from another CPU is never loaded).
@@ -27,8 +27,8 @@ import os
 import shutil
 import subprocess
 
-from thattn import paths
-from thattn import write_failures
+from thattn.io import paths
+from thattn.io import write_failures
 
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPTIMIZATION_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-w")

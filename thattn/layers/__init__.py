@@ -4,10 +4,10 @@ tf_keras (Keras 2) layers: the `[tensorflow]` extra. The same layers for
 Keras 3 on JAX, PyTorch or TensorFlow are `thattn.keras3`.
 """
 
-from thattn import extras  # pylint: disable=g-bad-import-order
+from thattn.core import requirements  # pylint: disable=g-bad-import-order
 
 # Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.layers", ("tensorflow", "tf_keras"))
+requirements.require("thattn.layers", ("tensorflow", "tf_keras"))
 
 from thattn.layers.attention_ops import causal_mask
 from thattn.layers.base import AttentionLayer

@@ -1,15 +1,15 @@
 """Pure tensor functions shared by the attention layers.
 
 Layers own weights; the math that does not need weights lives here, so it can
-be tested and reused without a layer. Letters follow `thattn.dims`; score
+be tested and reused without a layer. Letters follow `thattn.core.dims`; score
 tensors are laid out `[b, heads, n, m]`.
 """
 
 import tensorflow as tf
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
-# Constants shared with thattn.keras3 (thattn.attention_spec has their
+# Constants shared with thattn.keras3 (thattn.core.attention_spec has their
 # comments in the paper's notation).
 MASKED_LOGIT = attention_spec.MASKED_LOGIT
 DOT_PRODUCT = attention_spec.DOT_PRODUCT

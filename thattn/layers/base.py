@@ -22,9 +22,9 @@ import json
 import tensorflow as tf
 import tf_keras
 
-from thattn import attention_spec
-from thattn import tracing
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.ops import autograph
+from thattn.core import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import keras_arguments
@@ -171,7 +171,7 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   # ---- weights and their logical axes ------------------------------------
   def add_axes_weight(self, name, shape, axes, initializer):
-    """`add_weight`, recording the weight's logical axes (see thattn.dims).
+    """`add_weight`, recording the weight's logical axes (see thattn.core.dims).
 
     Every such weight is a kernel in tf_keras's sense: it takes the layer's
     kernel regularizer and constraint (Model Garden does the same for its
@@ -275,7 +275,7 @@ class AttentionLayer(tf_keras.layers.Layer):
                                self._to_compute_dtype(value))
 
   # ---- call ----------------------------------------------------------------
-  @tracing.unconverted
+  @autograph.unconverted
   def __call__(self, *args, **kwargs):
     # Before Keras's own __call__, whose error for a Keras 3 tensor does not
     # say that this is a tf_keras layer.
@@ -283,7 +283,7 @@ class AttentionLayer(tf_keras.layers.Layer):
         self.name, list(args) + list(kwargs.values()))
     return super().__call__(*args, **kwargs)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, query, value=None, key=None, attention_mask=None,
            return_attention_scores=False, training=None,
            use_causal_mask=False, *, position_bias=None, cache=None,

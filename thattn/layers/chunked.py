@@ -2,7 +2,7 @@
 
 The attention core of multi-head and talking-heads attention, from the
 projected Q, K, V to the context O, computed one (example, query chunk) at a
-time. Per chunk of c queries (letters as in `thattn.dims`):
+time. Per chunk of c queries (letters as in `thattn.core.dims`):
 
     J[h_k, c, m]   = einsum(Q[c, h_k, d_k], K[m, h_k, d_k])
     L[h, c, m]     = einsum(J[h_k, c, m], P_l[h_k, h])       (or J)

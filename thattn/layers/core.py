@@ -1,7 +1,7 @@
 """The attention core, from Q, K and V to the context O, and its four paths.
 
 Multi-head and talking-heads attention (`ProjectedAttention.attend`) share
-this core (per example; letters as in `thattn.dims`):
+this core (per example; letters as in `thattn.core.dims`):
 
     J[h_k, n, m]   = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
     L[h, n, m]     = mix_logits(J)                 # P_l, + dynamic terms

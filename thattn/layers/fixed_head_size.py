@@ -11,8 +11,8 @@ fixed head size is just those arguments. `fixed_head_size_attention` is the
 documented shortcut for the paper's proposal, d_k = d_v = n.
 """
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 from thattn.layers import multi_head
 from thattn.layers import talking_heads
 

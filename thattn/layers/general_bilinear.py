@@ -1,6 +1,6 @@
 """General bilinear multihead attention (GBMA), Section 6 of the paper.
 
-Computation (per example; letters as in `thattn.dims`)::
+Computation (per example; letters as in `thattn.core.dims`)::
 
     L[h, n, m] = einsum(X[n, d_X], M[m, d_M], P[d_X, d_M, h])
     W[h, n, m] = softmax(L[h, n, m] + bias, masked, reduced_dim=m)
@@ -19,13 +19,13 @@ here as the reference point of its Table 1 (d_k = d_v = d_model).
 import tensorflow as tf
 import tf_keras
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import initializers
 
-# The equations, shared with thattn.keras3 (thattn.attention_spec).
+# The equations, shared with thattn.keras3 (thattn.core.attention_spec).
 QUERY_BILINEAR = attention_spec.QUERY_BILINEAR
 BILINEAR_LOGITS = attention_spec.BILINEAR_LOGITS
 WEIGHTED_MEMORY = attention_spec.WEIGHTED_MEMORY

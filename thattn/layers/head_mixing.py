@@ -1,7 +1,7 @@
 """Head mixing of one example's scores, as the chunked core does it.
 
 Scores here are [f, c, m] (heads, a chunk of query rows, memory positions;
-letters as in `thattn.dims`), without a batch axis; a projection is
+letters as in `thattn.core.dims`), without a batch axis; a projection is
 P[f, g], or for grouped talking heads its G diagonal blocks [G, f/G, g/G]
 (heads group-major, as in `attention_ops.mix_heads`). Each mixing and each
 gradient is one matmul, or one batched matmul over the groups.

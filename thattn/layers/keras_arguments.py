@@ -23,11 +23,11 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
 
 # The pure-Python checks live with the Keras 3 front end's in
-# thattn.attention_spec; these names keep the tf_keras side's imports short.
+# thattn.core.attention_spec; these names keep the tf_keras side's imports short.
 resolve_alias = attention_spec.resolve_alias
 output_width = attention_spec.output_width
 check_attention_axes = attention_spec.check_attention_axes

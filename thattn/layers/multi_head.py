@@ -1,6 +1,6 @@
 """Multi-head attention (Vaswani et al., 2017) in the paper's notation.
 
-Computation (per example; letters as in `thattn.dims`; Section 3.3)::
+Computation (per example; letters as in `thattn.core.dims`; Section 3.3)::
 
     Q[n, h, d_k] = einsum(X[n, d_X], P_q[d_X, h, d_k])
     K[m, h, d_k] = einsum(M[m, d_M], P_k[d_M, h, d_k])

@@ -20,15 +20,15 @@ fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
 
 import tf_keras
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn import attention_wiring
-from thattn import validation
+from thattn.core import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import core
 from thattn.layers import initializers
 
-# The projections' equations (thattn.attention_spec, shared with
+# The projections' equations (thattn.core.attention_spec, shared with
 # thattn.keras3): Q = X P_q, K = M P_k, V = M P_v, Y = O P_o.
 QUERY_PROJECTION = attention_spec.QUERY_PROJECTION
 KEY_PROJECTION = attention_spec.KEY_PROJECTION
@@ -40,7 +40,7 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
   """Shared base of MultiHeadAttention and TalkingHeadsAttention (the hooks
   around the core: `thattn.attention_wiring.ProjectedHooks`).
 
-  Computation (per example; letters as in `thattn.dims`)::
+  Computation (per example; letters as in `thattn.core.dims`)::
 
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])

@@ -14,9 +14,9 @@ import math
 import tensorflow as tf
 import tf_keras
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn import attention_wiring
-from thattn import tracing
+from thattn.ops import autograph
 
 
 def relative_position_bucket(relative_position, bidirectional=True,
@@ -91,7 +91,7 @@ class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
   def logical_axes(self):
     return dict(self.logical_axes_by_name)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, query_length, memory_length, query_offset=0):
     query_positions = tf.range(query_length) + query_offset
     memory_positions = tf.range(memory_length)

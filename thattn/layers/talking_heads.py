@@ -1,6 +1,6 @@
 """Talking-heads attention (Shazeer et al., 2020), with dynamic projections.
 
-Computation (per example; letters as in `thattn.dims`; Section 4 and
+Computation (per example; letters as in `thattn.core.dims`; Section 4 and
 Appendix A of the paper)::
 
     Q[n, h_k, d_k] = einsum(X[n, d_X], P_q[d_X, h_k, d_k])
@@ -46,21 +46,21 @@ heads within a group and g the group::
 
 G=1 is the layer above, with the same weights. With G equal to the size of
 the mesh axis that shards the heads (rules "head_groups:model;
-key_heads:model;value_heads:model", see `thattn.dims`), every group lives
+key_heads:model;value_heads:model", see `thattn.core.dims`), every group lives
 on one device and the attention core needs no communication.
 """
 
 import tensorflow as tf
 import tf_keras
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 from thattn import attention_wiring
-from thattn import dims
+from thattn.core import dims
 from thattn.layers import initializers
 from thattn.layers import projected
 
 # The dynamic projections' names, equations and checks are shared with
-# thattn.keras3 (thattn.attention_spec).
+# thattn.keras3 (thattn.core.attention_spec).
 DYNAMIC_PROJECTIONS = attention_spec.DYNAMIC_PROJECTIONS
 DYNAMIC_INIT_SCALE = attention_spec.DYNAMIC_INIT_SCALE
 checked_dynamic_projections = attention_spec.checked_dynamic_projections

@@ -12,7 +12,7 @@
 | general_bilinear  | GeneralBilinearAttention (Section 6)                     |
 """
 
-from thattn import attention_spec
+from thattn.core import attention_spec
 
 VARIANTS = attention_spec.VARIANTS
 

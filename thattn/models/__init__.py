@@ -8,7 +8,7 @@ same configs on JAX and PyTorch.
 
 import importlib
 
-from thattn import extras
+from thattn.core import requirements
 
 # Public name -> the module (in this package) that defines it.
 _EXPORTS = {
@@ -37,7 +37,7 @@ _PLAIN = ("config", "presets")
 
 def _submodule(name):
   if name not in _PLAIN:
-    extras.require(f"{__name__}.{name}", ("tensorflow", "tf_keras"))
+    requirements.require(f"{__name__}.{name}", ("tensorflow", "tf_keras"))
   return importlib.import_module(f"{__name__}.{name}")
 
 

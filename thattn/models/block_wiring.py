@@ -18,8 +18,8 @@ here imports a framework.
   and its incremental decoding with the attention layers' caches.
 """
 
-from thattn import dims
-from thattn import validation
+from thattn.core import dims
+from thattn.core import validation
 
 
 def activations(relu, gelu):
@@ -70,7 +70,7 @@ class RMSNormWiring:
   """T5's layer norm: y = x / sqrt(mean(x**2) + epsilon) * scale, in
   float32 (under mixed precision too); unlike LayerNormalization it
   subtracts no mean and adds no bias. Glue: `_ops`, the front end's
-  functions under keras.ops' names (keras.ops, `thattn.tf_ops.TF_OPS`);
+  functions under keras.ops' names (keras.ops, `thattn.ops.tf_ops.TF_OPS`);
   the front end builds `scale`."""
 
   def __init__(self, epsilon=1e-6, **kwargs):

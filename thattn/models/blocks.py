@@ -18,8 +18,8 @@ share one block (ALBERT) or one layer between blocks.
 import tensorflow as tf
 import tf_keras
 
-from thattn import tf_ops
-from thattn import tracing
+from thattn.ops import tf_ops
+from thattn.ops import autograph
 from thattn.layers import base
 from thattn.models import block_wiring
 from thattn.models import embeddings
@@ -64,7 +64,7 @@ class RMSNorm(block_wiring.RMSNormWiring, tf_keras.layers.Layer):
                                  initializer="ones")
     super().build(input_shape)
 
-  call = tracing.unconverted(block_wiring.RMSNormWiring.call)
+  call = autograph.unconverted(block_wiring.RMSNormWiring.call)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -90,7 +90,7 @@ class FeedForward(block_wiring.FeedForwardWiring, embeddings.TfKerasGlue,
       build_sublayer(layer, shape)
     super().build(input_shape)
 
-  call = tracing.unconverted(block_wiring.FeedForwardWiring.call)
+  call = autograph.unconverted(block_wiring.FeedForwardWiring.call)
 
 
 
@@ -106,7 +106,7 @@ class PostNormBlock(block_wiring.PostNormWiring, embeddings.TfKerasGlue,
       build_sublayer(layer, input_shape)
     super().build(input_shape)
 
-  call = tracing.unconverted(block_wiring.PostNormWiring.call)
+  call = autograph.unconverted(block_wiring.PostNormWiring.call)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
@@ -148,4 +148,4 @@ class PreNormBlock(block_wiring.PreNormWiring, embeddings.TfKerasGlue,
   # The call and the decoding cache are thattn.models.block_wiring's, written
   # once for both front ends; AutoGraph must not convert the call (it
   # branches in Python on whether a cache is given).
-  call = tracing.unconverted(block_wiring.PreNormWiring.call)
+  call = autograph.unconverted(block_wiring.PreNormWiring.call)

@@ -33,8 +33,8 @@ import dataclasses
 import importlib
 from typing import Optional, Tuple, Union
 
-from thattn import attention_spec
-from thattn import validation
+from thattn.core import attention_spec
+from thattn.core import validation
 
 # The layer modules `AttentionConfig.make_layer` builds from, imported when
 # first used, so this module (and presets) stay plain Python: the Keras 3

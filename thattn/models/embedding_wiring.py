@@ -8,7 +8,7 @@ glue as class attributes (`_framework`: tf_keras or keras;
 initializer -> a fresh copy) and what differs per framework: building,
 and the lookups (tf_keras gathers, laid out for DTensor; Keras 3 selects
 small tables, `thattn.keras3.lookups`). Plain Python: nothing here imports
-a framework. Letters follow `thattn.dims`.
+a framework. Letters follow `thattn.core.dims`.
 
 - `TokenEmbeddingConfig`: E[t, d], which also scores vectors against
   itself (logits[b, n, t] = einsum(x * logits_scale, E));
@@ -17,7 +17,7 @@ a framework. Letters follow `thattn.dims`.
 - `PoolerWiring`: BERT's pooler, tanh(X[:, 0] W + b).
 """
 
-from thattn import dims
+from thattn.core import dims
 from thattn.models import block_wiring
 
 # logits[b, n, t] = einsum(X[b, n, d], E[t, d]): t indexes the vocabulary.

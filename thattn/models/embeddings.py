@@ -2,14 +2,14 @@
 
 Each is a small `tf_keras` layer with `get_config`, so the BERT and T5
 builders can wire them into functional models that serialize. Letters in
-the comments follow `thattn.dims`: `t` is a vocabulary entry.
+the comments follow `thattn.core.dims`: `t` is a vocabulary entry.
 """
 
 import tensorflow as tf
 import tf_keras
 
-from thattn import tracing
-from thattn import validation
+from thattn.ops import autograph
+from thattn.core import validation
 from thattn.layers import initializers
 from thattn.models import block_wiring
 from thattn.models import embedding_wiring
@@ -49,7 +49,7 @@ class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, TfKerasGlue,
         initializer=initializers.fresh(self.embeddings_initializer))
     super().build(input_shape)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, inputs, mode="embed"):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
@@ -79,7 +79,7 @@ class PositionEmbedding(embedding_wiring.PositionEmbeddingConfig,
         initializer=initializers.fresh(self.initializer))
     super().build(input_shape)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, inputs):
     length = tf.shape(inputs)[1]
     tf.debugging.assert_less_equal(
@@ -102,7 +102,7 @@ class PaddingMask(tf_keras.layers.Layer):
     super().__init__(**kwargs)
     self.pad_id = pad_id
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, inputs):
     if self.pad_id is None:
       keep = tf.cast(inputs, tf.bool)
@@ -137,7 +137,7 @@ class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
         bias.build(None)
     super().build(input_shape)
 
-  @tracing.unconverted
+  @autograph.unconverted
   def call(self, inputs, memory_length=None, query_offset=0):
     query_length = tf.shape(inputs)[1]
     if memory_length is None:
@@ -157,4 +157,4 @@ class Pooler(embedding_wiring.PoolerWiring, TfKerasGlue,
       self.dense.build([None, input_shape[-1]])
     super().build(input_shape)
 
-  call = tracing.unconverted(embedding_wiring.PoolerWiring.call)
+  call = autograph.unconverted(embedding_wiring.PoolerWiring.call)

@@ -28,7 +28,7 @@ Methods:
 
 import tensorflow as tf
 
-from thattn import validation
+from thattn.core import validation
 from thattn.models import t5
 
 METHODS = ("greedy", "sample", "beam")

@@ -2,7 +2,7 @@
 
 A model_dir that `thattn-train` or `thattn-convert` wrote records its
 backbone as a preset and overrides in `run_config.json`, and keeps its
-weights in `checkpoints/` (see `thattn.run_dir`). `load` rebuilds the
+weights in `checkpoints/` (see `thattn.io.run_dir`). `load` rebuilds the
 backbone from the first and restores it from the second:
 
     model = thattn.models.load("runs/span_corruption_t5_tiny")
@@ -14,8 +14,8 @@ part of the backbone; `thattn-export` serves a whole task.
 
 import tensorflow as tf
 
-from thattn import checkpoint_reading
-from thattn import run_dir
+from thattn.io import checkpoint_reading
+from thattn.io import run_dir
 from thattn.models import factory
 
 # What a damaged checkpoint, or one of another model, raises while it is

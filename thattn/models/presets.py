@@ -37,7 +37,7 @@ Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`.
 import dataclasses
 from typing import Union
 
-from thattn import validation
+from thattn.core import validation
 from thattn.models import config as config_lib
 
 AttentionConfig = config_lib.AttentionConfig

@@ -13,7 +13,7 @@ Per block (T5-style pre-norm, relative position bias shared by all blocks):
 import tf_keras
 
 from thattn import layers
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.layers import relative_position
 from thattn.models import front_end
 from thattn.models import task_wiring
@@ -34,4 +34,4 @@ class RecallEncoder(task_wiring.RecallEncoderWiring, tf_keras.Model):
   _attention_front_end = layers
   _RelativePositionBias = relative_position.RelativePositionBias
 
-  call = tracing.unconverted(task_wiring.RecallEncoderWiring.call)
+  call = autograph.unconverted(task_wiring.RecallEncoderWiring.call)

@@ -13,7 +13,7 @@ end:
   `TaskOps`), `_build_sublayer(layer, shape)`, and for the masked-LM head
   `_activation_of` and `_TokenEmbedding`.
 
-The heads (letters as in `thattn.dims`; p counts the masked positions, e
+The heads (letters as in `thattn.core.dims`; p counts the masked positions, e
 is the embedding width, c the classes):
 
 - `MaskedLMHeadWiring`, BERT's masked-LM output layer, tied to the word
@@ -39,8 +39,8 @@ a mean over batches or replicas weighs every position or example alike
 
 import collections
 
-from thattn import attention_spec
-from thattn import dims
+from thattn.core import attention_spec
+from thattn.core import dims
 from thattn.models import block_wiring
 from thattn.models import wiring
 

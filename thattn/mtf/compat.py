@@ -54,7 +54,7 @@ import types
 
 import tensorflow as tf
 
-from thattn import extras
+from thattn.core import requirements
 
 _ESTIMATOR_MODULE = "tensorflow.compat.v1.estimator"
 
@@ -174,6 +174,6 @@ def import_transformer():
     if error.name in ("gin", "tensorflow_datasets", "pkg_resources"):
       raise ImportError(
           f"mesh_tensorflow.transformer needs {error.name!r}, which is not "
-          f"installed: {extras.install_command('mtf')} (gin-config, "
+          f"installed: {requirements.install_command('mtf')} (gin-config, "
           "tensorflow-datasets, setuptools<81).", name=error.name) from error
     raise

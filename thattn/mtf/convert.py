@@ -32,9 +32,9 @@ import re
 
 import tensorflow as tf
 
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.converters import model_dir as model_dir_lib
 from thattn.data import tokenizers
 from thattn.mtf import architecture

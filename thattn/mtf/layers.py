@@ -48,7 +48,7 @@ import importlib
 import gin
 
 from thattn import layers as keras_layers
-from thattn import validation
+from thattn.core import validation
 from thattn.mtf import compat
 
 compat.install_transformer()

@@ -49,8 +49,8 @@ import tensorflow as tf
 
 from thattn import export as export_lib
 from thattn import models
-from thattn import run_dir
-from thattn import staging
+from thattn.io import run_dir
+from thattn.io import staged_writes
 from thattn import tasks
 from thattn.mtf import architecture
 from thattn.mtf import cluster as cluster_lib
@@ -331,12 +331,12 @@ def export(*, model_dir, export_dir, log=print):
   """Exports a `--backend=mtf` run: converted to Keras, then exported.
 
   The newest checkpoint is converted (`MtfBackend.model_dir_for_export`)
-  into a thattn model_dir staged beside export_dir (`thattn.staging`: a
+  into a thattn model_dir staged beside export_dir (`thattn.io.staged_writes`: a
   killed export's copy is removed by the next one), which
   `thattn.export.export` exports as any Keras run.
   """
   export_lib.check_export_dir(export_dir, model_dir=model_dir)  # not after
-  with staging.staged(export_dir, program="thattn-export", log=log,
+  with staged_writes.staged(export_dir, program="thattn-export", log=log,
                       suffix=".converted") as temp:
     keras_dir = MtfBackend.model_dir_for_export(model_dir, temp, log)
     return export_lib.export(model_dir=keras_dir, export_dir=export_dir,

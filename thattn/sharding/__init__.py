@@ -22,7 +22,7 @@ tensor, the logical axis and the sizes, and saying what to change.
 
 import importlib
 
-from thattn import extras
+from thattn.core import requirements
 from thattn.sharding.rules import ACTIVATION_AXES
 from thattn.sharding.rules import BATCH
 from thattn.sharding.rules import check_layouts
@@ -57,7 +57,7 @@ _DTENSOR_NAMES = (
 
 def __getattr__(name):
   if name in _DTENSOR_NAMES:
-    extras.require(f"thattn.sharding.{name}", ("tensorflow", "tf_keras"))
+    requirements.require(f"thattn.sharding.{name}", ("tensorflow", "tf_keras"))
     module = importlib.import_module("thattn.sharding.dtensor_layouts")
     return getattr(module, name)
   raise AttributeError(f"module 'thattn.sharding' has no attribute {name!r}")

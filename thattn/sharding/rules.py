@@ -25,7 +25,7 @@ import itertools
 import math
 import re
 
-from thattn import dims
+from thattn.core import dims
 
 # thattn's default rules, for DTensor and keras.distribution alike: Mesh
 # TensorFlow's classic "batch:batch;heads:model;d_ff:model;vocab:model" in
@@ -36,7 +36,7 @@ from thattn import dims
 DEFAULT_LAYOUT_RULES = ("batch:batch;key_heads:model;value_heads:model;"
                         "d_ff:model;vocab:model")
 
-# Activation axes: they name no weight dimension (thattn.dims lists those),
+# Activation axes: they name no weight dimension (thattn.core.dims lists those),
 # but rules shard them, e.g. "batch:batch" for data parallelism.
 BATCH = "batch"
 LENGTH = "length"
@@ -309,7 +309,7 @@ def _shape_problems(shape, axes):
             "logical axis per dimension."]
   known = known_logical_axes()
   return [f"unknown logical axis {axis!r}.{_did_you_mean(axis, known)} Use a "
-          "name from thattn.dims (or add it there)."
+          "name from thattn.core.dims (or add it there)."
           for axis in axes if axis is not None and axis not in known]
 
 

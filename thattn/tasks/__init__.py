@@ -9,10 +9,10 @@ task") for how to add one. Importing this package registers the built-in
 tasks below.
 """
 
-from thattn import extras  # pylint: disable=g-bad-import-order
+from thattn.core import requirements  # pylint: disable=g-bad-import-order
 
 # Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.tasks", extras.TENSORFLOW)
+requirements.require("thattn.tasks", requirements.TENSORFLOW)
 
 # In the order `names()` and `thattn-train --help` list them: pretraining,
 # fine-tuning, then the synthetic task.

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import bert_inputs
 from thattn.data import errors
 from thattn.data import glue
@@ -41,7 +41,7 @@ class ClassificationHead(task_wiring.ClassificationHeadWiring,
   _framework = tf_keras
   _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  call = tracing.unconverted(task_wiring.ClassificationHeadWiring.call)
+  call = autograph.unconverted(task_wiring.ClassificationHeadWiring.call)
 
 
 def classification_loss(labels, logits):

@@ -9,7 +9,7 @@ masked positions. The held-out loss is ln(PPL) over those positions.
 the released code): the sequence output at the masked positions goes through
 a dense layer, the feed-forward activation and a layer norm, then is scored
 against the word embeddings (tied) plus a per-token bias (letters as in
-`thattn.dims`; p counts the masked positions, e the embedding width):
+`thattn.core.dims`; p counts the masked positions, e the embedding width):
 
     H[b, p, d] = gather(X[b, n, d], positions[b, p])
     T[b, p, e] = LayerNorm(act(H W_t + b_t))
@@ -32,7 +32,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import batches
 from thattn.models import blocks
 from thattn.models import embeddings
@@ -63,7 +63,7 @@ class MaskedLMHead(task_wiring.MaskedLMHeadWiring, tf_keras.layers.Layer):
   _TokenEmbedding = embeddings.TokenEmbedding
   _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  call = tracing.unconverted(task_wiring.MaskedLMHeadWiring.call)
+  call = autograph.unconverted(task_wiring.MaskedLMHeadWiring.call)
 
 
 @base.register

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from thattn import layers
 from thattn import models
-from thattn import validation
+from thattn.core import validation
 from thattn.data import recall
 from thattn.models import front_end
 from thattn.models import task_wiring

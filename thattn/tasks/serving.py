@@ -14,7 +14,7 @@ import os
 
 import tensorflow as tf
 
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 from thattn.data import tokenizers
 from thattn.models import wiring
 
@@ -28,7 +28,7 @@ def restore(checkpoint, **objects):
 
   The checkpoint also holds the optimizer and trainer state, which serving
   does not need; a keras3 run's Orbax step is read by name
-  (`thattn.checkpoint_reading`).
+  (`thattn.io.checkpoint_reading`).
   """
   checkpoint_reading.restore(checkpoint, **objects)
 

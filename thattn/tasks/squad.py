@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
-from thattn import tracing
+from thattn.ops import autograph
 from thattn.data import errors
 from thattn.data import squad as squad_data
 from thattn.models import blocks
@@ -43,7 +43,7 @@ class SpanHead(task_wiring.SpanHeadWiring, tf_keras.layers.Layer):
   _ops = front_end.TF_KERAS_OPS
   _build_sublayer = staticmethod(blocks.build_sublayer)
 
-  call = tracing.unconverted(task_wiring.SpanHeadWiring.call)
+  call = autograph.unconverted(task_wiring.SpanHeadWiring.call)
 
 
 def answer_mask(features):

@@ -52,7 +52,7 @@ import dataclasses
 import importlib
 import math
 
-from thattn import extras
+from thattn.core import requirements
 
 _REGISTRY = {}
 # Where each built-in backend registers itself (imported on first `get`).
@@ -60,7 +60,7 @@ _MODULES = {"keras": "thattn.training.keras_backend",
             "keras3": "thattn.training.keras3_backend",
             "mtf": "thattn.mtf.training"}
 # What pip installs for the Mesh TensorFlow backend (setup.py's extra).
-MTF_EXTRA = extras.install_command("mtf")
+MTF_EXTRA = requirements.install_command("mtf")
 
 
 @dataclasses.dataclass(frozen=True)

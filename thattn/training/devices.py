@@ -79,7 +79,7 @@ class TrainLoop:
     self.optimizer = optimizer
     self.variables = task.trainable_variables
     self.loss_scaling = loss_scaling
-    # No AutoGraph: see thattn.tracing.
+    # No AutoGraph: see thattn.ops.autograph.
     self.train_step = tf.function(self._train_step, autograph=False)
     self.eval_step = tf.function(self._eval_step, autograph=False)
 

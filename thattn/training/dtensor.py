@@ -67,7 +67,7 @@ import tf_keras
 
 from thattn import sharding
 from thattn.training import devices
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.training import cluster
 from thattn.training import strategies
 
@@ -306,7 +306,7 @@ class DTensorTrainLoop:
     # tf-keras Adam's weight updates when the gradients are taken in the
     # same tf.function (measured: every weight unchanged after a step while
     # Adam's m and v were right); applied in a second function they land.
-    # No AutoGraph: see thattn.tracing.
+    # No AutoGraph: see thattn.ops.autograph.
     self._gradients = tf.function(self._loss_and_gradients, autograph=False)
     self._apply = tf.function(self._apply_gradients, autograph=False)
     self.eval_step = tf.function(

@@ -9,7 +9,7 @@ What JAX provides is used as it is: `jax.distributed.initialize` (process
 0 runs the coordination service; every process sends it heartbeats), one
 set of global devices that `--mesh_shape` spans (`keras3_mesh`), arrays
 assembled from each process's rows (`keras3_steps.Steps.inputs`), Orbax
-writing each process's shards (`thattn.orbax_checkpoints`), gloo's
+writing each process's shards (`thattn.io.orbax_checkpoints`), gloo's
 collectives between CPU processes, and the preemption notifier that
 turns a SIGTERM on any process into one agreed step
 (`multihost_utils.reached_preemption_sync_point`). What this module adds:

@@ -28,11 +28,11 @@ the twin under tf_keras's; float16 adds Keras 3's `LossScaleOptimizer`
 (`make_optimizer`; `keras3_steps` says how a step uses it).
 
 Checkpoints. On JAX, a save writes the Keras 3 values themselves with
-Orbax (`_OrbaxStore` over `thattn.orbax_checkpoints`): the weights under
-their tf_keras names (`thattn.weight_names.checkpoint_key`), the
+Orbax (`_OrbaxStore` over `thattn.io.orbax_checkpoints`): the weights under
+their tf_keras names (`thattn.core.weight_names.checkpoint_key`), the
 optimizer's variables (its `iteration` is the run's step), the random
 state (dropout's seed generators), and the held-out loss at step 0;
-`thattn.checkpoint_reading` reads them into tf_keras objects for
+`thattn.io.checkpoint_reading` reads them into tf_keras objects for
 `thattn-export`, `thattn.models.load`, `thattn-convert --to=mtf` and
 `--init_checkpoint`. On TensorFlow and PyTorch (`_TwinStore`), a save
 writes the Keras 3 weights into the tf_keras twin and saves it with
@@ -70,10 +70,10 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from thattn import checkpoint_reading
-from thattn import orbax_checkpoints
-from thattn import run_dir
-from thattn import weight_names
+from thattn.io import checkpoint_reading
+from thattn.io import orbax_checkpoints
+from thattn.io import run_dir
+from thattn.core import weight_names
 from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
 from thattn.keras3.models import heads

@@ -19,7 +19,7 @@ import contextlib
 
 import tensorflow as tf
 
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn.training import backend as backend_lib
 from thattn.training import cluster
 from thattn.training import devices as devices_lib

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn import sharding
-from thattn import validation
+from thattn.core import validation
 from thattn.training import dtensor
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import strategies

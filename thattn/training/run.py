@@ -24,7 +24,7 @@ once, for both:
   (`backend.preempted()`, keras3): saved at the step boundary, then
   `Preempted`, which thattn-train reports and exits with 143.
 
-What a run leaves in `model_dir` is listed in `thattn.run_dir`.
+What a run leaves in `model_dir` is listed in `thattn.io.run_dir`.
 
 Exact resume. Batches are a pure function of (seed, step)
 (`thattn.data.batches`), so the step is the data iterator's whole state,
@@ -42,20 +42,20 @@ import math
 import os
 import time
 
-from thattn import extras
+from thattn.core import requirements
 
 # Before the first TensorFlow import: names the pip extra if it is missing.
-extras.require("thattn.training.run", extras.TENSORFLOW)
+requirements.require("thattn.training.run", requirements.TENSORFLOW)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import tensorflow as tf
 import tf_keras
 
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn import tasks
-from thattn import write_failures
+from thattn.io import write_failures
 from thattn.training import backend as backend_lib
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 from thattn.training import cluster
 from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib

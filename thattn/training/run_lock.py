@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 
-from thattn import write_failures
+from thattn.io import write_failures
 
 LOCK_FILE = ".thattn.lock"
 

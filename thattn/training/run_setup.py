@@ -11,7 +11,7 @@ import dataclasses
 import tensorflow as tf
 
 from thattn import models
-from thattn import run_dir
+from thattn.io import run_dir
 from thattn import tasks
 
 

@@ -3,14 +3,14 @@ stack's position bias, the pooler, the padding mask.
 
 `thattn.models.embeddings` in `keras.ops`, with the same weights (names,
 shapes, order), so a Keras 3 model and its tf_keras twin exchange weights
-with `set_weights(get_weights())`. Letters follow `thattn.dims`: `t` is a
+with `set_weights(get_weights())`. Letters follow `thattn.core.dims`: `t` is a
 vocabulary entry.
 """
 
 import keras
 from keras import ops
 
-from thattn import validation
+from thattn.core import validation
 from thattn.keras3 import initializers
 from thattn.keras3 import lookups
 from thattn.models import block_wiring

@@ -27,7 +27,7 @@ generation`).
 import keras
 from keras import ops
 
-from thattn import validation
+from thattn.core import validation
 from thattn.keras3.models import embeddings
 from thattn.models import wiring
 

@@ -5,13 +5,13 @@ tf_keras twins'.
 tasks masked LM, classification and SQuAD (`thattn.tasks`), their
 computations written once for both front ends in `thattn.models.
 task_wiring`; this module adds Keras 3's glue. They have the tf_keras
-heads' weights' names (`thattn.weight_names.shared_name`), so a tf_keras
+heads' weights' names (`thattn.core.weight_names.shared_name`), so a tf_keras
 run's head moves into them by name (`pair_by_name`).
 """
 
 import keras
 
-from thattn import weight_names
+from thattn.core import weight_names
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
 from thattn.keras3.models import front_end

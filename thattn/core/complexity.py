@@ -11,7 +11,7 @@ numbers of Tables 1, 2, 3, 8 and 9 so that tests can hold the two together.
 import dataclasses
 from typing import Optional, Tuple
 
-from thattn import validation
+from thattn.core import validation
 
 VARIANTS = ("multi_head", "talking_heads", "general_bilinear")
 # Appendix A's dynamic projections, named as in `TalkingHeadsAttention`.

@@ -5,7 +5,7 @@ What `thattn-train` leaves in a model_dir:
 | name                    | what                                              |
 |-------------------------|---------------------------------------------------|
 | `run_config.json`       | task, preset, overrides, sizes: what a rerun must match and what `thattn-export` rebuilds the model from |
-| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run on JAX: Orbax steps `N/` (`thattn.checkpoint_reading`) |
+| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run on JAX: Orbax steps `N/` (`thattn.io.checkpoint_reading`) |
 | `train/`, `eval/`       | TensorBoard summaries                             |
 | `tokenizer/`            | the run's tokenizer (none for recall)             |
 | `dtensor_layouts.json`  | --strategy=dtensor: each weight's and slot's layout |
@@ -14,7 +14,7 @@ What `thattn-train` leaves in a model_dir:
 | `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
 
 A `--backend=keras3` run keeps the same files; on JAX its checkpoints are
-Orbax steps of the Keras 3 values, which `thattn.checkpoint_reading`
+Orbax steps of the Keras 3 values, which `thattn.io.checkpoint_reading`
 reads into tf_keras objects by name, so everything that reads a Keras run
 reads it (on TensorFlow and PyTorch they hold the tf_keras twin's
 objects, as a Keras run's). A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
@@ -27,7 +27,7 @@ import os
 
 import tensorflow as tf
 
-from thattn import checkpoint_reading
+from thattn.io import checkpoint_reading
 
 RUN_CONFIG = "run_config.json"
 SUMMARY = "summary.json"

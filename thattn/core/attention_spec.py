@@ -6,7 +6,7 @@ the one place for what they must agree on, in plain Python (no TensorFlow,
 no Keras), so the Keras 3 front end can import it on any backend:
 
 - the einsum equations, as fixed string constants in the letters of
-  `thattn.dims`, each commented in the paper's named-dimension notation;
+  `thattn.core.dims`, each commented in the paper's named-dimension notation;
 - the checks of the arguments the two front ends share;
 - the shapes and logical axes of the talking-heads projections.
 
@@ -16,8 +16,8 @@ it does not write equations of its own.
 
 import functools
 
-from thattn import dims
-from thattn import validation
+from thattn.core import dims
+from thattn.core import validation
 
 # ---- the projections (Section 3.3 and 4) -------------------------------------
 # Q[b, n, h_k, d_k] = einsum(X[b, n, d_X], P_q[d_X, h_k, d_k])
@@ -110,7 +110,7 @@ MASKED_LOGIT = -1e9
 # steps and the m cache (memory) positions.
 CACHE_WRITE = "bsx,sm->bmx"
 
-# ---- logical axes of the weights (thattn.dims) --------------------------------
+# ---- logical axes of the weights (thattn.core.dims) --------------------------------
 PROJECTION_AXES = {
     "query": {"kernel": (dims.D_MODEL, dims.KEY_HEADS, dims.D_K),
               "bias": (dims.KEY_HEADS, dims.D_K)},

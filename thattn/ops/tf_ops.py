@@ -1,5 +1,5 @@
 """TensorFlow's functions under `keras.ops`' names, for the computations
-written once for both front ends in plain Python (`thattn.adafactor_rules`,
+written once for both front ends in plain Python (`thattn.ops.adafactor`,
 `thattn.models.block_wiring`): Keras 3 passes `keras.ops` itself, tf_keras
 this namespace."""
 

@@ -1,4 +1,4 @@
-"""Tests for thattn.complexity: the paper's tables are the specification."""
+"""Tests for thattn.core.complexity: the paper's tables are the specification."""
 
 import dataclasses
 import os
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from tests import forkserver
-from thattn import complexity
-from thattn.complexity import AttentionShape
+from thattn.core import complexity
+from thattn.core.complexity import AttentionShape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

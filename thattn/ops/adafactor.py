@@ -16,7 +16,7 @@ assignment. `thattn.optimizers.Adafactor` documents the step.
 
 import numbers
 
-from thattn import validation
+from thattn.core import validation
 
 
 def factored_axes(shape, min_dim_size_to_factor):

@@ -2,9 +2,9 @@
 
 A `--backend=keras` run (and a conversion) saves `tf.train.Checkpoint`s of
 its tf_keras objects: `checkpoints/ckpt-N.*`. A `--backend=keras3` run on
-JAX saves Orbax steps of its Keras 3 values (`thattn.orbax_checkpoints`):
+JAX saves Orbax steps of its Keras 3 values (`thattn.io.orbax_checkpoints`):
 `checkpoints/N/`, each weight under
-`thattn.weight_names.checkpoint_key` of its name. The tools that read a
+`thattn.core.weight_names.checkpoint_key` of its name. The tools that read a
 run whole (`thattn-export`, `thattn.models.load`, `thattn-convert
 --to=mtf`, `--init_checkpoint`) read either through `latest` and
 `restore`: an Orbax step is read into this process as NumPy arrays and
@@ -15,7 +15,7 @@ import os
 
 import tensorflow as tf
 
-from thattn import weight_names
+from thattn.core import weight_names
 
 # What Orbax writes into a step's folder when the step is final.
 ORBAX_MARKER = "_CHECKPOINT_METADATA"
@@ -64,7 +64,7 @@ def read_values(checkpoint):
 
 def read_orbax_step(path):
   """{key: NumPy array} of an Orbax step folder, in this process."""
-  from thattn import orbax_checkpoints  # pylint: disable=g-import-not-at-top
+  from thattn.io import orbax_checkpoints  # pylint: disable=g-import-not-at-top
   checkpoints = orbax_checkpoints.RunCheckpoints(os.path.dirname(path),
                                                  alone=True)
   try:

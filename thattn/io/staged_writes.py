@@ -21,7 +21,7 @@ import re
 import shutil
 import socket
 
-from thattn import write_failures
+from thattn.io import write_failures
 
 MARKER = ".thattn-staging.json"
 _INCOMPLETE = "incomplete"
