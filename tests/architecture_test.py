@@ -8,7 +8,6 @@ function-level import counts too). Also:
 - `absl.flags` is imported only by the binaries (`thattn/bin/`);
 - the Keras side never imports Mesh TensorFlow: only `thattn/mtf/` (and
   the binaries) may import `thattn.mtf` or `mesh_tensorflow`;
-- no function under `thattn/` is over 60 lines, no module over 500;
 - the Mesh TensorFlow backend is an adapter of the run driver
   (`thattn.training.run`), not a second trainer: `thattn/mtf/` never
   imports `thattn.training.trainer`.
@@ -45,8 +44,6 @@ RANKS = {
     "thattn.mtf": 8,
     "thattn.bin": 9,
 }
-MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 500
 
 
 def _modules():
@@ -243,7 +240,7 @@ def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
 def test_the_checker_sees_upward_imports():
   """The rank check is not vacuous: upward imports, nested ones too, fail."""
   layer = PACKAGE / "layers" / "upward.py"  # read from `source`, not disk
-  source = ("from thattn import dims\nfrom thattn.layers import base\n"
+  source = ("from thattn.core import dims\nfrom thattn.layers import base\n"
             "def f():\n  from thattn import tasks\n"
             "import thattn.models.config\n")
   assert sorted(line.split(" imports ")[1].split(" ")[0]
@@ -253,19 +250,3 @@ def test_the_checker_sees_upward_imports():
                          "from thattn.experiments import ablation\n")
   assert not _upward_imports(PACKAGE / "bin" / "x.py",
                              "from thattn import export\n")
-
-
-@pytest.mark.parametrize("path", _modules(),
-                         ids=lambda p: str(p.relative_to(ROOT)))
-def test_modules_and_functions_are_small(path):
-  source = path.read_text()
-  lines = len(source.splitlines())
-  assert lines <= MAX_MODULE_LINES, (
-      f"{path.relative_to(ROOT)} has {lines} lines (at most "
-      f"{MAX_MODULE_LINES})")
-  for node in ast.walk(ast.parse(source)):
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      length = node.end_lineno - node.lineno + 1
-      assert length <= MAX_FUNCTION_LINES, (
-          f"{path.relative_to(ROOT)}:{node.lineno} {node.name} has "
-          f"{length} lines (at most {MAX_FUNCTION_LINES})")

@@ -22,6 +22,7 @@ import transformers
 from tests import forkserver
 from tests.converters import checks
 from thattn import converters
+from thattn.core import variants
 from thattn.data import tokenizers
 
 ROOT = checks.ROOT
@@ -90,7 +91,7 @@ def _assert_same_outputs(source_model, model_dir, vocab_size):
                              expected.pooler_output.numpy())
 
 
-@pytest.mark.parametrize("attention", converters.ATTENTION_VARIANTS)
+@pytest.mark.parametrize("attention", variants.identity_starts())
 def test_bert_equals_transformers(bert, tmp_path, attention):
   source_model, folder = bert
   config = converters.convert(source=str(folder),

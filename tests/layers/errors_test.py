@@ -37,7 +37,10 @@ from thattn import layers
     (lambda: layers.fixed_head_size_attention(4),
      r"exactly one of sequence_length and head_size"),
     (lambda: layers.fixed_head_size_attention(4, 16, variant="bilinear"),
-     r"Unknown variant 'bilinear'"),
+     r"Unknown attention variant 'bilinear'"),
+    (lambda: layers.fixed_head_size_attention(4, 16,
+                                              variant="general_bilinear"),
+     r"'general_bilinear' has no head size"),
 ])
 def test_bad_configuration(make_layer, message):
   with pytest.raises(ValueError, match=message):

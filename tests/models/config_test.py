@@ -121,9 +121,11 @@ def test_a_config_object_is_a_preset_too():
     ("bert_tiny", {"dynamic_projections": "x2l"},
      "got the string 'x2l'"),
     ("bert_tiny", {"num_key_heads": 2},
-     "num_key_heads=2 and num_value_heads=None must equal num_heads=4"),
+     r"multi_head has no P_l\[h_k, h\], so num_key_heads=2 must equal "
+     "num_heads=4"),
     ("bert_tiny", {"attention": "project_logits", "num_value_heads": 2},
-     "num_value_heads=2 must equal num_heads=4"),
+     r"project_logits has no P_w\[h, h_v\], so num_value_heads=2 must equal "
+     "num_heads=4"),
     ("bert_tiny", {"attention": "project_weights", "num_key_heads": 8},
      "num_key_heads=8 must equal num_heads=4"),
     ("bert_tiny", {"num_heads": 0}, "num_heads must be a positive integer"),

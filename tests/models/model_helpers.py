@@ -4,9 +4,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-# Every attention variant a model can be built with (thattn.layers.VARIANTS).
-VARIANTS = ("multi_head", "talking_heads", "project_logits", "project_weights",
-            "dynamic", "general_bilinear")
+from thattn.core import variants
+
+# Every built-in attention variant a model can be built with (the registry,
+# thattn.core.variants, read before any test module registers one of its own).
+VARIANTS = variants.names()
 
 
 def bert_inputs(vocab_size, batch=2, length=8, seed=0):

@@ -28,7 +28,7 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.core import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.experiments import ablation  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -39,7 +39,7 @@ flags.DEFINE_string("task", "mlm", "A pretraining task: "
                     f"{', '.join(n for n in tasks.names() if tasks.get(n).pretraining)}"
                     "; mlm trains on the embedded corpus (or --train_files).")
 flags.DEFINE_list("variants", ["multi_head", "talking_heads"],
-                  f"Attention variants, from {list(variants.VARIANTS)}.")
+                  f"Attention variants, from {list(variants.names())}.")
 flags.DEFINE_list("heads", ["2", "4", "8", "16"], "Head counts h; each must "
                   "divide --d_model.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds per configuration.")

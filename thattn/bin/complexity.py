@@ -5,7 +5,8 @@ paper's Tables 1, 2, 3, 8 and 9, as computed by `thattn.core.complexity`:
 
   thattn-complexity
 
-With --variant, prints the row for one configuration:
+With --variant (a registered attention variant), prints the row for one
+configuration:
 
   thattn-complexity --variant=talking_heads --num_heads=24 --key_dim=32 \
       --dynamic_projections=x2l,m2w --length=1024
@@ -19,11 +20,14 @@ from absl import app
 from absl import flags
 
 from thattn.core import complexity
+from thattn.core import variants
 from thattn.bin import cli
 
 _VARIANT = flags.DEFINE_enum(
-    "variant", None, complexity.VARIANTS,
-    "Attention layer. Unset: print the paper's configurations.")
+    "variant", None,
+    [v.name for v in variants.all_variants() if v.counted_as is not None],
+    "Attention variant (thattn.core.variants). Unset: print the paper's "
+    "configurations.")
 _NUM_HEADS = flags.DEFINE_integer("num_heads", None, "h, the softmax heads.")
 _KEY_DIM = flags.DEFINE_integer("key_dim", None, "d_k.")
 _VALUE_DIM = flags.DEFINE_integer("value_dim", None, "d_v; default d_k.")
@@ -69,20 +73,14 @@ def main(argv):
       shapes = [dataclasses.replace(shape, **sizes)
                 for shape in complexity.paper_shapes()]
     else:
-      shapes = [complexity.AttentionShape(
-          _VARIANT.value,
-          num_heads=_NUM_HEADS.value,
-          key_dim=_KEY_DIM.value,
-          value_dim=_VALUE_DIM.value,
-          num_key_heads=_NUM_KEY_HEADS.value,
-          num_value_heads=_NUM_VALUE_HEADS.value,
-          project_logits=_PROJECT_LOGITS.value,
-          project_weights=_PROJECT_WEIGHTS.value,
-          dynamic_projections=_DYNAMIC_PROJECTIONS.value,
-          num_head_groups=_NUM_HEAD_GROUPS.value,
-          use_bias=_USE_BIAS.value,
-          output_dim=_OUTPUT_DIM.value,
-          **sizes)]
+      if _NUM_HEADS.value is None:
+        raise app.UsageError("--variant needs --num_heads")
+      # The variant's own options (project_logits's lack of P_w, dynamic's
+      # four projections), then what the flags given set.
+      given = {flag.name: flag.value for flag in _SHAPE_FLAGS
+               if flag.present and flag is not _NUM_HEADS}
+      shapes = [complexity.variant_shape(
+          _VARIANT.value, num_heads=_NUM_HEADS.value, **sizes, **given)]
   except ValueError as e:
     # A bad configuration is a usage error: print the message, not a trace.
     raise app.UsageError(str(e)) from e

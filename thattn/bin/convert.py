@@ -33,6 +33,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import converters  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.core import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -42,7 +43,7 @@ flags.DEFINE_string("source", None, "--to=thattn: the folder to convert, "
 flags.DEFINE_enum("source_format", None, list(converters.FORMATS),
                   "--source's format, where its files do not say.")
 flags.DEFINE_enum("attention", "multi_head",
-                  list(converters.ATTENTION_VARIANTS),
+                  list(variants.identity_starts()),
                   "--source=<BERT or ALBERT>: the attention of the thattn "
                   "model; a projected variant starts at the identity, so "
                   "its outputs equal the multi-head source's.")

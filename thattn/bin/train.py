@@ -41,7 +41,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from thattn import launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.layers import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.core import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import jax_processes  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -72,8 +72,14 @@ flags.DEFINE_string("preset", None, "Model preset, one of "
                     "--init_checkpoint, that run's model; else per task: "
                     f"{_task_defaults('default_preset')} (mlm's widened to "
                     "d_model 128 and d_ff 512: the default job).")
-flags.DEFINE_enum("attention", "talking_heads", list(variants.VARIANTS),
-                  "Attention variant of every attention layer.")
+flags.DEFINE_string("attention", "talking_heads", "Attention variant of "
+                    "every attention layer: a registered variant "
+                    f"({', '.join(variants.names())}, or one that an "
+                    "--attention_module registers).")
+flags.DEFINE_list("attention_module", [], "Python modules to import before "
+                  "the run, each registering attention variants with "
+                  "thattn.core.variants.register (docs/examples/"
+                  "custom_variant.py).")
 flags.DEFINE_string("task", "mlm", "Training task, one of "
                     f"{', '.join(tasks.names())}.")
 flags.DEFINE_integer("train_steps", 1200, "Total training steps.")
@@ -266,6 +272,11 @@ def main(argv):
     task_class = tasks.get(FLAGS.task)
   except ValueError as e:
     raise app.UsageError(f"--task: {e}") from None
+  try:
+    variants.import_modules(FLAGS.attention_module)
+    variants.get(FLAGS.attention)
+  except ValueError as e:
+    raise app.UsageError(f"--attention: {e}") from None
   model = _model_options(task_class)
   model_dir = FLAGS.model_dir or _default_model_dir(task_class, model)
   try:

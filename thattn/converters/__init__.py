@@ -35,6 +35,7 @@ mixes from there.
 import os
 
 from thattn import models
+from thattn.core import variants
 from thattn.io import run_dir
 from thattn.converters import google_albert
 from thattn.converters import google_bert
@@ -56,11 +57,6 @@ FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, GOOGLE_ALBERT, MODEL_GARDEN,
 _READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
             GOOGLE_BERT: google_bert, GOOGLE_ALBERT: google_albert,
             MODEL_GARDEN: model_garden}
-# What a multi-head source can start: every variant whose extra weights
-# have an identity start. General bilinear attention has no weights of
-# multi-head's shape to start from.
-ATTENTION_VARIANTS = ("multi_head", "talking_heads", "project_logits",
-                      "project_weights", "dynamic")
 # A converted BERT or ALBERT is a masked-LM backbone to fine-tune; its
 # run_config.json names the preset whose fields the overrides all set.
 _PRESETS = {"bert": "bert_base", "albert": "albert_base"}
@@ -94,10 +90,15 @@ def detect(source):
 
 
 def _check_attention(attention):
-  if attention not in ATTENTION_VARIANTS:
+  # What a multi-head source can start: the variants whose extra weights
+  # have an identity start (the registry's `identity_start`). General
+  # bilinear attention has no weights of multi-head's shape to start from.
+  starts = variants.identity_starts()
+  if attention not in starts:
+    variants.get(attention, owner=f"attention={attention!r}")
     raise ValueError(
         f"attention={attention!r}: a multi-head checkpoint starts only "
-        f"{list(ATTENTION_VARIANTS)} at its own outputs (general bilinear "
+        f"{list(starts)} at its own outputs (general bilinear "
         "attention has no weights of multi-head attention's shape).")
 
 

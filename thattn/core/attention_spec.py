@@ -384,28 +384,3 @@ def check_lengths(owner, shapes):
         f"must be equal. Received: value_shape={tuple(shapes['value'])} and "
         f"key_shape={tuple(shapes['key'])} (both are the memory "
         "M[b, m, ...], so their lengths must agree).")
-
-
-# ---- the variants by name (the --attention flag, model configs) ---------------
-VARIANTS = ("multi_head", "talking_heads", "project_logits", "project_weights",
-            "dynamic", "general_bilinear")
-# The options each talking-heads variant gives TalkingHeadsAttention.
-TALKING_HEADS_OPTIONS = {
-    "talking_heads": {},
-    "project_logits": {"project_weights": False},
-    "project_weights": {"project_logits": False},
-    "dynamic": {"dynamic_projections": DYNAMIC_PROJECTIONS},
-}
-
-
-def make_attention(front_end, variant, num_heads, key_dim, **kwargs):
-  """The named variant from a front end (the module `thattn.layers` or
-  `thattn.keras3`) with h heads of size d_k; general_bilinear ignores
-  `key_dim` (its heads read the whole memory width)."""
-  validation.one_of("attention variant", variant, VARIANTS)
-  if variant == "multi_head":
-    return front_end.MultiHeadAttention(num_heads, key_dim, **kwargs)
-  if variant == "general_bilinear":
-    return front_end.GeneralBilinearAttention(num_heads, **kwargs)
-  return front_end.TalkingHeadsAttention(
-      num_heads, key_dim, **TALKING_HEADS_OPTIONS[variant], **kwargs)

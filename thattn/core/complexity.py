@@ -12,8 +12,12 @@ import dataclasses
 from typing import Optional, Tuple
 
 from thattn.core import validation
+from thattn.core import variants
 
-VARIANTS = ("multi_head", "talking_heads", "general_bilinear")
+# The layers counted here, as `AttentionShape.variant` names them: each
+# registered variant is counted as one of them with its options
+# (`thattn.core.variants.Variant.counted_as`; `variant_shape`).
+COUNTED_LAYERS = ("multi_head", "talking_heads", "general_bilinear")
 # Appendix A's dynamic projections, named as in `TalkingHeadsAttention`.
 LOGITS_DYNAMIC = ("x2l", "m2l")  # P_Xl[d_X, h_k, h], P_Ml[d_M, h_k, h]
 WEIGHTS_DYNAMIC = ("x2w", "m2w")  # P_Xw[d_X, h, h_v], P_Mw[d_M, h, h_v]
@@ -117,7 +121,7 @@ _OPTIONAL = frozenset(("key_dim", "value_dim", "num_key_heads",
 
 def _validate(shape: AttentionShape) -> None:
   """Raises ValueError naming the offending values and what was expected."""
-  validation.one_of("variant", shape.variant, VARIANTS)
+  validation.one_of("variant", shape.variant, COUNTED_LAYERS)
   sizes = ["num_heads", "key_dim", "value_dim", "num_key_heads",
            "num_value_heads", "num_head_groups", "d_model", "output_dim",
            "query_length", "memory_length"]
@@ -271,6 +275,22 @@ def _general_bilinear_multiplies(n, m, d_m, d_y, h) -> int:
   logits = h * min(n * d_m * d_m + n * m * d_m, m * d_m * d_m + n * m * d_m)
   output = h * min(m * d_m * d_y + n * m * d_y, n * m * d_m + n * d_m * d_y)
   return logits + output
+
+
+def variant_shape(variant, *, num_heads, d_model=768, **fields):
+  """The `AttentionShape` of the registered variant `variant` (a name of
+  `thattn.core.variants`) with h heads: the layer and options its record
+  is counted as, then `fields`. key_dim defaults to d_model / h, as in the
+  models, for a variant whose heads have a size."""
+  record = variants.get(variant)
+  if record.counted_as is None:
+    raise ValueError(f"Attention variant {variant!r} has no parameter and "
+                     "multiply counts (its registry record has no "
+                     "counted_as).")
+  if not record.reads_memory_width and fields.get("key_dim") is None:
+    fields["key_dim"] = d_model // num_heads
+  return AttentionShape(**{**record.counted_as, **fields},
+                        num_heads=num_heads, d_model=d_model)
 
 
 def format_count(value: int) -> str:

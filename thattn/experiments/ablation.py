@@ -139,19 +139,9 @@ def _step_ms(summary, options):
 
 def attention_shape(variant, heads, d_model, length):
   """The `thattn.core.complexity` shape of one attention layer of the grid."""
-  key_dim = None if variant == "general_bilinear" else d_model // heads
-  options = {
-      "multi_head": dict(variant="multi_head"),
-      "talking_heads": dict(variant="talking_heads"),
-      "project_logits": dict(variant="talking_heads", project_weights=False),
-      "project_weights": dict(variant="talking_heads", project_logits=False),
-      "dynamic": dict(variant="talking_heads", dynamic_projections=(
-          "x2l", "m2l", "x2w", "m2w")),
-      "general_bilinear": dict(variant="general_bilinear"),
-  }[variant]
-  return complexity.AttentionShape(
-      num_heads=heads, key_dim=key_dim, d_model=d_model,
-      query_length=length, memory_length=length, **options)
+  return complexity.variant_shape(
+      variant, num_heads=heads, d_model=d_model, query_length=length,
+      memory_length=length)
 
 
 def aggregate(results, grid, sequence_length):

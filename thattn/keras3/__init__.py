@@ -2,8 +2,8 @@
 
 The layers, arguments, call and weights of `thattn.layers` (tf_keras),
 written with `keras.ops`, less what docs/keras3.md lists ("The same layers,
-with these differences": `query_chunk_size`, ragged inputs, `make_attention`,
-`VARIANTS`, `causal_mask`); importing this package needs neither tf_keras
+with these differences": `query_chunk_size`, ragged inputs,
+`causal_mask`); importing this package needs neither tf_keras
 nor Mesh TensorFlow nor tensorflow-text. docs/keras3.md has the guide.
 
 Keras 3 and its backend come with thattn's `[jax]`, `[torch]` or
@@ -25,7 +25,7 @@ except ModuleNotFoundError as error:
   raise _friendly from error
 
 from thattn.core import attention_spec
-from thattn.core import validation
+from thattn.core import variants
 from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
@@ -40,18 +40,20 @@ from thattn.keras3.projected import MultiHeadAttention
 from thattn.keras3.projected import TalkingHeadsAttention
 from thattn.keras3.relative_position import RelativePositionBias
 
-_FIXED_HEAD_SIZE_VARIANTS = {"multi_head": MultiHeadAttention,
-                             "talking_heads": TalkingHeadsAttention}
-
-
 def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
                               variant="multi_head", **kwargs):
   """Attention with d_k = d_v fixed (Bhojanapalli et al., 2020): to the
   sequence length n, or to `head_size`; as `thattn.layers`' helper."""
   size = attention_spec.fixed_head_size(sequence_length, head_size)
-  validation.one_of("variant", variant, sorted(_FIXED_HEAD_SIZE_VARIANTS))
-  return _FIXED_HEAD_SIZE_VARIANTS[variant](
-      num_heads=num_heads, key_dim=size, value_dim=size, **kwargs)
+  return variants.make_attention("keras3", variants.sized(variant), num_heads,
+                                 size, value_dim=size, **kwargs)
+
+
+def make_attention(variant, num_heads, key_dim, **kwargs):
+  """The named attention variant (`thattn.core.variants`) as a Keras 3
+  layer with h heads of size d_k; as `thattn.layers.make_attention`."""
+  return variants.make_attention("keras3", variant, num_heads, key_dim,
+                                 **kwargs)
 
 
 # Subpackages loaded on first use (PEP 562): `thattn.keras3.models` after

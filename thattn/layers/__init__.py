@@ -23,4 +23,3 @@ from thattn.layers.relative_position import RelativePositionBias
 from thattn.layers.talking_heads import DYNAMIC_PROJECTIONS
 from thattn.layers.talking_heads import TalkingHeadsAttention
 from thattn.layers.variants import make_attention
-from thattn.layers.variants import VARIANTS

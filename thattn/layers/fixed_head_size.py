@@ -12,14 +12,7 @@ documented shortcut for the paper's proposal, d_k = d_v = n.
 """
 
 from thattn.core import attention_spec
-from thattn.core import validation
-from thattn.layers import multi_head
-from thattn.layers import talking_heads
-
-_VARIANTS = {
-    "multi_head": multi_head.MultiHeadAttention,
-    "talking_heads": talking_heads.TalkingHeadsAttention,
-}
+from thattn.core import variants
 
 
 def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
@@ -31,14 +24,14 @@ def fixed_head_size_attention(num_heads, sequence_length=None, head_size=None,
     sequence_length: n. When given (and `head_size` is not), the head size is
       set to n, as Bhojanapalli et al. propose: d_k = d_v = n.
     head_size: an explicit d_k = d_v instead.
-    variant: "multi_head" or "talking_heads".
+    variant: a registered variant with heads of a size (every one but
+      general_bilinear, whose heads read the whole memory width).
     **kwargs: passed to the layer (e.g. output_shape, dynamic_projections).
 
   Returns:
-    A `MultiHeadAttention` or `TalkingHeadsAttention` with
-    key_dim = value_dim = the head size.
+    The variant's layer (e.g. `MultiHeadAttention`, `TalkingHeadsAttention`)
+    with key_dim = value_dim = the head size.
   """
   size = attention_spec.fixed_head_size(sequence_length, head_size)
-  validation.one_of("variant", variant, sorted(_VARIANTS))
-  return _VARIANTS[variant](num_heads=num_heads, key_dim=size, value_dim=size,
-                            **kwargs)
+  return variants.make_attention("tf_keras", variants.sized(variant), num_heads,
+                                 size, value_dim=size, **kwargs)

@@ -1,20 +1,10 @@
-"""Attention variants by name, as the `--attention` flag and model overrides use.
+"""An attention variant by name, as a tf_keras layer.
 
-::
-
-| name              | layer                                                    |
-|-------------------|----------------------------------------------------------|
-| multi_head        | MultiHeadAttention                                       |
-| talking_heads     | TalkingHeadsAttention                                    |
-| project_logits    | TalkingHeadsAttention(project_weights=False) (Table 3)   |
-| project_weights   | TalkingHeadsAttention(project_logits=False) (Table 3)    |
-| dynamic           | TalkingHeadsAttention with all four dynamic projections  |
-| general_bilinear  | GeneralBilinearAttention (Section 6)                     |
+The variants are `thattn.core.variants`' registry (its records name each
+variant's layer and options; `thattn.core.variants.names()` lists them).
 """
 
-from thattn.core import attention_spec
-
-VARIANTS = attention_spec.VARIANTS
+from thattn.core import variants
 
 
 def make_attention(variant, num_heads, key_dim, **kwargs):
@@ -24,6 +14,5 @@ def make_attention(variant, num_heads, key_dim, **kwargs):
   width. Extra keyword arguments go to the layer (e.g. output_shape,
   dropout, num_key_heads for talking heads).
   """
-  from thattn import layers  # pylint: disable=g-import-not-at-top
-  return attention_spec.make_attention(layers, variant, num_heads, key_dim,
-                                       **kwargs)
+  return variants.make_attention("tf_keras", variant, num_heads, key_dim,
+                                 **kwargs)

@@ -12,16 +12,16 @@ the experiments of the paper's Table 4 are a config, not a code change.
 `apply_overrides(config, **overrides)` is what `create_model(preset,
 **overrides)` uses. Besides the dataclass fields, it understands:
 
-- `attention=`: a variant name (see `thattn.layers.VARIANTS`), a dict of
+- `attention=`: a variant name (`thattn.core.variants.names()`), a dict of
   `AttentionConfig` fields, or an `AttentionConfig`, for every attention
   layer of the model;
 - `num_heads`, `key_dim`, `value_dim`, `num_key_heads`, `num_value_heads`,
   `dynamic_projections`: the same field on every attention layer;
 - for T5, `encoder_self_attention=`, `decoder_self_attention=` and
   `encoder_decoder_attention=`, which take the same forms as `attention=` and
-  apply after it. A variant name keeps the other fields, except that
-  "multi_head" and "general_bilinear" drop h_k, h_v and dynamic projections,
-  which they do not have. A list of those forms, one per layer of the stack,
+  apply after it. A variant name keeps the other fields, except that a
+  variant without P_l and P_w ("multi_head", "general_bilinear") drops h_k,
+  h_v and dynamic projections, which it does not have. A list of those forms, one per layer of the stack,
   gives each layer its own config (as a converted Mesh TensorFlow model may
   need: `thattn.mtf`); the self-attention layers of one stack share its
   relative position bias, so they need one num_heads.
@@ -30,16 +30,11 @@ Bad values raise ValueError naming them, before any model is built.
 """
 
 import dataclasses
-import importlib
 from typing import Optional, Tuple, Union
 
 from thattn.core import attention_spec
 from thattn.core import validation
-
-# The layer modules `AttentionConfig.make_layer` builds from, imported when
-# first used, so this module (and presets) stay plain Python: the Keras 3
-# models read the same configs on JAX or PyTorch without TensorFlow.
-FRONT_ENDS = {"tf_keras": "thattn.layers", "keras3": "thattn.keras3"}
+from thattn.core import variants
 
 ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
                    "encoder_decoder_attention")
@@ -55,13 +50,6 @@ SHARED_ATTENTION_FIELDS = ("num_heads", "key_dim", "value_dim",
 # "gelu_approximate" the tanh form of ALBERT v2 and T5.1.1.
 ACTIVATIONS = ("relu", "gelu", "gelu_approximate")
 POSITION_EMBEDDINGS = ("absolute", "relative")
-_TALKING_HEADS_FAMILY = ("talking_heads", "project_logits", "project_weights",
-                         "dynamic")
-_SINGLE_HEADS_DIMENSION = ("multi_head", "general_bilinear")
-# The variants with the static P_l, and with P_w, that dynamic projections
-# add to.
-_WITH_PRE_SOFTMAX = ("talking_heads", "dynamic", "project_logits")
-_WITH_POST_SOFTMAX = ("talking_heads", "dynamic", "project_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +57,7 @@ class AttentionConfig:
   """One attention layer, in the arguments of `thattn.layers`.
 
   Attributes:
-    variant: a name from `thattn.layers.VARIANTS`.
+    variant: a registered variant's name (`thattn.core.variants`).
     num_heads: h, the softmax heads (the only heads of multi-head attention
       and general bilinear attention).
     key_dim: d_k. None means d_model / h, which must divide; any explicit
@@ -78,7 +66,7 @@ class AttentionConfig:
     num_key_heads, num_value_heads: h_k and h_v of talking heads; None means h.
     dynamic_projections: Appendix A's projections for "talking_heads" (and
       the logits or weights half for "project_logits" / "project_weights");
-      "dynamic" always has all four.
+      "dynamic" always has all four (a variant whose options set them).
   """
   variant: str = "multi_head"
   num_heads: int = 12
@@ -90,9 +78,7 @@ class AttentionConfig:
 
   def __post_init__(self):
     owner = "AttentionConfig"
-    validation.one_of("attention variant", self.variant,
-                      attention_spec.VARIANTS,
-                      owner=owner)
+    record = variants.get(self.variant, owner=owner)
     validation.positive_int("num_heads", self.num_heads, owner=owner)
     for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads"):
       validation.positive_int(name, getattr(self, name), owner=owner,
@@ -100,26 +86,12 @@ class AttentionConfig:
     # The layer's own check, with the static projections the variant has.
     attention_spec.checked_dynamic_projections(
         self.dynamic_projections, owner=f"{owner}: variant {self.variant!r}",
-        project_logits=self.variant in _WITH_PRE_SOFTMAX,
-        project_weights=self.variant in _WITH_POST_SOFTMAX)
+        project_logits=record.pre_softmax,
+        project_weights=record.post_softmax)
     object.__setattr__(self, "dynamic_projections",
                        tuple(self.dynamic_projections))
-    self._check_heads(owner)
-
-  def _check_heads(self, owner):
-    h, h_k, h_v = self.num_heads, self.key_heads, self.value_heads
-    if self.variant in _SINGLE_HEADS_DIMENSION and (h_k, h_v) != (
-        h, h):
-      raise ValueError(
-          f"{owner}: {self.variant} has one heads dimension, so "
-          f"num_key_heads={self.num_key_heads} and num_value_heads="
-          f"{self.num_value_heads} must equal num_heads={h} (or be None).")
-    if self.variant == "project_logits" and h_v != h:
-      raise ValueError(f"{owner}: project_logits has no P_w, so "
-                       f"num_value_heads={h_v} must equal num_heads={h}.")
-    if self.variant == "project_weights" and h_k != h:
-      raise ValueError(f"{owner}: project_weights has no P_l, so "
-                       f"num_key_heads={h_k} must equal num_heads={h}.")
+    record.check_heads(self.num_heads, self.num_key_heads,
+                       self.num_value_heads, owner=owner)
 
   @property
   def key_heads(self):
@@ -131,7 +103,7 @@ class AttentionConfig:
 
   def head_dims(self, d_model, owner="AttentionConfig"):
     """(d_k, d_v) for a model of width d_model."""
-    if self.variant == "general_bilinear":
+    if variants.get(self.variant).reads_memory_width:
       # Its heads read the whole width: any h works, d_k = d_v = d_model.
       return d_model, d_model
     key_dim = self.key_dim
@@ -147,26 +119,24 @@ class AttentionConfig:
                  kernel_initializer=None, front_end="tf_keras"):
     """The attention layer this config describes, from `front_end`'s
     layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3)."""
-    validation.one_of("front_end", front_end, tuple(FRONT_ENDS))
-    layers = importlib.import_module(FRONT_ENDS[front_end])
-    if self.variant == "general_bilinear":
+    record = variants.get(self.variant)
+    if record.reads_memory_width:
       # Its heads read the whole memory: no d_k, no biases. Its own
       # initializer keeps the logits at unit scale.
-      return attention_spec.make_attention(layers, self.variant,
-                                           self.num_heads, None,
-                                           dropout=dropout_rate, name=name)
+      return variants.make_attention(front_end, self.variant, self.num_heads,
+                                     None, dropout=dropout_rate, name=name)
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
                   dropout=dropout_rate, name=name)
     if kernel_initializer is not None:
       kwargs["kernel_initializer"] = kernel_initializer
-    if self.variant in _TALKING_HEADS_FAMILY:
+    if record.takes_head_counts:
       kwargs.update(num_key_heads=self.key_heads,
                     num_value_heads=self.value_heads)
-      if self.variant != "dynamic":  # "dynamic" sets all four itself
-        kwargs["dynamic_projections"] = self.dynamic_projections
-    return attention_spec.make_attention(layers, self.variant,
-                                         self.num_heads, key_dim, **kwargs)
+    if record.takes_dynamic_projections:
+      kwargs["dynamic_projections"] = self.dynamic_projections
+    return variants.make_attention(front_end, self.variant, self.num_heads,
+                                   key_dim, **kwargs)
 
 
 def _check_sizes(config, names):
@@ -346,8 +316,8 @@ def _updated_attention(attention, value, key):
   if isinstance(value, AttentionConfig):
     return value
   if isinstance(value, str):
-    if value in _SINGLE_HEADS_DIMENSION:
-      # Options only talking heads has do not carry over to these.
+    if not variants.get(value, owner=key).takes_head_counts:
+      # Options only the head-mixing variants have do not carry over.
       return dataclasses.replace(attention, variant=value, num_key_heads=None,
                                  num_value_heads=None, dynamic_projections=())
     return dataclasses.replace(attention, variant=value)

@@ -12,7 +12,6 @@ Per block (T5-style pre-norm, relative position bias shared by all blocks):
 
 import tf_keras
 
-from thattn import layers
 from thattn.ops import autograph
 from thattn.layers import relative_position
 from thattn.models import front_end
@@ -31,7 +30,7 @@ class RecallEncoder(task_wiring.RecallEncoderWiring, tf_keras.Model):
   # The front end's glue for task_wiring.RecallEncoderWiring.
   _framework = tf_keras
   _ops = front_end.TF_KERAS_OPS
-  _attention_front_end = layers
+  _attention_front_end = "tf_keras"
   _RelativePositionBias = relative_position.RelativePositionBias
 
   call = autograph.unconverted(task_wiring.RecallEncoderWiring.call)

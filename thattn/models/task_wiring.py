@@ -27,8 +27,8 @@ is the embedding width, c the classes):
   + b, -1e9 where no answer may start or end.
 
 and the recall task's whole model, `RecallEncoderWiring` (its front ends'
-glue: `_framework`, `_ops`, `_attention_front_end`, the module the
-attention variants come from, and `_RelativePositionBias`).
+glue: `_framework`, `_ops`, `_attention_front_end`, the front end's
+name in `thattn.core.variants`, and `_RelativePositionBias`).
 
 The losses: each task's `(sum of losses, count)` in float32 nats, so that
 a mean over batches or replicas weighs every position or example alike
@@ -39,8 +39,8 @@ a mean over batches or replicas weighs every position or example alike
 
 import collections
 
-from thattn.core import attention_spec
 from thattn.core import dims
+from thattn.core import variants
 from thattn.models import block_wiring
 from thattn.models import wiring
 
@@ -229,7 +229,7 @@ class RecallEncoderWiring:
       self.blocks.append({
           "attention_norm": layers.LayerNormalization(
               name=f"block_{index}_attention_norm"),
-          "attention": attention_spec.make_attention(
+          "attention": variants.make_attention(
               self._attention_front_end, attention, num_heads, key_dim,
               name=f"block_{index}_attention"),
           "ff_norm": layers.LayerNormalization(name=f"block_{index}_ff_norm"),

@@ -29,6 +29,7 @@ biases, other layer classes, head groups) is a ValueError naming it.
 import dataclasses
 
 from thattn import models
+from thattn.core import variants
 from thattn.mtf import compat
 from thattn.mtf import layers as mtf_layers
 from thattn.mtf import weight_maps
@@ -233,22 +234,36 @@ def attention_config(layer, d_model):
             "groups", "no heads dim shared by all three head lists (thattn's "
             "model configs have no head groups)")
   if spec.keras_class is weight_maps.keras_layers.GeneralBilinearAttention:
-    return models.AttentionConfig(variant="general_bilinear",
-                                  num_heads=kwargs["num_heads"])
+    return models.AttentionConfig(
+        variant=_variant_of(reads_memory_width=True),
+        num_heads=kwargs["num_heads"])
   if spec.keras_class is weight_maps.keras_layers.MultiHeadAttention:
     return models.AttentionConfig(num_heads=kwargs["num_heads"],
                                   key_dim=kwargs["key_dim"])
-  logits, weights = kwargs["project_logits"], kwargs["project_weights"]
-  variant = {(True, True): "talking_heads", (True, False): "project_logits",
-             (False, True): "project_weights",
-             (False, False): "multi_head"}[(logits, weights)]
-  heads = {} if variant == "multi_head" else dict(
+  variant = _variant_of(pre_softmax=kwargs["project_logits"],
+                        post_softmax=kwargs["project_weights"])
+  heads = {} if not variants.get(variant).takes_head_counts else dict(
       num_key_heads=kwargs["num_key_heads"],
       num_value_heads=kwargs["num_value_heads"],
       dynamic_projections=tuple(kwargs["dynamic_projections"]))
   return models.AttentionConfig(
       variant=variant, num_heads=kwargs["num_heads"],
       key_dim=kwargs["key_dim"], value_dim=kwargs["value_dim"], **heads)
+
+
+def _variant_of(pre_softmax=False, post_softmax=False,
+                reads_memory_width=False):
+  """The first registered variant (a built-in one) with these projections
+  and a Mesh TensorFlow layer, whose options fix no dynamic projections:
+  the dynamic ones are read from the layer itself."""
+  for record in variants.all_variants():
+    if (record.mtf_layer is not None and
+        "dynamic_projections" not in record.options and
+        (record.pre_softmax, record.post_softmax,
+         record.reads_memory_width) == (pre_softmax, post_softmax,
+                                        reads_memory_width)):
+      return record.name
+  raise AssertionError("every mtf attention layer has a built-in variant")
 
 
 def _one_or_per_layer(configs):
@@ -374,21 +389,24 @@ def mtf_attention(attention, *, d_model, enc_dec, buckets, dropout_rate):
   relative = {} if enc_dec else dict(relative_attention_type="bias_shared",
                                      relative_attention_num_buckets=buckets)
   common = dict(dropout_rate=dropout_rate, **relative)
-  if attention.variant == "general_bilinear":
+  record = variants.get(attention.variant)
+  if record.mtf_layer is None:
+    raise ValueError(f"Attention variant {record.name!r} has no Mesh "
+                     "TensorFlow layer (its registry record names none), so "
+                     "it cannot be translated to Mesh TensorFlow.")
+  if record.reads_memory_width:
     cls = (_tl.GeneralBilinearEncDecAttention if enc_dec else
            _tl.GeneralBilinearSelfAttention)
     return cls, dict(heads_dims=[("heads", h)], **common)
-  if attention.variant == "multi_head" and d_k == d_v:
+  if not record.takes_head_counts and d_k == d_v:
     cls = _tl.EncDecAttention if enc_dec else _tl.SelfAttention
     return cls, dict(num_heads=h, key_value_size=d_k, **common)
   # mtf makes P_l (P_w) exactly when the key (value) heads and the softmax
   # heads have different names.
-  projects_logits = attention.variant in ("talking_heads", "dynamic",
-                                          "project_logits")
-  projects_weights = attention.variant in ("talking_heads", "dynamic",
-                                           "project_weights")
-  dynamic = (("x2l", "m2l", "x2w", "m2w") if attention.variant == "dynamic"
-             else attention.dynamic_projections)
+  projects_logits = record.pre_softmax
+  projects_weights = record.post_softmax
+  dynamic = record.options.get("dynamic_projections",
+                               attention.dynamic_projections)
   cls = (_tl.TalkingHeadsEncDecAttention if enc_dec else
          _tl.TalkingHeadsSelfAttention)
   return cls, dict(

@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from thattn import layers
 from thattn import models
 from thattn.core import validation
+from thattn.core import variants
 from thattn.data import recall
 from thattn.models import front_end
 from thattn.models import task_wiring
@@ -47,7 +47,7 @@ class Recall(base.Task):
                        f"are {sorted(MODEL_KEYWORDS)}.")
     for name, value in model.overrides.items():
       if name == "attention":
-        validation.one_of("attention", value, layers.VARIANTS)
+        variants.get(value, owner="--task=recall")
       else:
         validation.positive_int(name, value, optional=True)
 

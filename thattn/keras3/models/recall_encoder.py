@@ -4,7 +4,6 @@ RecallEncoderWiring`'s, this module adds Keras 3's glue)."""
 
 import keras
 
-import thattn.keras3
 from thattn.keras3 import relative_position
 from thattn.keras3.models import front_end
 from thattn.models import task_wiring
@@ -17,5 +16,5 @@ class RecallEncoder(task_wiring.RecallEncoderWiring, keras.Model):
   # The front end's glue for task_wiring.RecallEncoderWiring.
   _framework = keras
   _ops = front_end.KERAS3_OPS
-  _attention_front_end = thattn.keras3
+  _attention_front_end = "keras3"
   _RelativePositionBias = relative_position.RelativePositionBias

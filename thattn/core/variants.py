@@ -1,0 +1,276 @@
+"""The attention variants: one record each, and the one registry of them.
+
+A `Variant` says everything thattn needs to know about one attention
+variant: its name, the paper it comes from, the layer class that computes
+it on each Keras front end and the options it fixes, which head-mixing
+projections it has (and so which head counts it takes), whether a
+multi-head model starts it at its own outputs, how its parameters and
+multiplies are counted, and its Mesh TensorFlow layer where it has one.
+
+Every consumer reads the registry, and nothing else in thattn switches on
+a variant's name: `thattn-train --attention`, `create_model(attention=...)`
+and the model configs, the presets, `thattn-complexity`, the converters'
+`--attention`, the Mesh TensorFlow translation, the ablation grid and the
+variants table of docs/architecture.md (a test holds the table to it).
+
+A user's module adds a variant with `register(Variant(...))`; from then on
+it is accepted wherever a built-in one is (`thattn-train
+--attention_module=my_module --attention=my_variant`).
+
+Plain Python: the layers are named as "module:Class" strings and imported
+when first built, so reading the registry needs no framework.
+"""
+
+import dataclasses
+import importlib
+import types
+from typing import Mapping, Optional
+
+from thattn.core import attention_spec
+from thattn.core import validation
+
+# The Keras front ends a variant's layers are looked up on.
+FRONT_ENDS = ("tf_keras", "keras3")
+_FRONT_END_MODULES = {"tf_keras": "thattn.layers", "keras3": "thattn.keras3"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One attention variant.
+
+  Attributes:
+    name: what `--attention` and `create_model(attention=...)` take.
+    source: the paper (and section) it comes from.
+    summary: one line for the docs' table and the flags' help.
+    layer: the layer class that computes it: a class name, looked up on
+      each front end's module (`thattn.layers`, `thattn.keras3`), or a
+      mapping {front end: "module:Class"} for a variant whose layers live
+      elsewhere (a user's).
+    options: the constructor arguments the variant fixes, on top of the
+      sizes a model config gives (e.g. `{"project_weights": False}`).
+    pre_softmax: it has P_l[h_k, h] (the logits projection). Without it,
+      h_k = h.
+    post_softmax: it has P_w[h, h_v] (the weights projection). Without it,
+      h_v = h. A variant with either takes `num_key_heads` and
+      `num_value_heads`; a config's `dynamic_projections` are passed on to
+      it unless `options` sets them.
+    reads_memory_width: its heads read the whole memory (general bilinear
+      attention, Section 6): it takes no key_dim and no biases, and d_k =
+      d_v = d_model.
+    identity_start: a multi-head model's weights, with its extra weights at
+      the identity, give the multi-head model's outputs: what the
+      converters' `--attention` can start from a released checkpoint.
+    counted_as: the `thattn.core.complexity.AttentionShape` arguments that
+      count its parameters and multiplies (the layer's form and options),
+      or None where thattn has no counts for it.
+    mtf_layer: the Mesh TensorFlow layer class (of
+      `mesh_tensorflow.transformer.transformer_layers`) that computes it in
+      self-attention, or None where it has none.
+  """
+  name: str
+  source: str
+  summary: str
+  layer: object
+  options: Mapping[str, object] = dataclasses.field(default_factory=dict)
+  pre_softmax: bool = False
+  post_softmax: bool = False
+  reads_memory_width: bool = False
+  identity_start: bool = False
+  counted_as: Optional[Mapping[str, object]] = None
+  mtf_layer: Optional[str] = None
+
+  def __post_init__(self):
+    owner = f"Variant {self.name!r}"
+    if not isinstance(self.name, str) or not self.name.isidentifier():
+      raise ValueError(f"A variant's name must be a Python identifier (it "
+                       f"names flags, presets and run folders), got "
+                       f"{self.name!r}.")
+    if isinstance(self.layer, Mapping):
+      missing = [front for front in FRONT_ENDS if front not in self.layer]
+      if missing or any(":" not in str(path) for path in self.layer.values()):
+        raise ValueError(
+            f"{owner}: layer must map each front end {list(FRONT_ENDS)} to "
+            f"a 'module:Class' path, got {dict(self.layer)!r}.")
+    elif not isinstance(self.layer, str):
+      raise ValueError(f"{owner}: layer must be a class name or a mapping "
+                       f"{{front end: 'module:Class'}}, got {self.layer!r}.")
+    # Frozen, and a read-only view, so a registered record cannot change.
+    object.__setattr__(self, "options",
+                       types.MappingProxyType(dict(self.options)))
+
+  @property
+  def takes_head_counts(self):
+    """Whether the layer takes h_k and h_v (it has P_l or P_w)."""
+    return self.pre_softmax or self.post_softmax
+
+  @property
+  def takes_dynamic_projections(self):
+    """Whether a config's `dynamic_projections` are passed to the layer."""
+    return self.takes_head_counts and "dynamic_projections" not in self.options
+
+  def layer_class(self, front_end):
+    """The layer class on `front_end` ("tf_keras" or "keras3"), imported."""
+    validation.one_of("front_end", front_end, FRONT_ENDS,
+                      owner=f"Variant {self.name!r}")
+    if isinstance(self.layer, Mapping):
+      module, name = self.layer[front_end].split(":")
+    else:
+      module, name = _FRONT_END_MODULES[front_end], self.layer
+    return getattr(importlib.import_module(module), name)
+
+  def check_heads(self, num_heads, num_key_heads, num_value_heads, *, owner):
+    """h_k and h_v (None meaning h) against the projections it has."""
+    h = num_heads
+    h_k, h_v = num_key_heads or h, num_value_heads or h
+    if not self.pre_softmax and h_k != h:
+      raise ValueError(
+          f"{owner}: {self.name} has no P_l[h_k, h], so num_key_heads="
+          f"{num_key_heads} must equal num_heads={h} (or be None).")
+    if not self.post_softmax and h_v != h:
+      raise ValueError(
+          f"{owner}: {self.name} has no P_w[h, h_v], so num_value_heads="
+          f"{num_value_heads} must equal num_heads={h} (or be None).")
+
+
+_REGISTRY = {}
+
+
+def register(variant):
+  """Adds `variant` to the registry and returns it; a name is registered once
+  (registering the same record again, as a reimported module does, is
+  allowed)."""
+  if not isinstance(variant, Variant):
+    raise ValueError(f"register takes a thattn.core.variants.Variant, got "
+                     f"{type(variant).__name__}.")
+  known = _REGISTRY.get(variant.name)
+  if known is not None and known != variant:
+    raise ValueError(f"Attention variant {variant.name!r} is already "
+                     f"registered ({known.source}); choose another name.")
+  _REGISTRY[variant.name] = variant
+  return variant
+
+
+def unregister(name):
+  """Removes a variant registered from outside the package (a notebook or a
+  test redefining one); the built-in variants stay."""
+  if name in _BUILT_IN:
+    raise ValueError(f"{name!r} is a built-in attention variant; only "
+                     "variants registered from outside thattn can be "
+                     "removed.")
+  get(name)
+  del _REGISTRY[name]
+
+
+def get(name, *, owner=None):
+  """The registered variant called `name`; the error lists them all."""
+  validation.one_of("attention variant", name, names(), owner=owner)
+  return _REGISTRY[name]
+
+
+def names():
+  """Every registered variant's name, the built-in ones first."""
+  return tuple(_REGISTRY)
+
+
+def all_variants():
+  """Every registered variant, the built-in ones first."""
+  return tuple(_REGISTRY.values())
+
+
+def identity_starts():
+  """The names a multi-head model (a released checkpoint) can start."""
+  return tuple(v.name for v in _REGISTRY.values() if v.identity_start)
+
+
+def sized(name):
+  """`name` if its variant's heads have a size d_k (a fixed head size can be
+  given to every variant but those reading the memory width)."""
+  if get(name).reads_memory_width:
+    raise ValueError(
+        f"Attention variant {name!r} has no head size (its heads read the "
+        f"whole memory width); a fixed head size needs one of "
+        f"{[v.name for v in all_variants() if not v.reads_memory_width]}.")
+  return name
+
+
+def import_modules(module_names):
+  """Imports each of a user's modules that register variants (the
+  `--attention_module` flag); a module that cannot be imported is named."""
+  for module_name in module_names:
+    try:
+      importlib.import_module(module_name)
+    except ImportError as error:
+      raise ValueError(
+          f"Could not import the attention module {module_name!r} ({error}); "
+          "it must be importable (on PYTHONPATH, or installed).") from error
+
+
+def make_attention(front_end, variant, num_heads, key_dim, **kwargs):
+  """The named variant's layer on `front_end` ("tf_keras" or "keras3") with
+  h heads of size d_k and `kwargs` for its constructor; a variant that
+  reads the memory width (general bilinear) ignores `key_dim`."""
+  record = get(variant)
+  cls = record.layer_class(front_end)
+  if record.reads_memory_width:
+    return cls(num_heads, **record.options, **kwargs)
+  return cls(num_heads, key_dim, **record.options, **kwargs)
+
+
+_PAPER = "Shazeer et al. (2020)"
+
+register(Variant(
+    name="multi_head",
+    source="Vaswani et al. (2017), Section 3.2.2; Shazeer et al. (2020), "
+           "Section 3.3",
+    summary="multi-head attention: h heads, one softmax each",
+    layer="MultiHeadAttention",
+    identity_start=True,
+    counted_as={"variant": "multi_head"},
+    mtf_layer="SelfAttention"))
+register(Variant(
+    name="talking_heads",
+    source=f"{_PAPER}, Section 4",
+    summary="P_l[h_k, h] mixes the logits' heads, P_w[h, h_v] the weights'",
+    layer="TalkingHeadsAttention",
+    pre_softmax=True, post_softmax=True, identity_start=True,
+    counted_as={"variant": "talking_heads"},
+    mtf_layer="TalkingHeadsSelfAttention"))
+register(Variant(
+    name="project_logits",
+    source=f"{_PAPER}, Section 7.1.3, Table 3",
+    summary="talking heads before the softmax only (P_l, no P_w)",
+    layer="TalkingHeadsAttention",
+    options={"project_weights": False},
+    pre_softmax=True, identity_start=True,
+    counted_as={"variant": "talking_heads", "project_weights": False},
+    mtf_layer="TalkingHeadsSelfAttention"))
+register(Variant(
+    name="project_weights",
+    source=f"{_PAPER}, Section 7.1.3, Table 3",
+    summary="talking heads after the softmax only (P_w, no P_l)",
+    layer="TalkingHeadsAttention",
+    options={"project_logits": False},
+    post_softmax=True, identity_start=True,
+    counted_as={"variant": "talking_heads", "project_logits": False},
+    mtf_layer="TalkingHeadsSelfAttention"))
+register(Variant(
+    name="dynamic",
+    source=f"{_PAPER}, Appendix A",
+    summary="talking heads with all four dynamic projections",
+    layer="TalkingHeadsAttention",
+    options={"dynamic_projections": attention_spec.DYNAMIC_PROJECTIONS},
+    pre_softmax=True, post_softmax=True, identity_start=True,
+    counted_as={"variant": "talking_heads",
+                "dynamic_projections": attention_spec.DYNAMIC_PROJECTIONS},
+    mtf_layer="TalkingHeadsSelfAttention"))
+register(Variant(
+    name="general_bilinear",
+    source=f"{_PAPER}, Section 6",
+    summary="general bilinear multihead attention: P[d_X, d_M, h], Q[d_M, "
+            "d_Y, h]",
+    layer="GeneralBilinearAttention",
+    reads_memory_width=True,
+    counted_as={"variant": "general_bilinear"},
+    mtf_layer="GeneralBilinearSelfAttention"))
+
+_BUILT_IN = frozenset(_REGISTRY)
