@@ -14,7 +14,8 @@ import-time environment, see `_server_key`).
 The child is a real process: its own pid, exit status, signals, open files,
 locks and memory; `python -m module`, `python script.py`, `python -c code`
 and thattn's console scripts run in it as Python would run them
-(`runpy`, `sys.argv`, `sys.path[0]`, `__main__`, exit status, uncaught
+(`runpy`, `sys.argv`, `sys.path[0]` and the command's PYTHONPATH,
+`__main__`, exit status, uncaught
 tracebacks on stderr, atexit), and nothing of TensorFlow has started in it
 (no eager context, devices, threads or traced functions): what the tests'
 docstrings call "a fresh Python" (logical devices, a mesh, TF_CONFIG,

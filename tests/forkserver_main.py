@@ -159,6 +159,11 @@ def run_program(request):
   # sys.stdin reads the new fd 0 (it was the server's pipe).
   sys.stdin = open(0, "r", closefd=False)  # pylint: disable=consider-using-with
   sys.argv = list(argv)
+  # The command's PYTHONPATH, where a fresh interpreter puts it: after
+  # sys.path[0] (the server started with its own).
+  entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and p not in sys.path]
+  sys.path[1:1] = entries
   if kind == "module":  # python -m: the working folder first on the path
     sys.path[0] = os.getcwd()
     runpy.run_module(what, run_name="__main__", alter_sys=True)

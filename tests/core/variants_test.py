@@ -1,10 +1,13 @@
-"""The attention variants' registry: its records, the docs' table, and a
-variant registered from outside the package, built and trained.
+"""The attention variants' registry: its records, the docs' table, and
+variants registered from outside the package, built and trained.
 
-`tests/core/grouped_variant.py` registers a variant the way a user's
-module does; a model built with it has the layer and options it names, on
-the tf_keras front end here, and `thattn-train --attention_module` trains
-it on both backends, step for step alike.
+`tests/core/grouped_variant.py` registers an existing layer with options,
+the way a user's module does, and a model built with it has the layer and
+options it names. docs/examples/custom_variant.py registers a variant by
+its head mixes, and `thattn-train --attention_module=custom_variant`
+trains it on both backends, step for step alike (its layers are checked
+against NumPy in tests/layers/head_mixing_attention_test.py and, on the
+three Keras 3 backends, tests/keras3/custom_variant_checks.py).
 """
 
 import os
@@ -23,8 +26,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 _ENV = {key: value for key, value in os.environ.items()
         if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
 _ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+# The repository (for tests.core.grouped_variant) and the example's folder.
 _ENV["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    [str(ROOT), str(ROOT / "docs" / "examples")] +
+    [p for p in [os.environ.get("PYTHONPATH")] if p])
 _GROUPED = "tests.core.grouped_variant"
 
 
@@ -121,12 +126,12 @@ def test_a_registered_variant_builds_in_a_model(grouped):
 def _command(model_dir, flags, *extra):
   return ([sys.executable, "-m", "thattn.bin.train",
            f"--model_dir={model_dir}", "--deterministic", "--train_steps=3",
-           f"--attention_module={_GROUPED}",
-           "--attention=grouped_talking_heads", "--num_heads=4"] +
+           "--attention_module=custom_variant",
+           "--attention=residual_talking_heads"] +
           list(flags) + list(extra))
 
 
-def test_thattn_train_trains_a_registered_variant_on_both_backends(
+def test_thattn_train_trains_the_custom_variant_on_both_backends(
     tmp_path, tiny_bert_flags):
   pytest.importorskip("jax")
   losses = {}

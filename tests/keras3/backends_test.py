@@ -4,7 +4,8 @@ Each backend runs `backend_checks.py` (the layers against the paper),
 `conventions_checks.py` (keras.layers.MultiHeadAttention's conventions:
 gate, window, masks, LoRA, quantization, flash attention, from_keras) and
 `keras_suite_checks.py` (Keras 3.15's own MultiHeadAttention tests on
-thattn's layer) in a process of its own (see `processes.py`); this file
+thattn's layer) and `custom_variant_checks.py` (the variant of
+docs/examples/custom_variant.py, registered from outside the package) in a process of its own (see `processes.py`); this file
 also checks a `.keras` file written on one backend loading on the others. A backend whose package is missing skips
 (the `[jax]` and `[torch]` extras; CI installs both).
 """
@@ -27,7 +28,7 @@ def test_layers_on_each_backend(backend, exchange):
   processes.require(backend)
   output = processes.run_pytest(
       backend, ["backend_checks.py", "conventions_checks.py",
-                "keras_suite_checks.py"],
+                "keras_suite_checks.py", "custom_variant_checks.py"],
       THATTN_KERAS3_EXCHANGE=str(exchange))
   assert re.search(r"\d+ passed", output), output
 

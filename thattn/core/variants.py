@@ -15,7 +15,13 @@ variants table of docs/architecture.md (a test holds the table to it).
 
 A user's module adds a variant with `register(Variant(...))`; from then on
 it is accepted wherever a built-in one is (`thattn-train
---attention_module=my_module --attention=my_variant`).
+--attention_module=my_module --attention=my_variant`). A variant is either
+an existing layer with options, or its own head mixes: functions over an
+ops namespace (`keras.ops` on Keras 3; `thattn.ops.tf_ops.TF_OPS`, the
+same names in TensorFlow, on tf_keras) that turn the logits J into L and
+the weights W into U, with weights of their own (`Weight`), which
+`HeadMixingAttention` on each front end computes
+(docs/examples/custom_variant.py).
 
 Plain Python: the layers are named as "module:Class" strings and imported
 when first built, so reading the registry needs no framework.
@@ -24,14 +30,43 @@ when first built, so reading the registry needs no framework.
 import dataclasses
 import importlib
 import types
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from thattn.core import attention_spec
 from thattn.core import validation
 
+# The sizes a `Weight`'s axes may name, as the layer knows them (the
+# logical axes of thattn.core.dims, which the sharding rules map).
+WEIGHT_AXES = ("key_heads", "heads", "value_heads", "d_k", "d_v", "d_model")
+# The layer that computes a variant given by its head mixes.
+HEAD_MIXING_LAYER = "HeadMixingAttention"
+
 # The Keras front ends a variant's layers are looked up on.
 FRONT_ENDS = ("tf_keras", "keras3")
 _FRONT_END_MODULES = {"tf_keras": "thattn.layers", "keras3": "thattn.keras3"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+  """A weight of a variant's head mixes, beyond P_q, P_k, P_v and P_o.
+
+  Attributes:
+    name: the weight's name in the layer (and so in checkpoints).
+    axes: its shape, as sizes of the layer from `WEIGHT_AXES` (e.g.
+      `("heads", "heads")` is [h, h]); they are also its logical axes.
+    initializer: a Keras initializer name both fronts know ("zeros",
+      "ones", "identity", "glorot_uniform", ...).
+  """
+  name: str
+  axes: tuple
+  initializer: str = "zeros"
+
+  def __post_init__(self):
+    object.__setattr__(self, "axes", tuple(self.axes))
+    unknown = [axis for axis in self.axes if axis not in WEIGHT_AXES]
+    if unknown or not self.axes:
+      raise ValueError(f"Weight {self.name!r}: axes must be sizes from "
+                       f"{list(WEIGHT_AXES)}, got {list(self.axes)}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +80,8 @@ class Variant:
     layer: the layer class that computes it: a class name, looked up on
       each front end's module (`thattn.layers`, `thattn.keras3`), or a
       mapping {front end: "module:Class"} for a variant whose layers live
-      elsewhere (a user's).
+      elsewhere (a user's). None for a variant given by its head mixes
+      (`HeadMixingAttention`).
     options: the constructor arguments the variant fixes, on top of the
       sizes a model config gives (e.g. `{"project_weights": False}`).
     pre_softmax: it has P_l[h_k, h] (the logits projection). Without it,
@@ -66,11 +102,17 @@ class Variant:
     mtf_layer: the Mesh TensorFlow layer class (of
       `mesh_tensorflow.transformer.transformer_layers`) that computes it in
       self-attention, or None where it has none.
+    mix_logits: `(ops, weights, J) -> L`: L[b, h, n, m] from the logits
+      J[b, h_k, n, m], in the ops namespace `ops`, with `weights` the
+      variant's own {name: weight}; None keeps L = J.
+    mix_weights: `(ops, weights, W) -> U`: U[b, h_v, n, m] from the
+      softmax weights W[b, h, n, m]; None keeps U = W.
+    weights: the `Weight`s the head mixes read.
   """
   name: str
   source: str
   summary: str
-  layer: object
+  layer: object = None
   options: Mapping[str, object] = dataclasses.field(default_factory=dict)
   pre_softmax: bool = False
   post_softmax: bool = False
@@ -78,6 +120,9 @@ class Variant:
   identity_start: bool = False
   counted_as: Optional[Mapping[str, object]] = None
   mtf_layer: Optional[str] = None
+  mix_logits: Optional[Callable] = None
+  mix_weights: Optional[Callable] = None
+  weights: tuple = ()
 
   def __post_init__(self):
     owner = f"Variant {self.name!r}"
@@ -85,13 +130,26 @@ class Variant:
       raise ValueError(f"A variant's name must be a Python identifier (it "
                        f"names flags, presets and run folders), got "
                        f"{self.name!r}.")
+    mixes = self.mix_logits is not None or self.mix_weights is not None
+    if mixes == (self.layer is not None):
+      raise ValueError(f"{owner}: give either layer (a class that computes "
+                       "it) or its head mixes (mix_logits, mix_weights), "
+                       "not both or neither.")
+    if self.weights and not mixes:
+      raise ValueError(f"{owner}: weights are read by head mixes; a variant "
+                       "with a layer of its own creates its weights itself.")
+    if any(not isinstance(weight, Weight) for weight in self.weights):
+      raise ValueError(f"{owner}: weights must be "
+                       f"thattn.core.variants.Weight records, got "
+                       f"{self.weights!r}.")
+    object.__setattr__(self, "weights", tuple(self.weights))
     if isinstance(self.layer, Mapping):
       missing = [front for front in FRONT_ENDS if front not in self.layer]
       if missing or any(":" not in str(path) for path in self.layer.values()):
         raise ValueError(
             f"{owner}: layer must map each front end {list(FRONT_ENDS)} to "
             f"a 'module:Class' path, got {dict(self.layer)!r}.")
-    elif not isinstance(self.layer, str):
+    elif not mixes and not isinstance(self.layer, str):
       raise ValueError(f"{owner}: layer must be a class name or a mapping "
                        f"{{front end: 'module:Class'}}, got {self.layer!r}.")
     # Frozen, and a read-only view, so a registered record cannot change.
@@ -115,7 +173,8 @@ class Variant:
     if isinstance(self.layer, Mapping):
       module, name = self.layer[front_end].split(":")
     else:
-      module, name = _FRONT_END_MODULES[front_end], self.layer
+      module = _FRONT_END_MODULES[front_end]
+      name = HEAD_MIXING_LAYER if self.layer is None else self.layer
     return getattr(importlib.import_module(module), name)
 
   def check_heads(self, num_heads, num_key_heads, num_value_heads, *, owner):
@@ -211,6 +270,8 @@ def make_attention(front_end, variant, num_heads, key_dim, **kwargs):
   reads the memory width (general bilinear) ignores `key_dim`."""
   record = get(variant)
   cls = record.layer_class(front_end)
+  if record.layer is None:  # HeadMixingAttention reads the record by name
+    kwargs["variant"] = record.name
   if record.reads_memory_width:
     return cls(num_heads, **record.options, **kwargs)
   return cls(num_heads, key_dim, **record.options, **kwargs)

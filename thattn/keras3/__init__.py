@@ -34,6 +34,7 @@ from thattn.keras3.distribution import DEFAULT_LAYOUT_RULES
 from thattn.keras3.distribution import layout_map
 from thattn.keras3.distribution import model_layout_map
 from thattn.keras3.general_bilinear import GeneralBilinearAttention
+from thattn.keras3.head_mixing_attention import HeadMixingAttention
 from thattn.keras3.keras_interop import from_keras
 from thattn.keras3.keras_interop import to_keras
 from thattn.keras3.projected import MultiHeadAttention

@@ -13,6 +13,7 @@ from thattn.layers.attention_ops import causal_mask
 from thattn.layers.base import AttentionLayer
 from thattn.layers.fixed_head_size import fixed_head_size_attention
 from thattn.layers.general_bilinear import GeneralBilinearAttention
+from thattn.layers.head_mixing_attention import HeadMixingAttention
 from thattn.layers.initializers import ScaledInitializer
 from thattn.layers.keras_interop import from_keras
 from thattn.layers.keras_interop import to_keras

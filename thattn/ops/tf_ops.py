@@ -1,13 +1,42 @@
 """TensorFlow's functions under `keras.ops`' names, for the computations
 written once for both front ends in plain Python (`thattn.ops.adafactor`,
-`thattn.models.block_wiring`): Keras 3 passes `keras.ops` itself, tf_keras
-this namespace."""
+`thattn.models.block_wiring`, a registered variant's head mixes): Keras 3
+passes `keras.ops` itself, tf_keras this namespace.
+
+It holds the names those computations use, with `keras.ops`' positional
+arguments (and its keywords where TensorFlow's differ: `transpose(x,
+axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
+calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
+minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
+abs, sum, reshape, transpose, where, ones_like, zeros_like.
+"""
 
 import types
 
 import tensorflow as tf
 
+
+def _sum(x, axis=None, keepdims=False):
+  return tf.reduce_sum(x, axis=axis, keepdims=keepdims)
+
+
+def _mean(x, axis=None, keepdims=False):
+  return tf.reduce_mean(x, axis=axis, keepdims=keepdims)
+
+
+def _transpose(x, axes=None):
+  return tf.transpose(x, perm=axes)
+
+
+def _softmax(x, axis=-1):
+  return tf.nn.softmax(x, axis=axis)
+
+
 TF_OPS = types.SimpleNamespace(
     cast=tf.cast, power=tf.pow, sqrt=tf.sqrt, rsqrt=tf.math.rsqrt,
-    square=tf.square, mean=tf.reduce_mean, maximum=tf.maximum,
-    minimum=tf.minimum, expand_dims=tf.expand_dims)
+    square=tf.square, mean=_mean, maximum=tf.maximum,
+    minimum=tf.minimum, expand_dims=tf.expand_dims, einsum=tf.einsum,
+    matmul=tf.matmul, softmax=_softmax, sigmoid=tf.sigmoid, tanh=tf.tanh,
+    exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
+    transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
+    zeros_like=tf.zeros_like)
