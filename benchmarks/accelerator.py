@@ -6,7 +6,7 @@ under jax.jit) of one self-attention layer, bfloat16 compute
 tokens (the batch shrinks as the sequence grows), for:
 
 - `TH kernel`: thattn.keras3.TalkingHeadsAttention on the Pallas kernel
-  (`thattn.keras3.pallas_kernel`), which never holds [b, h, n, m];
+  (`thattn.kernels.pallas_kernel`), which never holds [b, h, n, m];
 - `TH keras.ops`: the same layer with `fused_kernel=False` (einsums that
   hold the logits and weights, [b, h, n, m], forward and backward);
 - `MHA flash`: keras.layers.MultiHeadAttention(flash_attention=True), which
@@ -187,7 +187,7 @@ def child_check(spec):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   for name, dtype, (b, n, m, hk, h, hv, d), options in CHECKS[:spec["cases"]]:
     start = time.perf_counter()
@@ -357,7 +357,7 @@ def _markdown(report):
         f"{gib(r.get('planned_bytes'))} | {r.get('compile_s', '-')} |")
   measured = _kernel_choice_rows(report, index)
   if measured:
-    lines += ["", "## For thattn/keras3/kernel_choice.py", "",
+    lines += ["", "## For thattn/kernels/kernel_choice.py", "",
               "The default switch's table (`MEASUREMENTS`) reads these "
               "rows: the kernel and keras.ops at each (h, n) where the "
               "kernel ran (None: out of memory).", "", "```python"]
@@ -422,7 +422,7 @@ def main():
         int(min(240, max(60, args.budget / 2))), log)
     save()
     # What the kernel issue's targets and the default switch
-    # (thattn.keras3.kernel_choice) need first, in case compiling runs
+    # (thattn.kernels.kernel_choice) need first, in case compiling runs
     # long and the budget ends the run: h = 12 and then the second head
     # count at the middle length, h = 12 at the shortest and longest, the
     # other head counts (whose programs compile longest) at the middle

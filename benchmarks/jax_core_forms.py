@@ -97,7 +97,7 @@ custom_vjp.defvjp(_custom_forward, _custom_backward)
 
 def fused_kernel(q, k, v, pl, pw):
   """thattn.keras3's XLA FFI kernel (compiled on first use)."""
-  from thattn.keras3 import jax_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import jax_kernel  # pylint: disable=g-import-not-at-top
   return _outputs(jax_kernel.talking_heads_softmax(_scores(q, k), pl, pw), v)
 
 

@@ -67,7 +67,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # accelerator.py sits beside this script (sys.path[0] when it runs).
 from accelerator import table_cell  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.keras3 import cudnn  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.kernels import cudnn  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.keras3 import lookups  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FULL = dict(tokens=16384, lengths=(512, 128), heads=(12, 24, 48),
@@ -298,7 +298,7 @@ def autocast_tables(model, *names):
 
 @contextlib.contextmanager
 def cudnn_switch(name, value):
-  """Steps traced inside see `thattn.keras3.cudnn.<name> = value`
+  """Steps traced inside see `thattn.kernels.cudnn.<name> = value`
   (VERIFY_PREFIX False: key masks passed as lengths unchecked;
   REORDER_KEYS False: checked by a lax.cond, keys not reordered)."""
   previous = getattr(cudnn, name)

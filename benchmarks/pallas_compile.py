@@ -94,7 +94,7 @@ def triton_programs(heads, width, length, tokens, tiles):
   except (ImportError, AttributeError) as error:
     raise SystemExit(f"this JAX ({jax.__version__}) has no "
                      f"lower_jaxpr_to_triton_module to read: {error}")
-  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
   programs = {}
 
   def keep(*args, **kwargs):
@@ -210,7 +210,7 @@ def main():
   if args.jobs < 1:
     parser.error(f"--jobs={args.jobs}: at least 1 program at a time")
   sys.path.insert(0, str(ROOT))
-  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
   rows = []
   for heads in (int(h) for h in args.heads.split(",")):
     tiles = pallas_kernel.default_tiles(heads)

@@ -140,6 +140,12 @@ def test_the_mtf_backend_does_not_import_the_keras_trainer():
   assert not offenders, f"{offenders}; see docs/architecture.md"
 
 
+# The kernels the Keras 3 layers call, which import Keras 3, JAX or no
+# framework (the others are TensorFlow ops, reached only from fused.py).
+_KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
+    "compiler", "cudnn", "jax_kernel", "kernel_choice", "pallas_kernel",
+    "pallas_launch", "pallas_programs", "pallas_tiles"))
+
 # The modules of thattn.ops written in plain Python (the others are
 # TensorFlow's side of the ops namespace).
 _PLAIN_OPS = ("thattn.ops.adafactor",)
@@ -149,22 +155,29 @@ def _keras3_may_import(path, imported):
   """thattn.keras3 runs on JAX and PyTorch: it may import keras, the
   plain-Python modules of thattn (thattn.core, the plain ops) and
   thattn.sharding's rules, but neither
-  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). Two
-  exceptions: `keras3/fused.py` reaches the fused TensorFlow kernel
-  (thattn.kernels), importing it only on the TensorFlow backend, and
-  `keras3/jax_kernel.py` compiles its XLA FFI kernel with
-  thattn.kernels.compiler, which imports no framework."""
+  tf_keras nor TensorFlow nor the tf_keras front end (thattn.layers). The
+  kernels it calls live in thattn.kernels: the Pallas, cuDNN and XLA FFI
+  ones (`_KERAS3_KERNELS`) and, from `keras3/fused.py` only (on the
+  TensorFlow backend), the fused TensorFlow op."""
   if imported.split(".")[0] in ("tf_keras", "tensorflow", "mesh_tensorflow",
                                 "tensorflow_text"):
     return False
   allowed = {None, "thattn", "thattn.core", "thattn.keras3", "thattn.sharding"}
-  if imported in _PLAIN_OPS:
+  if imported in _PLAIN_OPS or imported in _KERAS3_KERNELS:
     return True
   if path.name == "fused.py":
     allowed.add("thattn.kernels")
-  if path.name == "jax_kernel.py" and imported == "thattn.kernels.compiler":
-    return True
   return _package_of(imported) in allowed
+
+
+@pytest.mark.parametrize("name", [n.split(".")[-1] for n in _KERAS3_KERNELS])
+def test_the_keras3_kernels_import_no_tensorflow(name):
+  path = PACKAGE / "kernels" / f"{name}.py"
+  offenders = [imported for imported, _ in _imports(path)
+               if imported.split(".")[0] in ("tensorflow", "tf_keras",
+                                             "tensorflow_text") or
+               imported.startswith(("thattn.layers", "thattn.keras3"))]
+  assert not offenders, offenders
 
 
 def test_the_kernel_compiler_imports_no_framework():

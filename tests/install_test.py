@@ -5,8 +5,9 @@
   TensorFlow installed, `thattn.keras3` trains a BERT step on JAX, and the
   TensorFlow side (`thattn.layers`, the tf_keras models and optimizers,
   DTensor layouts, `thattn-train`) stops with one line naming
-  `pip install 'thattn[tensorflow]'`; `thattn-complexity` (plain Python)
-  runs; the package metadata carries the Apache-2.0 license.
+  `pip install -e '.[tensorflow]'` (and the package index's form);
+  `thattn-complexity` (plain Python) runs; the package metadata carries the
+  Apache-2.0 license.
 - `[torch]`, `[tensorflow]`, `[mtf]` and no extra are resolved by pip
   against an empty environment (`--dry-run --ignore-installed --report`):
   the exact list a fresh venv would get, checked for what it must and must
@@ -27,7 +28,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NO_TENSORFLOW = str(ROOT / "tests" / "gpu_machine")
-_TENSORFLOW_PIP = "pip install 'thattn[tensorflow]'"
+# The checkout form first (thattn is not on PyPI), then the package index's.
+_TENSORFLOW_PIP = ("pip install -e '.[tensorflow]' in a thattn checkout, "
+                   "or pip install 'thattn[tensorflow]'")
 
 # A BERT step on the Keras 3 backend the environment names: a classifier on
 # a tiny talking-heads BERT's pooled output, one Adafactor step, every
@@ -87,7 +90,8 @@ for name in ("layers", "optimizers", "models.create_model",
     for part in name.split("."):
       value = getattr(value, part)
   except ImportError as error:
-    assert "pip install 'thattn[tensorflow]'" in str(error), error
+    assert "pip install -e '.[tensorflow]' in a thattn checkout" in str(
+        error), error
   else:
     raise AssertionError("thattn." + name + " imported without TensorFlow")
 print("refused as expected")

@@ -5,7 +5,7 @@ an H200 (benchmarks/RESULTS.md, "Keras 3 models on a GPU") are held here
 so they cannot come back unseen:
 
 - multi-head attention reaches cuDNN for the masks models use: thattn's
-  conditions (`thattn.keras3.cudnn.obstacle`) against the ones JAX's cuDNN
+  conditions (`thattn.kernels.cudnn.obstacle`) against the ones JAX's cuDNN
   path checks, and every attention call of a BERT and a T5 passing them,
   computed through the same key lengths with XLA here; traced through
   JAX's real cuDNN primitives, their gradients hold nothing [b, h, n, m]
@@ -13,7 +13,7 @@ so they cannot come back unseen:
 - no bfloat16 scatter-add and no scatter into a small table in a model's
   gradient (the lowered step's HLO, before XLA's CPU passes upcast it);
 - the default talking-heads path on a GPU is keras.ops unless measured
-  slower or too big (`thattn.keras3.kernel_choice`).
+  slower or too big (`thattn.kernels.kernel_choice`).
 """
 
 import inspect
@@ -25,13 +25,13 @@ import keras
 import numpy as np
 import pytest
 
-from thattn.keras3 import cudnn
+from thattn.kernels import cudnn
 from thattn.keras3 import flash
 from thattn.keras3 import fused
-from thattn.keras3 import kernel_choice
+from thattn.kernels import kernel_choice
 from thattn.keras3 import lookups
 from thattn.keras3 import models
-from thattn.keras3 import pallas_kernel
+from thattn.kernels import pallas_kernel
 from thattn.keras3 import relative_position
 from thattn.keras3.models import embeddings
 from thattn.training import keras3_steps

@@ -1,7 +1,7 @@
 """The Pallas talking-heads kernel, in Pallas's interpret mode on CPU.
 
 Run by `pallas_test.py` in a JAX process with THATTN_PALLAS=interpret, not
-collected on its own. The kernel (`thattn.keras3.pallas_kernel`) is checked
+collected on its own. The kernel (`thattn.kernels.pallas_kernel`) is checked
 against a float64 NumPy transcription of the paper's core (forward) and
 against jax.grad of thattn's keras.ops path (every gradient), for every
 case the kernel covers; then through the Keras 3 layer; then that its
@@ -28,7 +28,7 @@ import pytest
 from thattn import keras3
 from thattn.keras3 import attention_math
 from thattn.keras3 import masks
-from thattn.keras3 import pallas_kernel
+from thattn.kernels import pallas_kernel
 from tests.layers import numpy_reference as ref
 
 assert keras.backend.backend() == "jax"

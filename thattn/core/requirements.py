@@ -37,12 +37,13 @@ TENSORFLOW = ("tensorflow", "tf_keras", "tensorflow_text")
 
 
 def install_command(*extras):
-  """The pip command that installs thattn's `extras`, from PyPI and from a
-  checkout: "pip install 'thattn[mtf]' (from a checkout: pip install -e
-  '.[mtf]')"."""
+  """The pip command that installs thattn's `extras`, from a checkout first
+  (thattn is not on PyPI; README, "Install"), then from a package index:
+  "pip install -e '.[mtf]' in a thattn checkout, or pip install
+  'thattn[mtf]' from a package index"."""
   names = ",".join(extras)
-  return (f"pip install 'thattn[{names}]' (from a checkout: pip install -e "
-          f"'.[{names}]')")
+  return (f"pip install -e '.[{names}]' in a thattn checkout, or pip install "
+          f"'thattn[{names}]' from a package index")
 
 
 def installed(name):
@@ -64,8 +65,8 @@ def require(part, names=TENSORFLOW):
   command = install_command(*sorted({EXTRA_OF[name] for name in missing}))
   raise ImportError(
       f"{part} needs {', '.join(missing)}, not installed here: {command}. "
-      "(thattn.keras3 runs on JAX or PyTorch without TensorFlow: "
-      "pip install 'thattn[jax]' or 'thattn[torch]'.)")
+      "(thattn.keras3 runs on JAX or PyTorch without TensorFlow: the [jax] "
+      "or [torch] extra.)")
 
 
 def keras3_import_error(error):
@@ -74,12 +75,12 @@ def keras3_import_error(error):
   if error.name == "keras":
     return ImportError(
         "thattn.keras3 needs Keras 3 and a backend framework, which are not "
-        "installed: pip install 'thattn[jax]' (or 'thattn[torch]', "
-        "'thattn[tensorflow]').")
+        f"installed: {install_command('jax')} (or the [torch] or "
+        "[tensorflow] extra in place of [jax]).")
   if error.name in ("tensorflow", "jax", "torch"):
     return ImportError(
         f"Keras 3 is set to its {error.name} backend, and {error.name} is "
         "not installed: choose an installed framework with KERAS_BACKEND="
         "jax, torch or tensorflow before importing Keras (Keras 3 defaults "
-        f"to tensorflow), or install it: pip install 'thattn[{error.name}]'.")
+        f"to tensorflow), or install it: {install_command(error.name)}.")
   return None

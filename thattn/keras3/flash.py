@@ -31,7 +31,7 @@ On JAX on an NVIDIA GPU, thattn does not go through keras.ops.
 dot_product_attention, which hands BERT's padding mask to cuDNN in a form
 cuDNN refuses and then logs the failure and falls back: it calls cuDNN
 through JAX itself, with the masks as key lengths and `is_causal`, where
-`thattn.keras3.cudnn.obstacle` finds nothing cuDNN cannot take, and
+`thattn.kernels.cudnn.obstacle` finds nothing cuDNN cannot take, and
 otherwise keeps its keras.ops core, chosen before the call (True: a
 ValueError naming the obstacle).
 
@@ -44,7 +44,7 @@ float16 (measured: finite, not uniform). Such rows carry no information.
 import keras
 from keras import ops
 
-from thattn.keras3 import cudnn
+from thattn.kernels import cudnn
 
 SCORES_REFUSED = (
     "Returning attention scores is not supported when flash attention is "
@@ -130,7 +130,7 @@ def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
 
 def _cudnn_core(layer, query, key, value, mask, bias, causal_offset, flash):
   """JAX on an NVIDIA GPU: cuDNN's attention with the masks in forms it
-  takes (`thattn.keras3.cudnn`), or None (the keras.ops core) where it
+  takes (`thattn.kernels.cudnn`), or None (the keras.ops core) where it
   cannot take them; `flash=True` then raises, naming why."""
   reason = cudnn.obstacle(query, key, value, bias, mask, causal_offset,
                           cudnn.max_head_dim())

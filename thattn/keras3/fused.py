@@ -5,13 +5,13 @@ kernel that keeps neither L nor W, where one applies:
 - TensorFlow backend: `thattn.kernels.talking_heads_softmax`, the same op,
   with the same rules, as `thattn.layers` (float32 / bfloat16 / float16 on
   CPU, not under XLA, not grouped heads together with dynamic projections);
-- JAX backend: `thattn.keras3.jax_kernel`, the same computation as XLA FFI
+- JAX backend: `thattn.kernels.jax_kernel`, the same computation as XLA FFI
   custom calls on CPU, for dense P_l and P_w, an optional mask, float32 (no
   bias, no dynamic projections, no head groups).
-- JAX on a GPU or TPU (by default where `thattn.keras3.kernel_choice`'s
+- JAX on a GPU or TPU (by default where `thattn.kernels.kernel_choice`'s
   measurements found it faster than keras.ops, or keras.ops would not
   fit), or anywhere with THATTN_PALLAS=interpret:
-  `thattn.keras3.pallas_kernel`, the Pallas kernel, which goes further and
+  `thattn.kernels.pallas_kernel`, the Pallas kernel, which goes further and
   computes the whole core O = attend(Q, K, V) tile by tile (FlashAttention's
   memory), for dense P_l and/or P_w, masks, causal masking and a position
   bias, in float32, bfloat16 and float16 (`pallas_obstacle` names the rest).
@@ -28,7 +28,7 @@ import keras
 def obstacle(layer, dots, bias=None, dynamic=None):
   """Why no kernel can compute this call of `layer`, or None."""
   if keras.backend.backend() == "jax":
-    from thattn.keras3 import jax_kernel  # pylint: disable=g-import-not-at-top
+    from thattn.kernels import jax_kernel  # pylint: disable=g-import-not-at-top
     return jax_kernel.unsupported_reason(dots, *_projections(layer), bias,
                                          dynamic)
   if keras.backend.backend() != "tensorflow":
@@ -67,7 +67,7 @@ def value_weights(layer, dots, mask, bias, dynamic):
                        f"Pass {switch}=None to use keras.ops instead.")
     return None
   if keras.backend.backend() == "jax":
-    from thattn.keras3 import jax_kernel  # pylint: disable=g-import-not-at-top
+    from thattn.kernels import jax_kernel  # pylint: disable=g-import-not-at-top
     return jax_kernel.talking_heads_softmax(dots, *_projections(layer), mask)
   from thattn.kernels import talking_heads_softmax  # pylint: disable=g-import-not-at-top
   return talking_heads_softmax.talking_heads_softmax(
@@ -141,7 +141,7 @@ def pallas_context(layer, query_state, memory_state, mask, bias,
   `mask` is the layer's non-causal mask ([b or 1, 1, n or 1, m] boolean, or
   None); causal masking is `causal_offset` (None: none). `layer.
   fused_kernel`: None uses the kernel where it applies and
-  `thattn.keras3.kernel_choice` finds it the faster path (or keras.ops
+  `thattn.kernels.kernel_choice` finds it the faster path (or keras.ops
   would not fit); under THATTN_PALLAS=interpret wherever it applies; False
   never; True always (ValueError naming why not).
   """
@@ -159,12 +159,12 @@ def pallas_context(layer, query_state, memory_state, mask, bias,
                        f"Pass {switch}=None to use keras.ops instead.")
     return None
   if layer.fused_kernel is None and mode != "interpret":
-    from thattn.keras3 import kernel_choice  # pylint: disable=g-import-not-at-top
+    from thattn.kernels import kernel_choice  # pylint: disable=g-import-not-at-top
     query, key = query_state["query"], memory_state["key"]
     if not kernel_choice.use_kernel_by_default(
         query.shape[0], layer.num_heads, query.shape[1], key.shape[1]):
       return None  # keras.ops measured faster here, and it fits
-  from thattn.keras3 import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
   if mask is not None:
     length = query_state["query"].shape[1]
     memory = memory_state["key"].shape[1]

@@ -1,7 +1,7 @@
 """Compiles a C++ kernel once per machine and caches the shared library.
 
 Framework-free (no TensorFlow, no JAX import), so both kernel front ends
-use it: `build` (TensorFlow ops) and `thattn.keras3.jax_kernel` (XLA FFI
+use it: `build` (TensorFlow ops) and `thattn.kernels.jax_kernel` (XLA FFI
 custom calls). The library goes to `<cache>/kernels/<name>-<key>.so`
 (cache as in `thattn.io.paths.cache_dir`), where the key hashes everything the
 binary depends on: the source, the framework version and flags the caller

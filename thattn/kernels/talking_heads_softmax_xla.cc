@@ -12,7 +12,7 @@
 // is a pass over a whole [b, heads, n, m] tensor, forward and backward
 // (benchmarks/RESULTS.md, "thattn.keras3 against ...").
 //
-// Handlers (thattn/keras3/jax_kernel.py registers and calls them):
+// Handlers (thattn/kernels/jax_kernel.py registers and calls them):
 //   ThattnTalkingHeadsSoftmaxXla(J, P_l, P_w, mask) -> U
 //   ThattnTalkingHeadsSoftmaxGradXla(J, P_l, P_w, mask, dU) -> dJ, dP_l, dP_w
 // J [b, h_k, n, m], P_l [h_k, h], P_w [h, h_v], mask bool [b, n, m] (true:

@@ -376,8 +376,13 @@ class Steps:
       variables = layer.trainable_variables
       # Embedding lookups give IndexedSlices; Adafactor's second moments
       # need the dense gradient (tf_keras's Adafactor densifies them too).
-      gradients = [tf.convert_to_tensor(gradient)
-                   for gradient in tape.gradient(scaled, variables)]
+      # A weight the task's loss does not read (SQuAD's and masked LM's
+      # unused pooler) gets zeros, as JAX's gradient gives it, not None.
+      gradients = [
+          tf.zeros_like(variable.value) if gradient is None else
+          tf.convert_to_tensor(gradient)
+          for variable, gradient in zip(variables,
+                                        tape.gradient(scaled, variables))]
       if self._iterations_index is None:
         optimizer.apply(gradients, variables)
       else:  # a skipped step counts too

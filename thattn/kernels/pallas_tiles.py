@@ -1,8 +1,8 @@
 """The tiles of thattn's Pallas talking-heads kernel: their sizes, the
 static description of a call (`Problem`), and the arithmetic of one
-[Bq, Bk] tile that the kernel's programs (`thattn.keras3.pallas_programs`)
-share. The algorithm and its cost are in `thattn.keras3.pallas_kernel`,
-the entry point, the launching in `thattn.keras3.pallas_launch`; letters
+[Bq, Bk] tile that the kernel's programs (`thattn.kernels.pallas_programs`)
+share. The algorithm and its cost are in `thattn.kernels.pallas_kernel`,
+the entry point, the launching in `thattn.kernels.pallas_launch`; letters
 as in `thattn.core.dims`.
 """
 

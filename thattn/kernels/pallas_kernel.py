@@ -149,9 +149,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from thattn.keras3 import pallas_launch as launch
-from thattn.keras3 import pallas_programs
-from thattn.keras3 import pallas_tiles
+from thattn.kernels import pallas_launch as launch
+from thattn.kernels import pallas_programs
+from thattn.kernels import pallas_tiles
 
 # The tile sizes a caller may choose, and the defaults.
 Tiles = pallas_tiles.Tiles

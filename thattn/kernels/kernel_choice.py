@@ -1,7 +1,7 @@
 """Which talking-heads core an accelerator runs by default: measured.
 
 `fused_kernel=None` on a GPU or TPU picks between the Pallas kernel
-(`thattn.keras3.pallas_kernel`: FlashAttention's memory, never [b, h, n,
+(`thattn.kernels.pallas_kernel`: FlashAttention's memory, never [b, h, n,
 m]) and the keras.ops einsums (which hold [b, h, n, m] several times) from
 the measurements below, taken with `benchmarks/accelerator.py`
 (forward+backward of one self-attention layer, width 768, bfloat16,

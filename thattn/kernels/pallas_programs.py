@@ -3,12 +3,12 @@ the grid runs: the forward pass per query tile (or its statistics, then
 a program per slice of the value heads); the backward pass per query
 tile (D and dP_w; dP_l; then dQ and dbias) and per key tile (dK; then
 dV): one set of accumulators or one pair sum per program, so that
-Triton's registers hold it (why: `thattn.keras3.pallas_kernel`).
+Triton's registers hold it (why: `thattn.kernels.pallas_kernel`).
 
 The arithmetic of one tile, all heads at once, is in
-`thattn.keras3.pallas_tiles`; the algorithm and its cost in
-`thattn.keras3.pallas_kernel`, the entry point, the launching in
-`thattn.keras3.pallas_launch`; letters as in `thattn.core.dims`. Each program
+`thattn.kernels.pallas_tiles`; the algorithm and its cost in
+`thattn.kernels.pallas_kernel`, the entry point, the launching in
+`thattn.kernels.pallas_launch`; letters as in `thattn.core.dims`. Each program
 loops over tiles only: the heads are the last axis of its [Bq, Bk, H]
 arrays, the per-head products with Q, K, V and dO are unrolled, and the
 accumulators are [Bq, d] (or [Bk, d]) per head.
@@ -18,7 +18,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from thattn.keras3 import pallas_tiles as tile_math
+from thattn.kernels import pallas_tiles as tile_math
 
 
 def _zeros(rows, size, count):

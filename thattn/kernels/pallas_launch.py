@@ -3,7 +3,7 @@ of each input on a grid of (batch, query or key tiles), the pallas_call
 with Triton's options, and the shapes of what programs write: [b, n, H]
 row tables, [b, tiles, H, H] partial pair sums, and per-head outputs made
 a slice of heads at a time (`pallas_tiles.head_slices`). What the kernel
-computes, and in which programs, is in `thattn.keras3.pallas_kernel`;
+computes, and in which programs, is in `thattn.kernels.pallas_kernel`;
 letters as in `thattn.core.dims`.
 """
 
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from thattn.keras3 import pallas_tiles
+from thattn.kernels import pallas_tiles
 
 
 def _block_specs(problem, arrays, along):
