@@ -1,11 +1,12 @@
 """Packaging for thattn: talking-heads attention and its relatives.
 
-Installed by need (thattn/core/requirements.py says what needs which extra):
+Installed by need (thattn/core/requirements.py says what needs which extra),
+from a checkout (thattn is not on a package index):
 
-    pip install 'thattn[jax]'         # Keras 3 layers and models on JAX
-    pip install 'thattn[torch]'       # ... on PyTorch
-    pip install 'thattn[tensorflow]'  # tf_keras layers, thattn-train, export
-    pip install 'thattn[mtf]'         # and the Mesh TensorFlow backend
+    pip install -e '.[jax]'         # Keras 3 layers and models on JAX
+    pip install -e '.[torch]'       # ... on PyTorch
+    pip install -e '.[tensorflow]'  # tf_keras layers, thattn-train, export
+    pip install -e '.[mtf]'         # and the Mesh TensorFlow backend
 """
 
 import pathlib
@@ -37,13 +38,13 @@ TENSORFLOW = KERAS + [
 ]
 
 EXTRAS_REQUIRE = {
-    # Keras 3 on JAX or PyTorch, without TensorFlow. jax[cpu]: on a GPU add
-    # JAX's CUDA wheels (jax[cuda13]). torch 2.13: on CPU machines pip's
-    # local CPU-only wheel (2.13.0+cpu) satisfies it, and sorts above the
-    # CUDA build on PyPI.
+    # Keras 3 on JAX or PyTorch, without TensorFlow. jax[cpu]: tested with
+    # 0.10 on CPU and 0.11 on a GPU; on a GPU add JAX's CUDA wheels
+    # (jax[cuda13]). torch 2.13: on CPU machines pip's local CPU-only wheel
+    # (2.13.0+cpu) satisfies it, and sorts above the CUDA build on PyPI.
     # orbax-checkpoint: a keras3 run's checkpoints on JAX
-    # (thattn.io.orbax_checkpoints).
-    "jax": KERAS + ["jax[cpu]", "orbax-checkpoint"],
+    # (thattn.io.orbax_checkpoints); tested with 0.12.
+    "jax": KERAS + ["jax[cpu]>=0.10,<0.12", "orbax-checkpoint==0.12.*"],
     "torch": KERAS + ["torch==2.13.*"],
     # The tf_keras layers and models, thattn-train, thattn-export, the data
     # pipeline, thattn-convert's BERT and ALBERT sources, and thattn.keras3

@@ -254,7 +254,8 @@ def test_the_docs_index_lists_every_page():
 _TESTED = {"Python": [], "TensorFlow, tf-keras, tensorflow-text": [
     "tensorflow", "tf-keras", "tensorflow-text"], "Keras": ["keras"],
            "JAX": ["jax"], "PyTorch": ["torch"],
-           "mesh-tensorflow": ["mesh-tensorflow"]}
+           "mesh-tensorflow": ["mesh-tensorflow"],
+           "orbax-checkpoint": ["orbax-checkpoint"]}
 
 
 def test_the_versions_tested_are_the_ones_installed_here():

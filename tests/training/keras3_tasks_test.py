@@ -34,6 +34,12 @@ _STEPS = 4
 # Span corruption trains until greedy decoding gets some target tokens
 # right, so that its decoding metrics compare more than zeros.
 _STEPS_OF = {"span_corruption": 40}
+# The two frameworks' float32 sums differ in order, and over span
+# corruption's 40 Adafactor steps their losses drift apart by more than the
+# 4-step tasks': 1.34e-4 at step 12 (of 40; at most 9e-5 elsewhere
+# but steps 24 and 37) on an Intel Xeon with AVX512_BF16, 2026-12-01, the
+# same at 772b8ce, which had passed on another draw.
+_RTOL_OF = {"span_corruption": 3e-4}
 _FINETUNE = ["--sequence_length=64", "--batch_size=4", "--dropout_rate=0",
              "--eval_steps=1", "--warmup_steps=1", "--log_every=1"]
 _TASKS = {
@@ -110,8 +116,9 @@ def test_each_task_trains_on_keras3_as_on_keras(task_runs, task):
   got = local_cluster.train_losses(str(keras3_dir))
   steps = _STEPS_OF.get(task, _STEPS)
   assert sorted(got) == sorted(want) == list(range(1, steps + 1))
+  rtol = _RTOL_OF.get(task, 1e-4)
   for step, loss in want.items():
-    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
+    np.testing.assert_allclose(got[step], loss, rtol=rtol,
                                err_msg=f"{task}, step {step}")
   # The same summaries: held-out losses and the task's metrics (accuracy;
   # exact match and F1; greedy decoding's; recall's accuracy) alike.
@@ -122,7 +129,7 @@ def test_each_task_trains_on_keras3_as_on_keras(task_runs, task):
   metrics = [key for key in keras if key.startswith("held_out_")]
   assert len(metrics) >= 3, metrics  # before, after and the task's own
   for key in metrics:
-    np.testing.assert_allclose(keras3[key], keras[key], rtol=1e-4,
+    np.testing.assert_allclose(keras3[key], keras[key], rtol=rtol,
                                atol=1e-6, err_msg=key)
   # Training moved the model: not two untouched models alike.
   assert not np.allclose(want[steps], want[1], rtol=1e-3), want
@@ -174,5 +181,6 @@ def test_each_task_trains_on_keras3s_other_backends(task_runs, pretrained,
     want = local_cluster.train_losses(str(task_runs[task]["keras"][0]))
     assert sorted(got) == list(range(1, steps + 1)), (task, got)
     for step in got:
-      np.testing.assert_allclose(got[step], want[step], rtol=1e-4,
+      np.testing.assert_allclose(got[step], want[step],
+                                 rtol=_RTOL_OF.get(task, 1e-4),
                                  err_msg=f"{task} on {framework}, step {step}")

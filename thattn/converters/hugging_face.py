@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from thattn import models
+from thattn.core import requirements
 from thattn.converters import sentencepiece_models
 from thattn.converters import weights as weights_lib
 from thattn.data import albert_tokenizer
@@ -150,7 +151,7 @@ def _torch_arrays(file_path):
   except ImportError:
     raise ValueError(
         f"{file_path} is a PyTorch pickle, which needs PyTorch to read: "
-        "pip install 'thattn[torch]', or save the model as "
+        f"{requirements.install_command('torch')}; or save the model as "
         "model.safetensors (save_pretrained's default).") from None
   state = torch.load(file_path, map_location="cpu", weights_only=True)
   return {name: value.float().numpy() for name, value in state.items()}

@@ -204,7 +204,8 @@ def register(variant):
   known = _REGISTRY.get(variant.name)
   if known is not None and known != variant:
     raise ValueError(f"Attention variant {variant.name!r} is already "
-                     f"registered ({known.source}); choose another name.")
+                     f"registered ({known.source}); choose another name, or "
+                     "unregister it first to redefine it.")
   _REGISTRY[variant.name] = variant
   return variant
 

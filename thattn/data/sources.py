@@ -12,6 +12,7 @@ import logging
 
 import tensorflow as tf
 
+from thattn.core import requirements
 from thattn.ops import autograph
 from thattn.data import errors
 
@@ -140,8 +141,9 @@ def import_tfds():
     import tensorflow_datasets  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        "TFDS sources need tensorflow-datasets: pip install 'thattn[tfds]' "
-        "(or pip install tensorflow-datasets).") from e
+        "TFDS sources need tensorflow-datasets: "
+        f"{requirements.install_command('tfds')} (or pip install "
+        "tensorflow-datasets).") from e
   return tensorflow_datasets
 
 

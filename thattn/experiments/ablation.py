@@ -19,7 +19,7 @@ and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
 framework KERAS_BACKEND names; `thattn-ablate --backend=keras3`): the two
 train every run from the same initial weights and batches.
 
-The plots need matplotlib (`pip install 'thattn[plot]'`); without it the
+The plots need matplotlib (the `[plot]` extra); without it the
 table and results are still written.
 """
 
@@ -34,6 +34,7 @@ import tf_keras
 
 from thattn.io import checkpoint_reading
 from thattn.core import complexity
+from thattn.core import requirements
 from thattn import tasks
 from thattn.training import options as options_lib
 from thattn.io import run_dir
@@ -253,7 +254,7 @@ def write_report(out_dir, results, grid, sequence_length, log=print):
   try:
     from thattn.experiments import ablation_plots  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    log(f"No plots ({e}); pip install 'thattn[plot]' for them.")
+    log(f"No plots ({e}); {requirements.install_command('plot')} for them.")
     return rows, written
   written.append(ablation_plots.ln_ppl_vs_heads(out_dir, rows, grid))
   if "talking_heads" in grid.variants:

@@ -187,7 +187,7 @@ class SpanHeadWiring:
     logits = self.dense(sequence_output)
     if mask is not None:
       excluded = 1.0 - self._ops.cast(mask, self.compute_dtype)
-      logits += excluded[..., None] * -1e9
+      logits = logits + excluded[..., None] * -1e9  # not in place (torch)
     return logits[..., 0], logits[..., 1]
 
   def get_config(self):
@@ -245,11 +245,13 @@ class RecallEncoderWiring:
          self.value_embedding(tokens[..., 1]))
     length = self._ops.length(tokens)
     bias = self.position_bias(query_length=length, memory_length=length)
+    # `x = x + ...`, never `x += ...`: on PyTorch `+=` adds in place, into a
+    # tensor autograd keeps for the backward pass.
     for block in self.blocks:
       normed = block["attention_norm"](x)
-      x += block["attention"](normed, normed, position_bias=bias,
-                              training=training)
-      x += block["ff_out"](block["ff_in"](block["ff_norm"](x)))
+      x = x + block["attention"](normed, normed, position_bias=bias,
+                                 training=training)
+      x = x + block["ff_out"](block["ff_in"](block["ff_norm"](x)))
     return self.classifier(self.final_norm(x))
 
   def get_config(self):
