@@ -107,7 +107,7 @@ class Variant:
       variant's own {name: weight}; None keeps L = J.
     mix_weights: `(ops, weights, W) -> U`: U[b, h_v, n, m] from the
       softmax weights W[b, h, n, m]; None keeps U = W.
-    weights: the `Weight`s the head mixes read.
+    weights: the `Weight` records the head mixes read.
   """
   name: str
   source: str

@@ -1,7 +1,7 @@
 // Fused talking-heads softmax for CPU: mix, softmax and mix again while a
 // block of query rows is in cache.
 //
-// Letters as in thattn/dims.py. Per example and query row n:
+// Letters as in thattn/core/dims.py. Per example and query row n:
 //   L[h, n, m]   = einsum(J[h_k, n, m], P_l[h_k, h]) + B[h, n, m]
 //   W[h, n, m]   = softmax over m of (mask ? L : -1e9)
 //   U[h_v, n, m] = einsum(W[h, n, m], P_w[h, h_v])

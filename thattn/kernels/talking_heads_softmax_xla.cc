@@ -2,7 +2,7 @@
 //
 // The same computation as talking_heads_softmax.cc (the TensorFlow op), for
 // its common case: dense projections, an optional boolean mask, float32.
-// Letters as in thattn/dims.py. Per example and block of query rows:
+// Letters as in thattn/core/dims.py. Per example and block of query rows:
 //   L[h, n, m]   = einsum(J[h_k, n, m], P_l[h_k, h])
 //   W[h, n, m]   = softmax over m of (mask ? L : -1e9)
 //   U[h_v, n, m] = einsum(W[h, n, m], P_w[h, h_v])

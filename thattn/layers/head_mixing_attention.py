@@ -1,7 +1,7 @@
 """A registered variant's own head mixes, around thattn's projected attention.
 
 A variant registered with `mix_logits` / `mix_weights` (functions over an
-ops namespace) and its `Weight`s, instead of a layer class
+ops namespace) and its weights (`Weight`), instead of a layer class
 (`thattn.core.variants`, docs/examples/custom_variant.py), is computed by
 this layer: P_q, P_k, P_v, P_o, the masks, the position bias, the dropout
 and the decoding cache are `ProjectedAttention`'s, and the two hooks

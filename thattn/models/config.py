@@ -21,7 +21,8 @@ the experiments of the paper's Table 4 are a config, not a code change.
   `encoder_decoder_attention=`, which take the same forms as `attention=` and
   apply after it. A variant name keeps the other fields, except that a
   variant without P_l and P_w ("multi_head", "general_bilinear") drops h_k,
-  h_v and dynamic projections, which it does not have. A list of those forms, one per layer of the stack,
+  h_v and dynamic projections, which it does not have. A list of those
+  forms, one per layer of the stack,
   gives each layer its own config (as a converted Mesh TensorFlow model may
   need: `thattn.mtf`); the self-attention layers of one stack share its
   relative position bias, so they need one num_heads.
