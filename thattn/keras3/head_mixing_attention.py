@@ -10,9 +10,7 @@ variant's own mixes.
 import keras
 from keras import ops
 
-from thattn.core import attention_spec
 from thattn.core import variants
-from thattn.keras3 import attention_math
 from thattn.keras3 import projected
 
 
@@ -84,19 +82,9 @@ class HeadMixingAttention(projected.ProjectedAttention):
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
-    dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
-                      memory_state["key"])
-    _, _, query_length, memory_length = ops.shape(dots)
-    mask = self.full_mask(mask, causal_offset, query_length, memory_length)
-    logits = self.mix_logits(dots, query_state, memory_state)
-    weights = ops.cast(
-        attention_math.masked_softmax(logits, mask, position_bias),
-        self.compute_dtype)
-    value_weights = self.mix_weights(weights, query_state, memory_state)
-    context = ops.einsum(attention_spec.WEIGHTED_VALUES,
-                         self.dropout_weights(value_weights, training),
-                         memory_state["value"])
-    return context, value_weights
+    # The plain core only: no fused kernel knows the variant's own mixes.
+    return self.plain_attend(query_state, memory_state, mask, position_bias,
+                             training, causal_offset)
 
   @property
   def attention_scores_heads(self):

@@ -93,12 +93,20 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
                    causal_offset, training, need_scores)
     if context is not None:
       return context, None
+    return self.plain_attend(query_state, memory_state, mask, position_bias,
+                             training, causal_offset, fuse_softmax=mixes_heads)
+
+  def plain_attend(self, query_state, memory_state, mask, position_bias,
+                   training, causal_offset, fuse_softmax=False):
+    """`attend` without a fused core: J, then the hooks `mix_logits` and
+    `mix_weights` around the softmax (with `fuse_softmax`, the fused CPU
+    softmax of thattn.keras3.fused where it applies, for P_l and P_w)."""
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
     _, _, query_length, memory_length = ops.shape(dots)
     mask = self.full_mask(mask, causal_offset, query_length, memory_length)
     value_weights = None
-    if mixes_heads:
+    if fuse_softmax:
       value_weights = fused.value_weights(
           self, dots, mask, position_bias,
           self.dynamic_terms(query_state, memory_state))
