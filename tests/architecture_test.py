@@ -148,7 +148,8 @@ _KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
 
 # The modules of thattn.ops written in plain Python (the others are
 # TensorFlow's side of the ops namespace).
-_PLAIN_OPS = ("thattn.ops.adafactor",)
+_PLAIN_OPS = ("thattn.ops.adafactor", "thattn.ops.blocks",
+              "thattn.ops.embeddings")
 
 
 def _keras3_may_import(path, imported):
@@ -216,16 +217,15 @@ def test_the_keras3_layers_import_no_tf_keras():
 # The plain-Python part of thattn.models that the Keras 3 models share.
 _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.wiring",
-                         "thattn.models.block_wiring",
-                         "thattn.models.embedding_wiring",
-                         "thattn.models.task_wiring")
+                         "thattn.models.heads_and_losses")
 
 
 def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
   """thattn.keras3.models runs on JAX and PyTorch: keras, thattn.keras3,
-  rank-0 modules and the configs, presets and wiring (the models' and
-  blocks' and tasks' wiring, written once for both front ends) of
-  thattn.models, which themselves import no framework."""
+  rank-0 modules, the plain ops, and the configs, presets, wiring (which
+  layers a model is made of) and heads and losses of thattn.models,
+  written once for both front ends, which themselves import no
+  framework."""
   offenders = []
   for path in _modules():
     owner = _owner_package(path)

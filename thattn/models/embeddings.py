@@ -8,31 +8,16 @@ the comments follow `thattn.core.dims`: `t` is a vocabulary entry.
 import tensorflow as tf
 import tf_keras
 
-from thattn.ops import autograph
+from thattn.core import dims
 from thattn.core import validation
 from thattn.layers import initializers
-from thattn.models import block_wiring
-from thattn.models import embedding_wiring
-
-EMBEDDING_LOGITS = embedding_wiring.EMBEDDING_LOGITS
-
-
-def _serialize_initializer(initializer):
-  return tf_keras.initializers.serialize(
-      tf_keras.initializers.get(initializer))
-
-
-# tf_keras's glue for the shared wiring's mixins (fresh initializers:
-# unseeded tf-keras initializers repeat their draws when one is shared).
-TfKerasGlue = block_wiring.glue(
-    "TfKerasGlue", tf_keras, serialize=tf_keras.layers.serialize,
-    deserialize=tf_keras.layers.deserialize,
-    serialize_initializer=_serialize_initializer, fresh=initializers.fresh)
+from thattn.ops import autograph
+from thattn.ops import embeddings
+from thattn.ops import tf_ops
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, TfKerasGlue,
-                     tf_keras.layers.Layer):
+class TokenEmbedding(tf_keras.layers.Layer):
   """A token embedding E[t, d] that can also score vectors against itself.
 
   Its logical axes are (vocab, d_model), also for ALBERT's narrower E.
@@ -43,11 +28,24 @@ class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, TfKerasGlue,
   because its embeddings start with unit variance.
   """
 
+  def __init__(self, vocab_size, width, embeddings_initializer="uniform",
+               logits_scale=1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.vocab_size = vocab_size
+    self.width = width
+    self.embeddings_initializer = tf_keras.initializers.get(
+        embeddings_initializer)
+    self.logits_scale = float(logits_scale)
+
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         "embeddings", [self.vocab_size, self.width],
         initializer=initializers.fresh(self.embeddings_initializer))
     super().build(input_shape)
+
+  @property
+  def logical_axes(self):
+    return {self.embeddings.name: (dims.VOCAB, dims.D_MODEL)}
 
   @autograph.unconverted
   def call(self, inputs, mode="embed"):
@@ -61,23 +59,42 @@ class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, TfKerasGlue,
       if getattr(table, "layout", None) is not None:
         table = table.read_value()
       return tf.cast(tf.gather(table, inputs), self.compute_dtype)
-    # mode == "logits": float32 logits, so that the softmax and the loss
-    # never run in float16.
-    scaled = tf.cast(inputs, tf.float32) * self.logits_scale
-    return tf.einsum(EMBEDDING_LOGITS, scaled,
-                     tf.cast(self.embeddings, tf.float32))
+    return embeddings.embedding_logits(tf_ops.TF_OPS, inputs,
+                                       self.embeddings, self.logits_scale)
+
+  def get_config(self):
+    return dict(super().get_config(), vocab_size=self.vocab_size,
+                width=self.width,
+                embeddings_initializer=tf_keras.initializers.serialize(
+                    self.embeddings_initializer),
+                logits_scale=self.logits_scale)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class PositionEmbedding(embedding_wiring.PositionEmbeddingConfig,
-                        TfKerasGlue, tf_keras.layers.Layer):
-  """BERT's learned absolute positions: returns X[b, n, d] + P[:n, d]."""
+class PositionEmbedding(tf_keras.layers.Layer):
+  """BERT's learned absolute positions: returns X[b, n, d] + P[:n, d].
+
+  No rule shards the position axis: it stays replicated.
+  """
+
+  def __init__(self, max_length, initializer="uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.max_length = max_length
+    self.initializer = tf_keras.initializers.get(initializer)
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         "embeddings", [self.max_length, input_shape[-1]],
         initializer=initializers.fresh(self.initializer))
     super().build(input_shape)
+
+  @property
+  def logical_axes(self):
+    return {self.embeddings.name: (None, dims.D_MODEL)}
+
+  def get_config(self):
+    return dict(super().get_config(), max_length=self.max_length,
+                initializer=tf_keras.initializers.serialize(self.initializer))
 
   @autograph.unconverted
   def call(self, inputs):
@@ -117,8 +134,7 @@ class PaddingMask(tf_keras.layers.Layer):
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
-                        TfKerasGlue, tf_keras.layers.Layer):
+class StackPositionBias(tf_keras.layers.Layer):
   """A stack's self-attention position bias, computed once for all its blocks.
 
   Wraps a `thattn.layers.RelativePositionBias`, whose one weight all the
@@ -127,6 +143,13 @@ class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
   `layer(x_t, memory_length=max_length, query_offset=t)` gives the rows of
   the steps in x_t.
   """
+
+  def __init__(self, relative_position_bias, **kwargs):
+    super().__init__(**kwargs)
+    if isinstance(relative_position_bias, dict):
+      relative_position_bias = tf_keras.layers.deserialize(
+          relative_position_bias)
+    self.relative_position_bias = relative_position_bias
 
   def build(self, input_shape):
     # Built here rather than on first call, so that loading a TF-format
@@ -145,16 +168,40 @@ class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
     return self.relative_position_bias(query_length, memory_length,
                                        query_offset=query_offset)
 
+  def get_config(self):
+    return dict(super().get_config(),
+                relative_position_bias=tf_keras.layers.serialize(
+                    self.relative_position_bias))
+
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class Pooler(embedding_wiring.PoolerWiring, TfKerasGlue,
-             tf_keras.layers.Layer):
-  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary (the
-  layer is `thattn.models.embedding_wiring.PoolerWiring`)."""
+class Pooler(tf_keras.layers.Layer):
+  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary."""
+
+  def __init__(self, width, kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.width = width
+    self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
+    self.dense = tf_keras.layers.Dense(
+        width, activation="tanh",
+        kernel_initializer=initializers.fresh(self.kernel_initializer),
+        dtype=self.dtype_policy, name="dense")
 
   def build(self, input_shape):
     with tf.name_scope(self.dense.name):
       self.dense.build([None, input_shape[-1]])
     super().build(input_shape)
 
-  call = autograph.unconverted(embedding_wiring.PoolerWiring.call)
+  @property
+  def logical_axes(self):
+    return {self.dense.kernel.name: (dims.D_MODEL, dims.D_MODEL),
+            self.dense.bias.name: (dims.D_MODEL,)}
+
+  @autograph.unconverted
+  def call(self, inputs):
+    return self.dense(inputs[:, 0])
+
+  def get_config(self):
+    return dict(super().get_config(), width=self.width,
+                kernel_initializer=tf_keras.initializers.serialize(
+                    self.kernel_initializer))

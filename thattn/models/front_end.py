@@ -5,7 +5,7 @@ this package's blocks and embeddings, tf_keras's own layers, and
 tf_keras's Embedding for BERT's token types (as in the released BERT).
 `thattn.keras3.models.front_end.KERAS3` is the same for Keras 3.
 
-`TF_KERAS_OPS` is the `thattn.models.task_wiring.TaskOps` of the task
+`TF_KERAS_OPS` is the `thattn.models.heads_and_losses.TaskOps` of the task
 heads and losses, in TensorFlow.
 """
 
@@ -15,7 +15,7 @@ import tf_keras
 from thattn.layers import relative_position
 from thattn.models import blocks
 from thattn.models import embeddings
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.models import wiring
 
 TF_KERAS = wiring.front_end(
@@ -36,7 +36,7 @@ def _cross_entropy(labels, logits):
       labels=tf.cast(labels, tf.int32), logits=logits)
 
 
-TF_KERAS_OPS = task_wiring.TaskOps(
+TF_KERAS_OPS = heads_and_losses.TaskOps(
     cast=tf.cast, sum=tf.reduce_sum, ones_like=tf.ones_like,
     arange=tf.range, length=lambda x: tf.shape(x)[1],
     pad_right_shift=lambda x: tf.pad(x[:, :-1], [[0, 0], [1, 0]]),

@@ -12,25 +12,62 @@ Per block (T5-style pre-norm, relative position bias shared by all blocks):
 
 import tf_keras
 
-from thattn.ops import autograph
+from thattn.core import variants
 from thattn.layers import relative_position
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
+from thattn.ops import autograph
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class RecallEncoder(task_wiring.RecallEncoderWiring, tf_keras.Model):
+class RecallEncoder(tf_keras.Model):
   """Value classifier: logits[b, L, num_values] for (key, value) tokens[b, L, 2]
-  (the model is `thattn.models.task_wiring.RecallEncoderWiring`'s).
+  (`thattn.models.heads_and_losses.recall_logits`).
 
   The input embedding is E_key[key] + E_value[value]; value ids run up to
-  num_values, the last one meaning "unknown".
+  num_values, the last one meaning "unknown". `attention` names a variant
+  of `thattn.core.variants`; key_dim defaults to d_model / num_heads and
+  d_ff to 4 d_model.
   """
 
-  # The front end's glue for task_wiring.RecallEncoderWiring.
-  _framework = tf_keras
-  _ops = front_end.TF_KERAS_OPS
-  _attention_front_end = "tf_keras"
-  _RelativePositionBias = relative_position.RelativePositionBias
+  def __init__(self, *, num_keys, num_values, attention="talking_heads",
+               num_layers=2, d_model=64, num_heads=4, key_dim=None, d_ff=None,
+               **kwargs):
+    super().__init__(**kwargs)
+    self.hyperparameters = heads_and_losses.recall_hyperparameters(
+        num_keys, num_values, attention, num_layers, d_model, num_heads,
+        key_dim, d_ff)
+    key_dim, d_ff = (self.hyperparameters["key_dim"],
+                     self.hyperparameters["d_ff"])
+    layers = tf_keras.layers
+    self.key_embedding = layers.Embedding(num_keys, d_model,
+                                          name="key_embedding")
+    self.value_embedding = layers.Embedding(num_values + 1, d_model,
+                                            name="value_embedding")
+    self.position_bias = relative_position.RelativePositionBias(
+        num_heads, bidirectional=True, name="relative_position_bias")
+    self.blocks = []
+    for index in range(num_layers):
+      self.blocks.append({
+          "attention_norm": layers.LayerNormalization(
+              name=f"block_{index}_attention_norm"),
+          "attention": variants.make_attention(
+              "tf_keras", attention, num_heads, key_dim,
+              name=f"block_{index}_attention"),
+          "ff_norm": layers.LayerNormalization(name=f"block_{index}_ff_norm"),
+          "ff_in": layers.Dense(d_ff, activation="relu",
+                                name=f"block_{index}_ff_in"),
+          "ff_out": layers.Dense(d_model, name=f"block_{index}_ff_out"),
+      })
+    self.final_norm = layers.LayerNormalization(name="final_norm")
+    self.classifier = layers.Dense(num_values, name="classifier")
 
-  call = autograph.unconverted(task_wiring.RecallEncoderWiring.call)
+  @autograph.unconverted
+  def call(self, tokens, training=None):
+    return heads_and_losses.recall_logits(
+        front_end.TF_KERAS_OPS, tokens, self.key_embedding,
+        self.value_embedding, self.position_bias, self.blocks,
+        self.final_norm, self.classifier, training=training)
+
+  def get_config(self):
+    return dict(self.hyperparameters)

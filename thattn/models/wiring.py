@@ -6,7 +6,7 @@ a `FrontEnd` (`thattn.models.front_end.TF_KERAS`, `thattn.keras3.models.
 front_end.KERAS3`). Nothing here imports a framework, so the Keras 3 models
 on JAX or PyTorch build without TensorFlow. Each front end keeps only its
 layer classes and its framework's glue (serialization, building, its Model
-class); the blocks' computations are `thattn.models.block_wiring`'s.
+class); the blocks' computations are `thattn.ops.blocks`'.
 
 - `build_bert`, `build_t5`, `build_model`, `create_model`: which layers a
   BERT, ALBERT or T5 is made of, in what order, with which names,
@@ -50,7 +50,7 @@ def run_decoder(parts, tokens, memory, memory_mask, training=None,
                 caches=None, decode_step=None, max_length=None):
   """Decoder tokens [b, n] -> float32 logits [b, n, vocab].
 
-  With `caches` (one per block, from `PreNormWiring.initial_cache`), the
+  With `caches` (one per block, from the blocks' `initial_cache`), the
   tokens are decoding steps `decode_step, decode_step + 1, ...` of at most
   `max_length`, `memory` is unused (it is in the caches), and the result is
   `(logits, new_caches)`.

@@ -1,6 +1,6 @@
 """TensorFlow's functions under `keras.ops`' names, for the computations
 written once for both front ends in plain Python (`thattn.ops.adafactor`,
-`thattn.models.block_wiring`, a registered variant's head mixes): Keras 3
+`thattn.ops.blocks`, a registered variant's head mixes): Keras 3
 passes `keras.ops` itself, tf_keras this namespace.
 
 It holds the names those computations use, with `keras.ops`' positional
@@ -8,7 +8,8 @@ arguments (and its keywords where TensorFlow's differ: `transpose(x,
 axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
 calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
-abs, sum, reshape, transpose, where, ones_like, zeros_like.
+abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
+gelu.
 """
 
 import types
@@ -32,6 +33,10 @@ def _softmax(x, axis=-1):
   return tf.nn.softmax(x, axis=axis)
 
 
+def _gelu(x, approximate=True):  # keras.ops.gelu's default form
+  return tf.nn.gelu(x, approximate=approximate)
+
+
 TF_OPS = types.SimpleNamespace(
     cast=tf.cast, power=tf.pow, sqrt=tf.sqrt, rsqrt=tf.math.rsqrt,
     square=tf.square, mean=_mean, maximum=tf.maximum,
@@ -39,4 +44,4 @@ TF_OPS = types.SimpleNamespace(
     matmul=tf.matmul, softmax=_softmax, sigmoid=tf.sigmoid, tanh=tf.tanh,
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
-    zeros_like=tf.zeros_like)
+    zeros_like=tf.zeros_like, relu=tf.nn.relu, gelu=_gelu)

@@ -70,7 +70,7 @@ import tensorflow as tf
 
 from thattn import models
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 
 _REGISTRY = {}
 
@@ -181,7 +181,7 @@ def masked_cross_entropy(targets, logits, weights):
   Returned apart, so that a mean over several batches or replicas weighs
   every position alike: ln(PPL) = total / count.
   """
-  return task_wiring.masked_cross_entropy(front_end.TF_KERAS_OPS, targets,
+  return heads_and_losses.masked_cross_entropy(front_end.TF_KERAS_OPS, targets,
                                           logits, weights)
 
 

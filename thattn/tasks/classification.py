@@ -20,40 +20,68 @@ from thattn.data import errors
 from thattn.data import glue
 from thattn.models import blocks
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class ClassificationHead(task_wiring.ClassificationHeadWiring,
-                         tf_keras.layers.Layer):
-  """Logits [b, num_classes] from a pooled output [b, d] (the computation
-  is `thattn.models.task_wiring.ClassificationHeadWiring`'s).
+class ClassificationHead(tf_keras.layers.Layer):
+  """Logits [b, num_classes] from a pooled output [b, d]
+  (`thattn.models.heads_and_losses.classification_logits`).
 
   inner_dim > 0 adds a Dense+tanh pooler first, for backbones without one
   (T5's encoder, after taking position 0). num_classes=1 is regression and
   returns [b].
   """
 
-  # The front end's glue for task_wiring.ClassificationHeadWiring.
-  _framework = tf_keras
-  _build_sublayer = staticmethod(blocks.build_sublayer)
+  def __init__(self, num_classes, *, inner_dim=0, dropout_rate=0.1,
+               kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    if num_classes < 1:
+      raise ValueError(f"num_classes must be positive, got {num_classes}.")
+    self.num_classes = num_classes
+    self.inner_dim = inner_dim
+    self.dropout_rate = dropout_rate
+    self.kernel_initializer = kernel_initializer
+    self.dense = (tf_keras.layers.Dense(
+        inner_dim, activation="tanh", kernel_initializer=kernel_initializer,
+        name="pooler_dense") if inner_dim else None)
+    self.dropout = tf_keras.layers.Dropout(dropout_rate)
+    self.out_proj = tf_keras.layers.Dense(
+        num_classes, kernel_initializer=kernel_initializer, name="logits")
 
-  call = autograph.unconverted(task_wiring.ClassificationHeadWiring.call)
+  def build(self, input_shape):
+    input_shape = list(input_shape)
+    if self.dense is not None:
+      blocks.build_sublayer(self.dense, input_shape)
+      input_shape = input_shape[:-1] + [self.inner_dim]
+    blocks.build_sublayer(self.out_proj, input_shape)
+    super().build(input_shape)
+
+  @autograph.unconverted
+  def call(self, pooled_output, training=None):
+    return heads_and_losses.classification_logits(
+        pooled_output, self.dense, self.dropout, self.out_proj,
+        self.num_classes, training=training)
+
+  def get_config(self):
+    return dict(super().get_config(), num_classes=self.num_classes,
+                inner_dim=self.inner_dim, dropout_rate=self.dropout_rate,
+                kernel_initializer=self.kernel_initializer)
 
 
 def classification_loss(labels, logits):
   """Mean cross-entropy over the batch (nats)."""
-  total, count = task_wiring.classification_loss(
+  total, count = heads_and_losses.classification_loss(
       front_end.TF_KERAS_OPS, logits, labels, regression=False)
   return total / count
 
 
 def regression_loss(labels, predictions):
   """Mean squared error."""
-  total, count = task_wiring.classification_loss(
+  total, count = heads_and_losses.classification_loss(
       front_end.TF_KERAS_OPS, predictions, labels, regression=True)
   return total / count
 
@@ -148,11 +176,11 @@ class Classification(finetune.FinetuneTask):
     self.head(self.backbone.output["pooled_output"])
 
   def _predict(self, batch, training=False):
-    return task_wiring.classification_outputs(self.backbone, self.head, batch,
+    return heads_and_losses.classification_outputs(self.backbone, self.head, batch,
                                               training)
 
   def loss(self, batch, training):
-    return task_wiring.classification_loss(
+    return heads_and_losses.classification_loss(
         front_end.TF_KERAS_OPS, self._predict(batch, training),
         batch["labels"], self.glue_task.is_regression)
 

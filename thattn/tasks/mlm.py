@@ -33,20 +33,21 @@ import tf_keras
 
 from thattn import models
 from thattn.ops import autograph
+from thattn.core import dims
 from thattn.data import batches
 from thattn.models import blocks
 from thattn.models import embeddings
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class MaskedLMHead(task_wiring.MaskedLMHeadWiring, tf_keras.layers.Layer):
-  """Logits [b, p, t] (float32) at the masked positions; see the module.
-  The computation is `thattn.models.task_wiring.MaskedLMHeadWiring`'s.
+class MaskedLMHead(tf_keras.layers.Layer):
+  """Logits [b, p, t] (float32) at the masked positions; see the module
+  (`thattn.models.heads_and_losses.masked_lm_logits`).
 
   Args:
     embedding: the backbone's `TokenEmbedding` (its `word_embeddings`
@@ -54,16 +55,54 @@ class MaskedLMHead(task_wiring.MaskedLMHeadWiring, tf_keras.layers.Layer):
       head around the backbone's layer.
     activation: a name from thattn.models.config.ACTIVATIONS.
     initializer_range: stddev of the truncated-normal transform kernel.
+    layer_norm_epsilon: of the transform's LayerNorm.
   """
 
-  # The front end's glue for task_wiring.MaskedLMHeadWiring.
-  _framework = tf_keras
-  _ops = front_end.TF_KERAS_OPS
-  _activation_of = staticmethod(blocks.activation_function)
-  _TokenEmbedding = embeddings.TokenEmbedding
-  _build_sublayer = staticmethod(blocks.build_sublayer)
+  def __init__(self, embedding, activation="gelu", initializer_range=0.02,
+               layer_norm_epsilon=1e-12, **kwargs):
+    super().__init__(**kwargs)
+    if not isinstance(embedding, embeddings.TokenEmbedding):
+      raise ValueError(f"embedding must be a TokenEmbedding, got "
+                       f"{embedding!r}.")
+    self._activation = blocks.activation_function(activation)  # fails early
+    self.embedding = embedding
+    self.activation = activation
+    self.initializer_range = initializer_range
+    self.layer_norm_epsilon = layer_norm_epsilon
+    self.transform = tf_keras.layers.Dense(
+        embedding.width, kernel_initializer=tf_keras.initializers
+        .TruncatedNormal(stddev=initializer_range), name="transform")
+    self.norm = tf_keras.layers.LayerNormalization(
+        epsilon=layer_norm_epsilon, name="transform_norm")
 
-  call = autograph.unconverted(task_wiring.MaskedLMHeadWiring.call)
+  def build(self, input_shape, positions_shape=None):
+    del positions_shape  # any number of positions
+    input_shape = list(input_shape)
+    blocks.build_sublayer(self.transform, input_shape)
+    blocks.build_sublayer(self.norm,
+                          input_shape[:-1] + [self.embedding.width])
+    self.output_bias = self.add_weight(
+        name="output_bias", shape=(self.embedding.vocab_size,),
+        initializer="zeros")
+    super().build(input_shape)
+
+  @property
+  def logical_axes(self):
+    # The bias follows the tied table's vocab axis, so a vocab rule shards
+    # both alike; the transform (d_model -> embedding width) stays whole.
+    return {self.output_bias.name: (dims.VOCAB,)}
+
+  @autograph.unconverted
+  def call(self, sequence_output, positions):
+    return heads_and_losses.masked_lm_logits(
+        front_end.TF_KERAS_OPS, sequence_output, positions, self.transform,
+        self._activation, self.norm, self.embedding, self.output_bias)
+
+  def get_config(self):
+    # The tied embedding is a live layer, not a config value.
+    return dict(super().get_config(), activation=self.activation,
+                initializer_range=self.initializer_range,
+                layer_norm_epsilon=self.layer_norm_epsilon)
 
 
 @base.register
@@ -127,7 +166,7 @@ class MaskedLM(text.TextTask):
                                shuffle=train)
 
   def loss(self, batch, training):
-    return task_wiring.masked_lm_loss(front_end.TF_KERAS_OPS, self.backbone,
+    return heads_and_losses.masked_lm_loss(front_end.TF_KERAS_OPS, self.backbone,
                                       self.head, batch, training)
 
   def inputs_and_targets(self, batch):

@@ -18,7 +18,7 @@ from thattn.core import validation
 from thattn.core import variants
 from thattn.data import recall
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 
@@ -64,7 +64,7 @@ class Recall(base.Task):
     return data if num_steps is None else data.take(num_steps)
 
   def loss(self, batch, training):
-    return task_wiring.recall_loss(front_end.TF_KERAS_OPS, self.backbone,
+    return heads_and_losses.recall_loss(front_end.TF_KERAS_OPS, self.backbone,
                                    batch, training)
 
   @property

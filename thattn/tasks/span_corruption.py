@@ -20,7 +20,7 @@ import tensorflow as tf
 from thattn import models
 from thattn.data import batches
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
@@ -82,7 +82,7 @@ class SpanCorruption(text.TextTask):
         num_steps=num_steps, shuffle=train)
 
   def loss(self, batch, training):
-    return task_wiring.span_corruption_loss(
+    return heads_and_losses.span_corruption_loss(
         front_end.TF_KERAS_OPS, self.backbone, batch, training,
         pad_id=self.tokenizer.special.pad)
 

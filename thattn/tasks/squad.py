@@ -21,7 +21,7 @@ from thattn.data import errors
 from thattn.data import squad as squad_data
 from thattn.models import blocks
 from thattn.models import front_end
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
@@ -31,31 +31,44 @@ _MAX_ANSWER_TOKENS = 30
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class SpanHead(task_wiring.SpanHeadWiring, tf_keras.layers.Layer):
-  """(start_logits, end_logits) [b, n] from a sequence output [b, n, d]
-  (the computation is `thattn.models.task_wiring.SpanHeadWiring`'s).
+class SpanHead(tf_keras.layers.Layer):
+  """(start_logits, end_logits) [b, n] = X[b, n, d] W[d, 2] + b from a
+  sequence output (`thattn.models.heads_and_losses.split_span_logits`).
 
   With a boolean mask [b, n], positions where it is False get -1e9 logits.
   """
 
-  # The front end's glue for task_wiring.SpanHeadWiring.
-  _framework = tf_keras
-  _ops = front_end.TF_KERAS_OPS
-  _build_sublayer = staticmethod(blocks.build_sublayer)
+  def __init__(self, kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.kernel_initializer = kernel_initializer
+    self.dense = tf_keras.layers.Dense(
+        2, kernel_initializer=kernel_initializer, name="span_logits")
 
-  call = autograph.unconverted(task_wiring.SpanHeadWiring.call)
+  def build(self, input_shape):
+    blocks.build_sublayer(self.dense, list(input_shape))
+    super().build(input_shape)
+
+  @autograph.unconverted
+  def call(self, sequence_output, mask=None):
+    return heads_and_losses.split_span_logits(
+        front_end.TF_KERAS_OPS, self.dense(sequence_output), mask,
+        self.compute_dtype)
+
+  def get_config(self):
+    return dict(super().get_config(),
+                kernel_initializer=self.kernel_initializer)
 
 
 def answer_mask(features):
   """Positions that may start or end an answer: [CLS] and the context."""
-  return task_wiring.answer_mask(front_end.TF_KERAS_OPS, features)
+  return heads_and_losses.answer_mask(front_end.TF_KERAS_OPS, features)
 
 
 def span_loss(start_positions, end_positions, start_logits, end_logits):
   """Mean over the batch of (CE(start) + CE(end)) / 2, in nats."""
-  total, count = task_wiring.span_loss(front_end.TF_KERAS_OPS,
-                                       start_positions, end_positions,
-                                       start_logits, end_logits)
+  total, count = heads_and_losses.span_loss(
+      front_end.TF_KERAS_OPS, start_positions, end_positions, start_logits,
+      end_logits)
   return total / count
 
 
@@ -109,11 +122,11 @@ class Squad(finetune.FinetuneTask):
     self.head(self.backbone.output["sequence_output"])
 
   def _logits(self, batch, training=False):
-    return task_wiring.span_logits(front_end.TF_KERAS_OPS, self.backbone,
+    return heads_and_losses.span_logits(front_end.TF_KERAS_OPS, self.backbone,
                                    self.head, batch, training)
 
   def loss(self, batch, training):
-    return task_wiring.squad_loss(front_end.TF_KERAS_OPS, self.backbone,
+    return heads_and_losses.squad_loss(front_end.TF_KERAS_OPS, self.backbone,
                                   self.head, batch, training)
 
   def metric_outputs(self, batch):

@@ -3,7 +3,7 @@
 
 `TaskLoss` is a Keras 3 layer holding the run's backbone (`thattn.keras3.
 models`) and head, whose call is the task's loss as the tf_keras task
-computes it, the same function (`thattn.models.task_wiring`) over
+computes it, the same function (`thattn.models.heads_and_losses`) over
 `keras.ops`: `(sum of losses, count)`, in nats. The tasks it knows are
 `TASKS`:
 
@@ -50,7 +50,7 @@ from thattn.keras3 import models
 from thattn.keras3.models import front_end
 from thattn.keras3.models import heads
 from thattn.models import config as config_lib
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 
 TASKS = ("mlm", "span_corruption", "classification", "squad", "recall")
 _MASKED = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -86,7 +86,7 @@ def dtype_policy(mixed_precision):
 
 class TaskLoss(keras.layers.Layer):
   """The loss of task `task_name` on a Keras 3 model; the loss itself is
-  written once for both front ends (`thattn.models.task_wiring`).
+  written once for both front ends (`thattn.models.heads_and_losses`).
 
   Args:
     task_name: one of `TASKS`.
@@ -124,7 +124,7 @@ class TaskLoss(keras.layers.Layer):
     if task_name in ("span_corruption", "recall"):
       self.input_keys = _TASK_INPUTS[task_name]
     elif isinstance(config, config_lib.BertConfig):
-      self.input_keys = task_wiring.BERT_INPUTS + _TASK_INPUTS.get(
+      self.input_keys = heads_and_losses.BERT_INPUTS + _TASK_INPUTS.get(
           task_name, _MASKED)
     else:  # masked LM on a T5 encoder
       self.input_keys = ("input_word_ids",) + _MASKED
@@ -163,10 +163,10 @@ class TaskLoss(keras.layers.Layer):
     recall's value logits; a tuple, in float32 whatever the policy."""
     name = self.task_name
     if name == "classification":
-      outputs = (task_wiring.classification_outputs(
+      outputs = (heads_and_losses.classification_outputs(
           self.backbone, self.head, batch, False),)
     elif name == "squad":
-      outputs = task_wiring.span_logits(front_end.KERAS3_OPS, self.backbone,
+      outputs = heads_and_losses.span_logits(front_end.KERAS3_OPS, self.backbone,
                                         self.head, batch, False)
     elif name == "recall":
       outputs = (self.backbone(batch["tokens"], training=False),)
@@ -178,20 +178,20 @@ class TaskLoss(keras.layers.Layer):
   def call(self, batch, training=False):
     task_ops, name = front_end.KERAS3_OPS, self.task_name
     if name == "mlm":
-      return task_wiring.masked_lm_loss(task_ops, self.backbone, self.head,
+      return heads_and_losses.masked_lm_loss(task_ops, self.backbone, self.head,
                                         batch, training)
     if name == "span_corruption":
-      return task_wiring.span_corruption_loss(task_ops, self.backbone, batch,
+      return heads_and_losses.span_corruption_loss(task_ops, self.backbone, batch,
                                               training, self.pad_id)
     if name == "classification":
-      return task_wiring.classification_loss(
-          task_ops, task_wiring.classification_outputs(
+      return heads_and_losses.classification_loss(
+          task_ops, heads_and_losses.classification_outputs(
               self.backbone, self.head, batch, training),
           batch["labels"], self.regression)
     if name == "squad":
-      return task_wiring.squad_loss(task_ops, self.backbone, self.head,
+      return heads_and_losses.squad_loss(task_ops, self.backbone, self.head,
                                     batch, training)
-    return task_wiring.recall_loss(
+    return heads_and_losses.recall_loss(
         task_ops, self.backbone,
         tuple(batch[key] for key in _TASK_INPUTS["recall"]), training)
 

@@ -10,21 +10,13 @@ vocabulary entry.
 import keras
 from keras import ops
 
+from thattn.core import dims
 from thattn.core import validation
 from thattn.keras3 import initializers
 from thattn.keras3 import lookups
-from thattn.models import block_wiring
-from thattn.models import embedding_wiring
+from thattn.ops import embeddings
 
-EMBEDDING_LOGITS = embedding_wiring.EMBEDDING_LOGITS
-
-
-# Keras 3's glue for the shared wiring's mixins.
-Keras3Glue = block_wiring.glue(
-    "Keras3Glue", keras, serialize=keras.saving.serialize_keras_object,
-    deserialize=keras.saving.deserialize_keras_object,
-    serialize_initializer=keras.saving.serialize_keras_object,
-    fresh=initializers.fresh)
+_serialize = keras.saving.serialize_keras_object
 
 
 def padding_mask(tokens, pad_id=None):
@@ -38,14 +30,29 @@ def padding_mask(tokens, pad_id=None):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, Keras3Glue,
-                     keras.layers.Layer):
+class TokenEmbedding(keras.layers.Layer):
   """A token embedding E[t, d] that also scores vectors against itself.
 
   `layer(tokens)` looks tokens up; `layer(x, mode="logits")` returns
   float32 `logits[b, n, t] = einsum(x * logits_scale, E)` (T5's tied
-  embedding, with its d_model**-0.5).
+  embedding, with its d_model**-0.5). Its logical axes are (vocab,
+  d_model), also for ALBERT's narrower E.
+
+  Args:
+    vocab_size: t, the vocabulary's size.
+    width: the embedding's width (d_model, or ALBERT's E).
+    embeddings_initializer: of E.
+    logits_scale: multiplies x before `mode="logits"` scores it.
   """
+
+  def __init__(self, vocab_size, width, embeddings_initializer="uniform",
+               logits_scale=1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.vocab_size = vocab_size
+    self.width = width
+    self.embeddings_initializer = keras.initializers.get(
+        embeddings_initializer)
+    self.logits_scale = float(logits_scale)
 
   def build(self, input_shape=None):
     self.embeddings = self.add_weight(
@@ -61,15 +68,17 @@ class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, Keras3Glue,
         # when the layer is the first mixed one called (Keras 3.15).
         autocast=False)
 
+  @property
+  def logical_axes(self):
+    return {self.embeddings.path: (dims.VOCAB, dims.D_MODEL)}
+
   def call(self, inputs, mode="embed"):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
       return ops.cast(lookups.lookup(self.embeddings, inputs),
                       self.compute_dtype)
-    # float32 logits, so the softmax and the loss never run in float16.
-    scaled = ops.cast(inputs, "float32") * self.logits_scale
-    return ops.einsum(EMBEDDING_LOGITS, scaled,
-                      ops.cast(self.embeddings, "float32"))
+    return embeddings.embedding_logits(ops, inputs, self.embeddings,
+                                       self.logits_scale)
 
   def compute_output_spec(self, inputs, mode="embed"):
     if mode == "embed":
@@ -78,16 +87,32 @@ class TokenEmbedding(embedding_wiring.TokenEmbeddingConfig, Keras3Glue,
     return keras.KerasTensor(tuple(inputs.shape[:-1]) + (self.vocab_size,),
                              "float32")
 
+  def get_config(self):
+    return dict(super().get_config(), vocab_size=self.vocab_size,
+                width=self.width,
+                embeddings_initializer=_serialize(self.embeddings_initializer),
+                logits_scale=self.logits_scale)
+
 
 @keras.saving.register_keras_serializable(package="thattn")
-class PositionEmbedding(embedding_wiring.PositionEmbeddingConfig,
-                        Keras3Glue, keras.layers.Layer):
-  """BERT's learned absolute positions: X[b, n, d] + P[:n, d]."""
+class PositionEmbedding(keras.layers.Layer):
+  """BERT's learned absolute positions: X[b, n, d] + P[:n, d], for at most
+  `max_length` positions. No rule shards the position axis: it stays
+  replicated."""
+
+  def __init__(self, max_length, initializer="uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.max_length = max_length
+    self.initializer = keras.initializers.get(initializer)
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         name="embeddings", shape=(self.max_length, input_shape[-1]),
         initializer=initializers.fresh(self.initializer))
+
+  @property
+  def logical_axes(self):
+    return {self.embeddings.path: (None, dims.D_MODEL)}
 
   def call(self, inputs):
     length = inputs.shape[1]
@@ -100,12 +125,23 @@ class PositionEmbedding(embedding_wiring.PositionEmbeddingConfig,
   def compute_output_shape(self, input_shape):
     return input_shape
 
+  def get_config(self):
+    return dict(super().get_config(), max_length=self.max_length,
+                initializer=_serialize(self.initializer))
+
 
 @keras.saving.register_keras_serializable(package="thattn")
-class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
-                        Keras3Glue, keras.layers.Layer):
+class StackPositionBias(keras.layers.Layer):
   """A stack's self-attention position bias [1, h, n, n], one weight shared
-  by all its blocks (T5): wraps a `thattn.keras3.RelativePositionBias`."""
+  by all its blocks (T5): wraps a `thattn.keras3.RelativePositionBias`
+  (a layer, or its serialized config)."""
+
+  def __init__(self, relative_position_bias, **kwargs):
+    super().__init__(**kwargs)
+    if isinstance(relative_position_bias, dict):
+      relative_position_bias = keras.saving.deserialize_keras_object(
+          relative_position_bias)
+    self.relative_position_bias = relative_position_bias
 
   def build(self, input_shape):
     if not self.relative_position_bias.built:
@@ -125,14 +161,38 @@ class StackPositionBias(embedding_wiring.StackPositionBiasConfig,
         (1, self.relative_position_bias.num_heads, length,
          length if memory_length is None else memory_length), "float32")
 
+  def get_config(self):
+    return dict(super().get_config(),
+                relative_position_bias=_serialize(self.relative_position_bias))
+
 
 @keras.saving.register_keras_serializable(package="thattn")
-class Pooler(embedding_wiring.PoolerWiring, Keras3Glue, keras.layers.Layer):
-  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary (the
-  layer is `thattn.models.embedding_wiring.PoolerWiring`)."""
+class Pooler(keras.layers.Layer):
+  """BERT's pooler: tanh(X[:, 0] W + b), the first token's summary."""
+
+  def __init__(self, width, kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.width = width
+    self.kernel_initializer = keras.initializers.get(kernel_initializer)
+    self.dense = keras.layers.Dense(
+        width, activation="tanh",
+        kernel_initializer=initializers.fresh(self.kernel_initializer),
+        dtype=self.dtype_policy, name="dense")
 
   def build(self, input_shape):
     self.dense.build((None, input_shape[-1]))
 
+  @property
+  def logical_axes(self):
+    return {self.dense.kernel.path: (dims.D_MODEL, dims.D_MODEL),
+            self.dense.bias.path: (dims.D_MODEL,)}
+
+  def call(self, inputs):
+    return self.dense(inputs[:, 0])
+
   def compute_output_shape(self, input_shape):
     return (input_shape[0], self.width)
+
+  def get_config(self):
+    return dict(super().get_config(), width=self.width,
+                kernel_initializer=_serialize(self.kernel_initializer))

@@ -7,7 +7,7 @@ thattn's `TokenEmbedding`, read in float32 and looked up by selection
 (`thattn.keras3.lookups` says why), and the padding mask is a function of
 the tokens, not a layer.
 
-`KERAS3_OPS` is the `thattn.models.task_wiring.TaskOps` of the task heads
+`KERAS3_OPS` is the `thattn.models.heads_and_losses.TaskOps` of the task heads
 and losses, in `keras.ops`.
 """
 
@@ -17,7 +17,7 @@ from keras import ops
 from thattn.keras3 import relative_position
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
-from thattn.models import task_wiring
+from thattn.models import heads_and_losses
 from thattn.models import wiring
 
 
@@ -46,7 +46,7 @@ def _gather_positions(x, positions):
       x, ops.expand_dims(ops.cast(positions, "int32"), -1), axis=1)
 
 
-KERAS3_OPS = task_wiring.TaskOps(
+KERAS3_OPS = heads_and_losses.TaskOps(
     cast=ops.cast, sum=ops.sum, ones_like=ops.ones_like,
     arange=lambda n: ops.arange(n, dtype="int32"),
     length=lambda x: ops.shape(x)[1],
