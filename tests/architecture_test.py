@@ -23,7 +23,7 @@ PACKAGE = ROOT / "thattn"
 
 # Lowest first; the same table is in docs/architecture.md.
 RANKS = {
-    "thattn": 0,  # the root's attention_wiring; optimizers, export, launch below
+    "thattn": 0,  # the root's __init__; optimizers, export, launch below
     "thattn.core": 0,  # plain Python: dims, validation, complexity, ...
     "thattn.ops": 1,  # the math written once; TensorFlow's ops namespace
     "thattn.io": 1,  # model_dir, staged writes, checkpoints, the cache

@@ -219,6 +219,26 @@ def dynamic_terms(names, query_state, memory_state):
           if name in states[DYNAMIC_SOURCES[name]]}
 
 
+def mixed_scores(scores, static_projection, dynamic_names, query_state,
+                 memory_state, *, groups, mix_heads, dynamic_mix):
+  """The projected layers' hooks around the softmax, written once:
+
+      L[b, h, n, m]   = J[b, h_k, n, m] P_l (+ the x2l, m2l terms)
+      U[b, h_v, n, m] = W[b, h, n, m] P_w (+ the x2w, m2w terms)
+
+  `scores` mixed across heads by `static_projection` (None: the identity,
+  multi-head attention) through the front end's `mix_heads(scores, P)`,
+  plus each dynamic term of `dynamic_names` (the query's, the memory's)
+  that this call generated, through `dynamic_mix(name, scores, R, groups)`
+  (R from the projected states; see `generate_dynamic`)."""
+  mixed = (scores if static_projection is None else
+           mix_heads(scores, static_projection))
+  for name, state in zip(dynamic_names, (query_state, memory_state)):
+    if name in state:
+      mixed = mixed + dynamic_mix(name, scores, state[name], groups)
+  return mixed
+
+
 def fixed_head_size(sequence_length, head_size):
   """d_k = d_v of Bhojanapalli et al.'s fixed head size: n, or head_size."""
   if (sequence_length is None) == (head_size is None):

@@ -23,8 +23,8 @@ import keras
 from keras import ops
 
 from thattn.core import attention_spec
-from thattn import attention_wiring
 from thattn.core import dims
+from thattn.core import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
 from thattn.keras3 import flash
@@ -32,9 +32,10 @@ from thattn.keras3 import fused
 from thattn.keras3 import initializers
 
 
-class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
+class ProjectedAttention(base.AttentionLayer):
   """P_q, P_k, P_v, P_o and the attention core; P_l / P_w are optional
-  (the hooks around the core: `thattn.attention_wiring.ProjectedHooks`)."""
+  (the hooks around the softmax: `thattn.core.attention_spec.
+  mixed_scores`, shared with thattn.layers)."""
 
   # What the fused kernel's choice reads (thattn.keras3.fused); multi-head
   # attention has no heads mixing to fuse.
@@ -43,17 +44,25 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
   fused_kernel = False
   flash_attention = None
 
-  # The front end's glue for thattn.attention_wiring.ProjectedHooks.
-  _framework = keras
-  _mix_heads = staticmethod(attention_math.mix_heads)
-  _serialize_initializer = staticmethod(keras.saving.serialize_keras_object)
-
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
                **kwargs):
     super().__init__(**kwargs)
-    self.set_projections(num_key_heads, num_heads, num_value_heads, key_dim,
-                         value_dim, use_bias, bias_initializer)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
+    self.num_key_heads = validation.layer_int("num_key_heads",
+                                              num_key_heads)
+    self.num_value_heads = validation.layer_int("num_value_heads",
+                                                num_value_heads)
+    self.key_dim = validation.layer_int("key_dim", key_dim)
+    self.value_dim = validation.layer_int(
+        "value_dim", key_dim if value_dim is None else value_dim)
+    self.use_bias = use_bias
+    self.bias_initializer = keras.initializers.get(bias_initializer)
+    # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
+    self._pre_softmax_projection = None
+    self._post_softmax_projection = None
+    # {name: the layer generating R}: the dynamic projections.
+    self._dynamic_dense = {}
 
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
@@ -78,6 +87,39 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
 
   def _bias_axes(self, axes):
     return axes if self.use_bias else None
+
+  def project_query(self, query):
+    state = {"query": self._query_dense(query)}
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 query=query))
+    return state
+
+  def project_memory(self, key, value):
+    state = {"key": self._key_dense(key), "value": self._value_dense(value)}
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 key=key, value=value))
+    return state
+
+  def dynamic_terms(self, query_state, memory_state):
+    """{name: R[b, n or m, ...]} of the dynamic projections of this call."""
+    return attention_spec.dynamic_terms(self.dynamic_projections,
+                                        query_state, memory_state)
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    """L[b, h, n, m] from J[b, h_k, n, m]."""
+    return attention_spec.mixed_scores(
+        dot_products, self._pre_softmax_projection, ("x2l", "m2l"),
+        query_state, memory_state, groups=self.num_head_groups,
+        mix_heads=attention_math.mix_heads,
+        dynamic_mix=attention_math.dynamic_mix)
+
+  def mix_weights(self, weights, query_state, memory_state):
+    """U[b, h_v, n, m] from W[b, h, n, m]."""
+    return attention_spec.mixed_scores(
+        weights, self._post_softmax_projection, ("x2w", "m2w"),
+        query_state, memory_state, groups=self.num_head_groups,
+        mix_heads=attention_math.mix_heads,
+        dynamic_mix=attention_math.dynamic_mix)
 
   def gate_shape(self):
     return self.num_value_heads, self.value_dim
@@ -122,7 +164,10 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
     return context, value_weights
 
   def get_config(self):
-    return dict(super().get_config(), **self.projections_config())
+    return dict(super().get_config(), key_dim=self.key_dim,
+                value_dim=self.value_dim, use_bias=self.use_bias,
+                bias_initializer=keras.saving.serialize_keras_object(
+                    self.bias_initializer))
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -177,8 +222,7 @@ class MultiHeadAttention(ProjectedAttention):
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
-                            ProjectedAttention):
+class TalkingHeadsAttention(ProjectedAttention):
   """Talking-heads attention: `thattn.layers.TalkingHeadsAttention` in
   Keras 3, with separate h_k, h, h_v, logits-only and weights-only
   projections, the four dynamic projections and head groups.
@@ -217,9 +261,17 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
                      use_bias=use_bias, dropout=dropout,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer, **kwargs)
-    self.set_talking_heads(project_logits, project_weights,
-                           dynamic_projections, num_head_groups,
-                           talking_heads_initializer)
+    self.dynamic_projections = attention_spec.checked_dynamic_projections(
+        dynamic_projections, project_logits=project_logits,
+        project_weights=project_weights)
+    self.project_logits = project_logits
+    self.project_weights = project_weights
+    self.num_head_groups = attention_spec.checked_groups(
+        num_head_groups, self.num_key_heads, self.num_heads,
+        self.num_value_heads)
+    self.talking_heads_initializer = (
+        None if talking_heads_initializer is None else
+        keras.initializers.get(talking_heads_initializer))
     self.fused_kernel = fused_kernel
     self.kernel_switch = kernel_switch  # the name the user gave, for errors
 
@@ -240,7 +292,17 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
   def create_weights(self, query_width, key_width, value_width):
     # P_l and P_w first, then the projections, then the dynamic ones in
     # name order: thattn.layers' weight order, so get_weights lines up.
-    shapes = self.create_head_mixes()
+    shapes = attention_spec.MixingShapes(
+        self.num_key_heads, self.num_heads, self.num_value_heads,
+        self.num_head_groups)
+    if self.project_logits:
+      self._pre_softmax_projection = self.add_axes_weight(
+          "pre_softmax_projection", *shapes.static("l"),
+          self._projection_initializer(shapes.fan_in("l")))
+    if self.project_weights:
+      self._post_softmax_projection = self.add_axes_weight(
+          "post_softmax_projection", *shapes.static("w"),
+          self._projection_initializer(shapes.fan_in("w")))
     super().create_weights(query_width, key_width, value_width)
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
@@ -263,12 +325,13 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
           layer, (None, None, widths[name]),
           {"kernel": (dims.D_MODEL,) + axes})
 
-  def _dynamic_mix(self, name, scores, projection):
-    return attention_math.dynamic_mix(name, scores, projection,
-                                      self.num_head_groups)
-
   def get_config(self):
-    return dict(super().get_config(), **self.talking_heads_config())
+    initializer = self.talking_heads_initializer
+    return dict(super().get_config(),
+                **attention_spec.talking_heads_config(self),
+                talking_heads_initializer=(
+                    None if initializer is None else
+                    keras.saving.serialize_keras_object(initializer)))
 
 
 def _checked_switch(owner, name, value):

@@ -4,14 +4,13 @@ import keras
 from keras import ops
 
 from thattn.core import attention_spec
-from thattn import attention_wiring
+from thattn.core import validation
 from thattn.keras3 import attention_math
 from thattn.keras3 import lookups
 
 
 @keras.saving.register_keras_serializable(package="thattn")
-class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
-                           keras.layers.Layer):
+class RelativePositionBias(keras.layers.Layer):
   """Learned T5 bias B[1, h, n, m], one scalar per (bucket, softmax head).
 
   The weight `relative_attention_bias [num_buckets, h]`, as in
@@ -20,14 +19,27 @@ class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
   float32 [1, h, n, m], to pass as `position_bias=`. Keyword arguments,
   where thattn.layers also takes them positionally: Keras 3 takes only
   tensors as positional arguments.
+
+  Args:
+    num_heads: h.
+    bidirectional: False gives every future position bucket 0 (T5's
+      decoder self-attention).
+    num_buckets, max_distance: T5's bucketing.
+    embeddings_initializer: of the weight; N(0, 1/h) by default.
   """
 
-  # The front end's glue for attention_wiring.RelativePositionBiasConfig.
-  _framework = keras
-  _serialize_initializer = staticmethod(keras.saving.serialize_keras_object)
-
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
+  def __init__(self, num_heads, bidirectional=True, num_buckets=32,
+               max_distance=128, embeddings_initializer=None, **kwargs):
+    super().__init__(**kwargs)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
+    attention_spec.check_relative_buckets(bidirectional, num_buckets,
+                                          max_distance)
+    self.bidirectional = bidirectional
+    self.num_buckets = num_buckets
+    self.max_distance = max_distance
+    self.embeddings_initializer = keras.initializers.get(
+        embeddings_initializer or
+        keras.initializers.RandomNormal(stddev=num_heads ** -0.5))
     self.logical_axes = {}
 
   def build(self, *args, **kwargs):
@@ -58,6 +70,14 @@ class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
         ops.cast(self.embeddings, "float32"), buckets))  # [h, n + m]
     return ops.expand_dims(
         toeplitz(per_distance, query_length, memory_length), 0)
+
+  def get_config(self):
+    return dict(super().get_config(), num_heads=self.num_heads,
+                bidirectional=self.bidirectional,
+                num_buckets=self.num_buckets, max_distance=self.max_distance,
+                embeddings_initializer=keras.saving.serialize_keras_object(
+                    self.embeddings_initializer))
+
 
 def toeplitz(rows, query_length, memory_length):
   """T[h, i, j] = rows[h, j - i + n - 1] for rows [h, n + m], n =

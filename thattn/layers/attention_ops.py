@@ -63,6 +63,22 @@ def mix_heads(scores, projection):
   return tf.reshape(mixed, [batch, tf.shape(projection)[1], length, memory])
 
 
+def dynamic_mix(name, scores, projection, groups):
+  """scores[b, f, n, m] mixed by the dynamic projection `name`'s
+  R[b, n or m, ...] (`DYNAMIC_MIXES`; G = `groups` > 1: its group-major
+  blocks, `GROUPED_DYNAMIC_MIXES`)."""
+  if groups == 1:
+    return tf.einsum(attention_spec.DYNAMIC_MIXES[name], scores, projection)
+  # [b, f, n, m] -> [b, G, f/G, n, m]: the heads are group-major.
+  shape = tf.shape(scores)
+  grouped = tf.reshape(scores, [shape[0], groups, scores.shape[1] // groups,
+                                shape[2], shape[3]])
+  mixed = tf.einsum(attention_spec.GROUPED_DYNAMIC_MIXES[name], grouped,
+                    projection)
+  return tf.reshape(mixed, [shape[0], groups * projection.shape[-1],
+                            shape[2], shape[3]])
+
+
 def _static_shape(tensor):
   """The shape as Python ints where known, else scalar tensors."""
   dynamic = tf.shape(tensor)

@@ -61,8 +61,13 @@ class AttentionLayer(tf_keras.layers.Layer):
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
     attend(query_state, memory_state, mask, position_bias, training,
-           causal_offset, return_scores)
-        -> (Y[b, n, d_Y], scores[b, heads, n, m] or None)
+           causal_offset, need_scores=True)
+        -> (O[b, n, heads, d], scores[b, heads, n, m] or None)
+    project_output(O) -> Y[b, n, d_Y]
+
+  The same hooks, with the same contracts, as `thattn.keras3`'s layers:
+  `attend` stops before the output projection (`need_scores` False lets a
+  core that never forms the scores return None for them).
 
   `mask` excludes the causal part, which comes as `causal_offset` (None, or
   the memory position of the first query), so that an implementation may
@@ -160,7 +165,10 @@ class AttentionLayer(tf_keras.layers.Layer):
     raise NotImplementedError
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset, return_scores):
+             causal_offset, need_scores=True):
+    raise NotImplementedError
+
+  def project_output(self, context):
     raise NotImplementedError
 
   @staticmethod
@@ -328,10 +336,11 @@ class AttentionLayer(tf_keras.layers.Layer):
     mask = self._combined_mask(query, implicit_masks, attention_mask,
                                memory_length)
     causal_offset = query_offset if use_causal_mask else None
-    output, scores = self.attend(query_state, memory_state, mask,
-                                 position_bias, training, causal_offset,
-                                 return_attention_scores)
-    output = keras_arguments.reragged(output, query_lengths)
+    context, scores = self.attend(query_state, memory_state, mask,
+                                  position_bias, training, causal_offset,
+                                  need_scores=return_attention_scores)
+    output = keras_arguments.reragged(self.project_output(context),
+                                      query_lengths)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
       results += (memory_state,)

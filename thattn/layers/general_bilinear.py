@@ -72,9 +72,12 @@ class GeneralBilinearAttention(base.AttentionLayer):
   def project_memory(self, key, value):
     return {"key": key, "value": value}
 
+  def project_output(self, context):
+    return tf.einsum(BILINEAR_OUTPUT, context, self._q)
+
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset, return_scores):
-    del return_scores  # the weights are computed either way
+             causal_offset, need_scores=True):
+    del need_scores  # the weights are computed either way
     logits = tf.einsum(BILINEAR_LOGITS, query_state["query"],
                        memory_state["key"])
     shape = tf.shape(logits)
@@ -85,7 +88,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
     weighted_memory = tf.einsum(WEIGHTED_MEMORY,
                                 self.dropout_weights(weights, training),
                                 memory_state["value"])
-    return tf.einsum(BILINEAR_OUTPUT, weighted_memory, self._q), weights
+    return weighted_memory, weights
 
   def get_config(self):
     config = super().get_config()

@@ -12,7 +12,9 @@ the paper's Section 4: h_k (queries and keys), h (logits and softmax) and h_v
 `TalkingHeadsAttention` sets the static projections P_l and P_w (and adds
 its dynamic terms).
 
-`attend` hands Q, K, V and these hooks to `thattn.layers.core`, whose
+The hooks' computation is `thattn.core.attention_spec.mixed_scores`, shared
+with `thattn.keras3`. `attend` hands Q, K, V and these hooks to
+`thattn.layers.core`, whose
 `choose_path` is the one place that decides how the core runs: all queries
 at once or in query chunks (`query_chunk_size`), with TensorFlow ops or the
 fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
@@ -21,7 +23,6 @@ fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
 import tf_keras
 
 from thattn.core import attention_spec
-from thattn import attention_wiring
 from thattn.core import validation
 from thattn.layers import attention_ops
 from thattn.layers import base
@@ -36,9 +37,9 @@ VALUE_PROJECTION = attention_spec.VALUE_PROJECTION
 OUTPUT_PROJECTION = attention_spec.OUTPUT_PROJECTION
 
 
-class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
-  """Shared base of MultiHeadAttention and TalkingHeadsAttention (the hooks
-  around the core: `thattn.attention_wiring.ProjectedHooks`).
+class ProjectedAttention(base.AttentionLayer):
+  """Shared base of MultiHeadAttention and TalkingHeadsAttention: P_q, P_k,
+  P_v, P_o, the hooks around the softmax and the attention core.
 
   Computation (per example; letters as in `thattn.core.dims`)::
 
@@ -60,19 +61,29 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
   dynamic_projections = ()
   num_head_groups = 1
 
-  # The front end's glue for thattn.attention_wiring.ProjectedHooks.
-  _framework = tf_keras
-  _mix_heads = staticmethod(attention_ops.mix_heads)
-  _serialize_initializer = staticmethod(tf_keras.initializers.serialize)
-
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
                query_chunk_size=None, **kwargs):
     super().__init__(**kwargs)
-    self.set_projections(num_key_heads, num_heads, num_value_heads, key_dim,
-                         value_dim, use_bias, bias_initializer)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
+    self.num_key_heads = validation.layer_int("num_key_heads",
+                                              num_key_heads)
+    self.num_value_heads = validation.layer_int("num_value_heads",
+                                                num_value_heads)
+    self.key_dim = validation.layer_int("key_dim", key_dim)
+    self.value_dim = validation.layer_int(
+        "value_dim", key_dim if value_dim is None else value_dim)
+    self.use_bias = use_bias
+    self.bias_initializer = tf_keras.initializers.get(bias_initializer)
     self.query_chunk_size = validation.positive_int(
         "query_chunk_size", query_chunk_size, optional=True)
+    # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
+    self._pre_softmax_projection = None
+    self._post_softmax_projection = None
+    # {name: the layer generating R}: TalkingHeadsAttention's dynamic
+    # projections, made with its weights. (An instance attribute: tf_keras
+    # tracks no layers in an attribute the class also has.)
+    self._dynamic_dense = {}
 
   def _einsum_dense(self, name, equation, output_shape, bias_axes,
                     initializer):
@@ -114,14 +125,50 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
         [None, None, h_v, d_v],
         attention_spec.PROJECTION_AXES["output"])
 
+  def project_query(self, query):
+    state = {"query": self._query_dense(query)}
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 query=query))
+    return state
+
+  def project_memory(self, key, value):
+    state = {"key": self._key_dense(key), "value": self._value_dense(value)}
+    state.update(attention_spec.generate_dynamic(self._dynamic_dense,
+                                                 key=key, value=value))
+    return state
+
+  def project_output(self, context):
+    return self._output_dense(context)
+
+  def dynamic_terms(self, query_state, memory_state):
+    """{name: R[b, n or m, ...]} of the dynamic projections of this call."""
+    return attention_spec.dynamic_terms(self.dynamic_projections,
+                                        query_state, memory_state)
+
+  def mix_logits(self, dot_products, query_state, memory_state):
+    """L[b, h, n, m] from J[b, h_k, n, m]."""
+    return attention_spec.mixed_scores(
+        dot_products, self._pre_softmax_projection, ("x2l", "m2l"),
+        query_state, memory_state, groups=self.num_head_groups,
+        mix_heads=attention_ops.mix_heads,
+        dynamic_mix=attention_ops.dynamic_mix)
+
+  def mix_weights(self, weights, query_state, memory_state):
+    """U[b, h_v, n, m] from W[b, h, n, m]."""
+    return attention_spec.mixed_scores(
+        weights, self._post_softmax_projection, ("x2w", "m2w"),
+        query_state, memory_state, groups=self.num_head_groups,
+        mix_heads=attention_ops.mix_heads,
+        dynamic_mix=attention_ops.dynamic_mix)
+
   def attend(self, query_state, memory_state, mask, position_bias, training,
-             causal_offset, return_scores):
+             causal_offset, need_scores=True):
     query, key, value = (query_state["query"], memory_state["key"],
                          memory_state["value"])
     projections = (self._pre_softmax_projection,
                    self._post_softmax_projection)
     path = core.choose_path(
-        chunk_size=self.query_chunk_size, return_scores=return_scores,
+        chunk_size=self.query_chunk_size, return_scores=need_scores,
         dropout_rate=self.dropout, training=training,
         fused_kernel=self.fused_kernel,
         dynamic_projections=self.dynamic_projections,
@@ -137,8 +184,11 @@ class ProjectedAttention(attention_wiring.ProjectedHooks, base.AttentionLayer):
                                                      memory_state),
         dropout=lambda scores: self.dropout_weights(scores, training),
         dynamic=self.dynamic_terms(query_state, memory_state))
-    return self._output_dense(context), value_weights
+    return context, value_weights
 
   def get_config(self):
-    return dict(super().get_config(), **self.projections_config(),
+    return dict(super().get_config(), key_dim=self.key_dim,
+                value_dim=self.value_dim, use_bias=self.use_bias,
+                bias_initializer=tf_keras.initializers.serialize(
+                    self.bias_initializer),
                 query_chunk_size=self.query_chunk_size)

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn.core import attention_spec
-from thattn import attention_wiring
+from thattn.core import validation
 from thattn.ops import autograph
 
 
@@ -59,8 +59,7 @@ def relative_position_bucket(relative_position, bidirectional=True,
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
-                           tf_keras.layers.Layer):
+class RelativePositionBias(tf_keras.layers.Layer):
   """Learned T5 bias B[1, h, n, m], one scalar per (bucket, head).
 
   Create one per stack and call it from every block, as T5 does, so all
@@ -69,14 +68,27 @@ class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
   Call: `bias_layer(query_length, memory_length, query_offset=0)`, where
   `query_offset` is the position of the first query (for decoding step t,
   pass t). Returns float32 `[1, h, n, m]` to pass as `position_bias=`.
+
+  Args:
+    num_heads: h.
+    bidirectional: False gives every future position (memory after query)
+      bucket 0, as T5's decoder self-attention does.
+    num_buckets, max_distance: T5's bucketing (`relative_position_bucket`).
+    embeddings_initializer: of the weight; N(0, 1/h) by default.
   """
 
-  # The front end's glue for attention_wiring.RelativePositionBiasConfig.
-  _framework = tf_keras
-  _serialize_initializer = staticmethod(tf_keras.initializers.serialize)
-
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
+  def __init__(self, num_heads, bidirectional=True, num_buckets=32,
+               max_distance=128, embeddings_initializer=None, **kwargs):
+    super().__init__(**kwargs)
+    self.num_heads = validation.layer_int("num_heads", num_heads)
+    attention_spec.check_relative_buckets(bidirectional, num_buckets,
+                                          max_distance)
+    self.bidirectional = bidirectional
+    self.num_buckets = num_buckets
+    self.max_distance = max_distance
+    self.embeddings_initializer = tf_keras.initializers.get(
+        embeddings_initializer or
+        tf_keras.initializers.RandomNormal(stddev=num_heads ** -0.5))
     self.logical_axes_by_name = {}
 
   def build(self, input_shape=None):
@@ -101,3 +113,10 @@ class RelativePositionBias(attention_wiring.RelativePositionBiasConfig,
                                        self.num_buckets, self.max_distance)
     bias = tf.gather(tf.cast(self.embeddings, tf.float32), buckets)  # [n,m,h]
     return tf.expand_dims(tf.transpose(bias, [2, 0, 1]), 0)
+
+  def get_config(self):
+    return dict(super().get_config(), num_heads=self.num_heads,
+                bidirectional=self.bidirectional,
+                num_buckets=self.num_buckets, max_distance=self.max_distance,
+                embeddings_initializer=tf_keras.initializers.serialize(
+                    self.embeddings_initializer))

@@ -50,11 +50,9 @@ key_heads:model;value_heads:model", see `thattn.core.dims`), every group lives
 on one device and the attention core needs no communication.
 """
 
-import tensorflow as tf
 import tf_keras
 
 from thattn.core import attention_spec
-from thattn import attention_wiring
 from thattn.core import dims
 from thattn.layers import initializers
 from thattn.layers import projected
@@ -67,8 +65,7 @@ checked_dynamic_projections = attention_spec.checked_dynamic_projections
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
-class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
-                            projected.ProjectedAttention):
+class TalkingHeadsAttention(projected.ProjectedAttention):
   """Talking-heads attention: learned projections across the heads dimension.
 
   Args:
@@ -147,9 +144,17 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
                      kernel_initializer=kernel_initializer,
                      bias_initializer=bias_initializer,
                      query_chunk_size=query_chunk_size, **kwargs)
-    self.set_talking_heads(project_logits, project_weights,
-                           dynamic_projections, num_head_groups,
-                           talking_heads_initializer)
+    self.dynamic_projections = attention_spec.checked_dynamic_projections(
+        dynamic_projections, project_logits=project_logits,
+        project_weights=project_weights)
+    self.project_logits = project_logits
+    self.project_weights = project_weights
+    self.num_head_groups = attention_spec.checked_groups(
+        num_head_groups, self.num_key_heads, self.num_heads,
+        self.num_value_heads)
+    self.talking_heads_initializer = (
+        None if talking_heads_initializer is None else
+        tf_keras.initializers.get(talking_heads_initializer))
     if fused_kernel is not None and not isinstance(fused_kernel, bool):
       raise ValueError(f"fused_kernel must be None, True or False, got "
                        f"{fused_kernel!r}.")
@@ -162,7 +167,17 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
 
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
-    shapes = self.create_head_mixes()
+    shapes = attention_spec.MixingShapes(
+        self.num_key_heads, self.num_heads, self.num_value_heads,
+        self.num_head_groups)
+    if self.project_logits:
+      self._pre_softmax_projection = self.add_axes_weight(
+          "pre_softmax_projection", *shapes.static("l"),
+          self._projection_initializer(shapes.fan_in("l")))
+    if self.project_weights:
+      self._post_softmax_projection = self.add_axes_weight(
+          "post_softmax_projection", *shapes.static("w"),
+          self._projection_initializer(shapes.fan_in("w")))
     widths = {"x2l": query_width, "m2l": key_width,
               "x2w": query_width, "m2w": value_width}
     generators = (attention_spec.DYNAMIC_GENERATORS
@@ -183,24 +198,15 @@ class TalkingHeadsAttention(attention_wiring.TalkingHeadsHooks,
           [None, None, widths[name]],
           {"kernel": (dims.D_MODEL,) + axes})
 
-  def _dynamic_mix(self, name, scores, projection):
-    """scores[b, f, n, m] mixed by a dynamic projection R[b, n or m, ...]."""
-    groups = self.num_head_groups
-    if groups == 1:
-      return tf.einsum(attention_spec.DYNAMIC_MIXES[name], scores, projection)
-    # [b, f, n, m] -> [b, G, f/G, n, m]: the heads are group-major.
-    shape = tf.shape(scores)
-    grouped = tf.reshape(scores, [shape[0], groups, scores.shape[1] // groups,
-                                  shape[2], shape[3]])
-    mixed = tf.einsum(attention_spec.GROUPED_DYNAMIC_MIXES[name], grouped,
-                      projection)
-    return tf.reshape(mixed, [shape[0], groups * projection.shape[-1],
-                              shape[2], shape[3]])
-
   @property
   def attention_scores_heads(self):
     """h_v; the scores returned are U, the weights applied to the values."""
     return self.num_value_heads
 
   def get_config(self):
-    return dict(super().get_config(), **self.talking_heads_config())
+    initializer = self.talking_heads_initializer
+    return dict(super().get_config(),
+                **attention_spec.talking_heads_config(self),
+                talking_heads_initializer=(
+                    None if initializer is None else
+                    tf_keras.initializers.serialize(initializer)))
