@@ -5,11 +5,14 @@ variants registered from outside the package, built and trained.
 the way a user's module does, and a model built with it has the layer and
 options it names. docs/examples/custom_variant.py registers a variant by
 its head mixes, and `thattn-train --attention_module=custom_variant`
-trains it on both backends, step for step alike (its layers are checked
-against NumPy in tests/layers/head_mixing_attention_test.py and, on the
-three Keras 3 backends, tests/keras3/custom_variant_checks.py).
+trains it on both backends, step for step alike, and records the module
+in the runs' run_config.json, which `thattn.models.load` imports (its
+layers are checked against NumPy in
+tests/layers/head_mixing_attention_test.py and, on the three Keras 3
+backends, tests/keras3/custom_variant_checks.py).
 """
 
+import json
 import os
 import pathlib
 import re
@@ -143,6 +146,17 @@ def test_thattn_train_trains_the_custom_variant_on_both_backends(
   for step, loss in losses["keras"].items():
     np.testing.assert_allclose(losses["keras3"][step], loss, rtol=1e-4,
                                err_msg=f"step {step}")
+  # The runs name the module, and a fresh process that only loads a run
+  # (nothing imports custom_variant first) rebuilds its model from it.
+  load = ("import sys; from thattn import models; "
+          "model = models.load(sys.argv[1]); "
+          "print(type(model.get_layer('block_0').attention).__name__)")
+  for backend in ("keras", "keras3"):
+    with open(tmp_path / backend / "run_config.json") as f:
+      assert json.load(f)["attention_modules"] == ["custom_variant"]
+    output = local_cluster.run_ok(
+        [sys.executable, "-c", load, str(tmp_path / backend)], _ENV)
+    assert output.split()[-1] == "HeadMixingAttention", output
 
 
 def test_thattn_train_names_an_unknown_variant_and_module(tmp_path,

@@ -225,8 +225,10 @@ def _model_options(task_class):
       raise app.UsageError(f"--task={task_class.name} has no dropout.")
   elif dropout is not None:
     overrides["dropout_rate"] = dropout
-  model = tasks.ModelOptions(preset=preset, overrides=overrides,
-                             freeze_embeddings=FLAGS.freeze_embeddings)
+  model = tasks.ModelOptions(
+      preset=preset, overrides=overrides,
+      freeze_embeddings=FLAGS.freeze_embeddings,
+      attention_modules=tuple(FLAGS.attention_module))
   return model if FLAGS.init_checkpoint else run_setup.default_model(
       task_class, model)
 

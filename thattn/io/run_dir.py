@@ -4,7 +4,7 @@ What `thattn-train` leaves in a model_dir:
 
 | name                    | what                                              |
 |-------------------------|---------------------------------------------------|
-| `run_config.json`       | task, preset, overrides, sizes: what a rerun must match and what `thattn-export` rebuilds the model from |
+| `run_config.json`       | task, preset, overrides, sizes, the modules of a user's variants: what a rerun must match and what `thattn-export` rebuilds the model from |
 | `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run on JAX: Orbax steps `N/` (`thattn.io.checkpoint_reading`) |
 | `train/`, `eval/`       | TensorBoard summaries                             |
 | `tokenizer/`            | the run's tokenizer (none for recall)             |
@@ -27,6 +27,7 @@ import os
 
 import tensorflow as tf
 
+from thattn.core import variants
 from thattn.io import checkpoint_reading
 
 RUN_CONFIG = "run_config.json"
@@ -65,7 +66,14 @@ def holds_run(folder):
 
 
 def read_run_config(model_dir):
-  """The run's `run_config.json` as a dict; ValueError if there is none."""
+  """The run's `run_config.json` as a dict; ValueError if there is none.
+
+  The modules it names as `attention_modules` (a run of a variant
+  registered outside thattn, `--attention_module`) are imported, so that
+  whatever rebuilds the run's model (thattn-export, `thattn.models.load`,
+  `--init_checkpoint`, the converters) finds its variant; a module that
+  cannot be imported is named in the ValueError.
+  """
   config_path = path(model_dir, RUN_CONFIG)
   if not tf.io.gfile.exists(config_path):
     raise ValueError(f"{model_dir} has no {RUN_CONFIG}: is it a model_dir "
@@ -85,6 +93,10 @@ def read_run_config(model_dir):
     raise ValueError(f"{config_path} holds a JSON {type(config).__name__}, "
                      "not the JSON object (task, preset, ...) thattn-train "
                      "writes.")
+  try:
+    variants.import_modules(config.get("attention_modules", ()))
+  except ValueError as error:
+    raise ValueError(f"{config_path}: {error}") from None
   return config
 
 

@@ -137,6 +137,10 @@ class ModelOptions:
   preset: str
   overrides: dict = dataclasses.field(default_factory=dict)
   freeze_embeddings: bool = False
+  # The user's modules that register the variants the overrides name
+  # (--attention_module): run_config.json records them, and reading it
+  # imports them (thattn.io.run_dir.read_run_config).
+  attention_modules: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,9 +408,12 @@ class Task:
     return {"config": self.model_config, "pad_id": pad_id, "head_config": {}}
 
   def run_config(self):
-    return {"task": self.name, "preset": self.model_options.preset,
-            "overrides": dict(self.model_options.overrides),
-            "sequence_length": self.sequence_length}
+    config = {"task": self.name, "preset": self.model_options.preset,
+              "overrides": dict(self.model_options.overrides),
+              "sequence_length": self.sequence_length}
+    if self.model_options.attention_modules:  # older runs have no key
+      config["attention_modules"] = list(self.model_options.attention_modules)
+    return config
 
   @classmethod
   def serving_module(cls, *, config, checkpoint, tokenizer_dir):

@@ -46,8 +46,12 @@ def _inherit_model(model, init_checkpoint, log):
                if key not in ("vocab_size", "dropout_rate")}
   log(f"Model: {config['preset']} with {inherited}, as in "
       f"{run_dir.path(init_dir, run_dir.RUN_CONFIG)}.")
-  return dataclasses.replace(model, preset=config["preset"],
-                             overrides=dict(inherited, **model.overrides))
+  modules = tuple(config.get("attention_modules", ()))
+  return dataclasses.replace(
+      model, preset=config["preset"],
+      overrides=dict(inherited, **model.overrides),
+      attention_modules=modules + tuple(
+          name for name in model.attention_modules if name not in modules))
 
 
 def _check_positions(init_checkpoint, sequence_length):
