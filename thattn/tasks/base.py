@@ -196,8 +196,8 @@ def masked_cross_entropy(targets, logits, weights):
   Returned apart, so that a mean over several batches or replicas weighs
   every position alike: ln(PPL) = total / count.
   """
-  return heads_and_losses.masked_cross_entropy(front_end.TF_KERAS_OPS, targets,
-                                          logits, weights)
+  return heads_and_losses.masked_cross_entropy(front_end.TF_KERAS_OPS,
+                                               targets, logits, weights)
 
 
 def sizes(rows):
