@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 from thattn.core import variants
@@ -127,11 +128,9 @@ def test_a_registered_variant_builds_in_a_model(grouped):
 
 
 def _command(model_dir, flags, *extra):
-  return ([sys.executable, "-m", "thattn.bin.train",
-           f"--model_dir={model_dir}", "--deterministic", "--train_steps=3",
-           "--attention_module=custom_variant",
-           "--attention=residual_talking_heads"] +
-          list(flags) + list(extra))
+  return cli.command("train", f"--model_dir={model_dir}", "--deterministic",
+                     "--train_steps=3", "--attention_module=custom_variant",
+                     "--attention=residual_talking_heads", *flags, *extra)
 
 
 def test_thattn_train_trains_the_custom_variant_on_both_backends(
@@ -139,8 +138,8 @@ def test_thattn_train_trains_the_custom_variant_on_both_backends(
   pytest.importorskip("jax")
   losses = {}
   for backend in ("keras", "keras3"):
-    local_cluster.run_ok(_command(tmp_path / backend, tiny_bert_flags,
-                                  f"--backend={backend}"), _ENV)
+    cli.run_ok(_command(tmp_path / backend, tiny_bert_flags,
+                        f"--backend={backend}"), _ENV)
     losses[backend] = local_cluster.train_losses(str(tmp_path / backend))
   assert sorted(losses["keras"]) == [1, 2, 3]
   for step, loss in losses["keras"].items():
@@ -154,7 +153,7 @@ def test_thattn_train_trains_the_custom_variant_on_both_backends(
   for backend in ("keras", "keras3"):
     with open(tmp_path / backend / "run_config.json") as f:
       assert json.load(f)["attention_modules"] == ["custom_variant"]
-    output = local_cluster.run_ok(
+    output = cli.run_ok(
         [sys.executable, "-c", load, str(tmp_path / backend)], _ENV)
     assert output.split()[-1] == "HeadMixingAttention", output
 

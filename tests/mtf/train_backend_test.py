@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 from thattn import models
@@ -41,14 +42,14 @@ def _command(model_dir, data_flags, *extra):
   flags = dict(task="span_corruption", preset="t5_tiny", batch_size=4,
                sequence_length=32, train_steps=_STEPS, warmup_steps=1,
                log_every=1, checkpoint_every=4, eval_every=0, eval_steps=2)
-  return ([sys.executable, "-m", "thattn.bin.train",
-           f"--model_dir={model_dir}", "--deterministic"] + data_flags +
-          [f"--{name}={value}" for name, value in flags.items()] +
-          list(extra))
+  return cli.command("train", f"--model_dir={model_dir}", "--deterministic",
+                     *data_flags,
+                     *[f"--{name}={value}" for name, value in flags.items()],
+                     *extra)
 
 
 def _train(model_dir, data_flags, *extra):
-  return local_cluster.run_ok(_command(model_dir, data_flags, *extra), _ENV)
+  return cli.run_ok(_command(model_dir, data_flags, *extra), _ENV)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ not allowed it skips, printing why. On it:
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from tests import forkserver
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -33,14 +33,8 @@ _STEPS = 8
 _SIZE = "24m"
 
 
-def _command(binary, *flags):
-  return [sys.executable, "-m", f"thattn.bin.{binary}", *flags]
-
-
 def _run(binary, *flags):
-  return forkserver.run(_command(binary, *flags), env=_ENV,
-                        capture_output=True, text=True, timeout=600,
-                        check=False)
+  return cli.run(cli.command(binary, *flags), env=_ENV)
 
 
 @pytest.fixture
@@ -101,7 +95,8 @@ def test_a_run_that_fills_the_disk_stops_and_resumes_exactly(
   result = _run("train", f"--model_dir={straight}", *flags)
   assert result.returncode == 0, result.stderr[-3000:]
   run = disk / "run"
-  process = forkserver.Popen(_command("train", f"--model_dir={run}", *flags),
+  process = forkserver.Popen(cli.command("train", f"--model_dir={run}",
+                                         *flags),
                              env=_ENV, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
   for line in process.stdout:
@@ -170,8 +165,8 @@ def test_a_full_cache_disk_is_named_and_leaves_nothing(disk, tmp_path):
   cache.mkdir()
   filler = _fill(disk)
   result = forkserver.run(
-      _command("train", f"--model_dir={tmp_path / 'run'}", "--train_steps=1",
-               "--noexport"), env=dict(_ENV, THATTN_CACHE_DIR=str(cache)),
+      cli.command("train", f"--model_dir={tmp_path / 'run'}",
+                  "--train_steps=1", "--noexport"), env=dict(_ENV, THATTN_CACHE_DIR=str(cache)),
       capture_output=True, text=True, timeout=600, check=False)
   error = _error(result, "thattn-train")
   assert error.startswith(f"thattn-train: error: could not write thattn's "
@@ -189,8 +184,8 @@ def test_a_kernel_that_cannot_be_cached_falls_back_and_says_why(
   cache.mkdir()
   _fill(disk)
   result = forkserver.run(
-      _command("train", f"--model_dir={tmp_path / 'run'}", *tiny_bert_flags,
-               "--train_steps=2"),
+      cli.command("train", f"--model_dir={tmp_path / 'run'}",
+                  *tiny_bert_flags, "--train_steps=2"),
       env=dict(_ENV, THATTN_CACHE_DIR=str(cache)), capture_output=True,
       text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]

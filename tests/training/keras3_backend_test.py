@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests import conftest
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 from thattn.io import checkpoint_reading
@@ -37,14 +38,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _command(model_dir, flags, *extra):
-  return ([sys.executable, "-m", "thattn.bin.train",
-           f"--model_dir={model_dir}", "--deterministic",
-           f"--train_steps={_STEPS}", "--checkpoint_every=4"] +
-          list(flags) + list(extra))
+  return cli.command("train", f"--model_dir={model_dir}", "--deterministic",
+                     f"--train_steps={_STEPS}", "--checkpoint_every=4",
+                     *flags, *extra)
 
 
 def _train(model_dir, flags, *extra):
-  return local_cluster.run_ok(_command(model_dir, flags, *extra), _ENV)
+  return cli.run_ok(_command(model_dir, flags, *extra), _ENV)
 
 
 @pytest.fixture(scope="module")

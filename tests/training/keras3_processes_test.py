@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 from thattn.io import checkpoint_reading
@@ -71,7 +72,7 @@ def runs(tmp_path_factory, tiny_bert_flags):
   root = tmp_path_factory.mktemp("keras3_processes")
   with _cluster(root / "two", tiny_bert_flags, "--export") as cluster:
     two = _ran(cluster.wait())
-  one = local_cluster.run_ok(_command(root / "one", tiny_bert_flags), _ENV)
+  one = cli.run_ok(_command(root / "one", tiny_bert_flags), _ENV)
   return {"two": (root / "two", two), "one": (root / "one", one)}
 
 

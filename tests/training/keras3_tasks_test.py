@@ -15,12 +15,12 @@ frameworks draw different masks.
 """
 
 import os
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from tests.training import local_cluster
 
 pytest.importorskip("jax")
@@ -66,10 +66,9 @@ _TASKS = {
 
 
 def _train(model_dir, flags, steps=_STEPS):
-  command = [sys.executable, "-m", "thattn.bin.train",
-             f"--model_dir={model_dir}", "--deterministic",
-             f"--train_steps={steps}", f"--checkpoint_every={steps}"]
-  return local_cluster.run_ok(command + list(flags), _ENV)
+  return cli.run_ok(cli.command(
+      "train", f"--model_dir={model_dir}", "--deterministic",
+      f"--train_steps={steps}", f"--checkpoint_every={steps}", *flags), _ENV)
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +170,10 @@ def test_each_task_trains_on_keras3s_other_backends(task_runs, pretrained,
     if task == "span_corruption":
       flags = flags + tiny_bert_flags[:2]
     steps = _STEPS_OF.get(task, _STEPS)
-    command = [sys.executable, "-m", "thattn.bin.train",
-               f"--model_dir={tmp_path / task}", "--deterministic",
-               f"--train_steps={steps}", f"--checkpoint_every={steps}",
-               "--backend=keras3"] + list(flags) + ["--noexport"]
-    stdout = local_cluster.run_ok(command, env)
+    stdout = cli.run_ok(cli.command(
+        "train", f"--model_dir={tmp_path / task}", "--deterministic",
+        f"--train_steps={steps}", f"--checkpoint_every={steps}",
+        "--backend=keras3", *flags, "--noexport"), env)
     assert f"Keras 3 on {framework}" in stdout, stdout[:500]
     got = local_cluster.train_losses(str(tmp_path / task))
     want = local_cluster.train_losses(str(task_runs[task]["keras"][0]))

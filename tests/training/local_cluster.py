@@ -132,15 +132,6 @@ def resumed_steps(stdout):
   return resumed, steps
 
 
-def run_ok(command, env):
-  """Runs `command` through the fork server; its stdout. Fails the test
-  with the ends of its output if it exits with an error."""
-  result = forkserver.run(command, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  return result.stdout
-
-
 def train_losses(model_dir):
   """{step: training loss} from a run's TensorBoard summaries."""
   losses = {}

@@ -12,11 +12,11 @@ import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -30,14 +30,8 @@ def data_flags(tiny_bert_flags):
   return tiny_bert_flags + ["--checkpoint_every=1"]
 
 
-def _command(binary, *flags):
-  return [sys.executable, "-m", f"thattn.bin.{binary}", *flags]
-
-
 def _run(binary, *flags, timeout=300):
-  return forkserver.run(_command(binary, *flags), env=_ENV,
-                        capture_output=True, text=True, timeout=timeout,
-                        check=False)
+  return cli.run(cli.command(binary, *flags), env=_ENV, timeout=timeout)
 
 
 def _train(model_dir, data_flags, *flags):
@@ -118,9 +112,9 @@ def test_two_runs_racing_for_one_model_dir(tmp_path, data_flags):
   common = [f"--model_dir={run}", *data_flags, "--train_steps=150",
             "--checkpoint_every=50", "--log_every=50"]
   started = time.time()
-  processes = [forkserver.Popen(_command("train", *common, *extra), env=_ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+  processes = [forkserver.Popen(cli.command("train", *common, *extra),
+                                env=_ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
                for extra in ([], ["--learning_rate=0.001"])]
   finished = {}
   while len(finished) < 2:
@@ -220,7 +214,8 @@ def test_rerunning_a_finished_run_says_where_its_results_are(run_copy,
 def test_a_killed_lock_holder_leaves_no_stale_lock(tmp_path, data_flags):
   run = tmp_path / "run"
   common = [*data_flags, "--train_steps=400", "--deterministic"]
-  process = forkserver.Popen(_command("train", f"--model_dir={run}", *common),
+  process = forkserver.Popen(cli.command("train", f"--model_dir={run}",
+                                         *common),
                              env=_ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
   for line in process.stdout:
@@ -263,8 +258,8 @@ def test_a_checkpoint_the_machine_refuses_stops_the_run_keeping_the_last(
   assert max(others) < min(data), (others, data)
   limit = (max(others) + min(data)) // 2  # the checkpoint alone exceeds it
   refused = forkserver.run(
-      _command("train", f"--model_dir={run}", *data_flags,
-               "--train_steps=4"), env=_ENV, capture_output=True, text=True,
+      cli.command("train", f"--model_dir={run}", *data_flags,
+                  "--train_steps=4"), env=_ENV, capture_output=True, text=True,
       timeout=300, check=False, preexec_fn=_file_size_limit(limit))
   assert refused.returncode == 1, refused.stderr[-3000:]
   error = refused.stderr.strip().splitlines()[-1]
@@ -328,8 +323,8 @@ def test_an_export_the_machine_refuses_leaves_its_target_as_it_was(
   which stays absent, with no staging folder left beside it."""
   export_dir = tmp_path / "export"
   refused = forkserver.run(
-      _command("export", f"--model_dir={trained}",
-               f"--export_dir={export_dir}"), env=_ENV, capture_output=True,
+      cli.command("export", f"--model_dir={trained}",
+                  f"--export_dir={export_dir}"), env=_ENV, capture_output=True,
       text=True, timeout=300, check=False,
       preexec_fn=_file_size_limit(20_000))
   assert refused.returncode == 1, refused.stderr[-3000:]
