@@ -30,8 +30,6 @@ import collections
 
 from thattn.models import wiring
 
-BERT_INPUTS = wiring.BERT_INPUTS
-
 TaskOps = collections.namedtuple("TaskOps", [
     "cast",  # (x, dtype name) -> x as that dtype
     "sum",  # (x) -> the sum of all its elements
@@ -139,7 +137,7 @@ def _per_example(ops, losses):
 def bert_outputs(backbone, batch, training):
   """A BERT's or ALBERT's outputs (sequence_output, pooled_output) for a
   batch holding its three inputs."""
-  return backbone({key: batch[key] for key in BERT_INPUTS},
+  return backbone({key: batch[key] for key in wiring.BERT_INPUTS},
                   training=training)
 
 

@@ -18,7 +18,6 @@ from thattn.io import checkpoint_reading
 from thattn.data import tokenizers
 from thattn.models import wiring
 
-BERT_INPUTS = wiring.BERT_INPUTS
 IDS = tf.TensorSpec([None, None], tf.int32)
 TEXT = tf.TensorSpec([None], tf.string)
 
@@ -43,7 +42,8 @@ def load_tokenizer(tokenizer_dir):
 
 def bert_features(input_word_ids, input_mask, input_type_ids):
   """BERT's three inputs as the backbone's input dict."""
-  return dict(zip(BERT_INPUTS, (input_word_ids, input_mask, input_type_ids)))
+  return dict(zip(wiring.BERT_INPUTS,
+                  (input_word_ids, input_mask, input_type_ids)))
 
 
 class _Untracked:

@@ -51,6 +51,7 @@ from thattn.keras3.models import front_end
 from thattn.keras3.models import heads
 from thattn.models import config as config_lib
 from thattn.models import heads_and_losses
+from thattn.models import wiring
 
 TASKS = ("mlm", "span_corruption", "classification", "squad", "recall")
 _MASKED = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -124,7 +125,7 @@ class TaskLoss(keras.layers.Layer):
     if task_name in ("span_corruption", "recall"):
       self.input_keys = _TASK_INPUTS[task_name]
     elif isinstance(config, config_lib.BertConfig):
-      self.input_keys = heads_and_losses.BERT_INPUTS + _TASK_INPUTS.get(
+      self.input_keys = wiring.BERT_INPUTS + _TASK_INPUTS.get(
           task_name, _MASKED)
     else:  # masked LM on a T5 encoder
       self.input_keys = ("input_word_ids",) + _MASKED
