@@ -7,6 +7,7 @@ import tensorflow as tf
 from thattn.data import bert_inputs
 from thattn.data import errors as data_errors
 from thattn.data import glue
+from thattn.models import heads
 from thattn.tasks import classification
 
 MRPC = ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
@@ -105,17 +106,17 @@ def test_encode_pairs_and_overflow(wordpiece, tmp_path):
 
 
 def test_head_losses_and_metrics():
-  head = classification.ClassificationHead(3, inner_dim=16)
+  head = heads.ClassificationHead(3, inner_dim=16)
   logits = head(tf.random.normal([4, 8]))
   assert logits.shape == (4, 3)
   assert float(classification.classification_loss(
       tf.constant([0, 1, 2, 0]), logits)) > 0
-  regression = classification.ClassificationHead(1)
+  regression = heads.ClassificationHead(1)
   assert regression(tf.random.normal([4, 8])).shape == (4,)
   assert float(classification.regression_loss(
       tf.constant([1.0, 2.0]), tf.constant([1.0, 4.0]))) == 2.0
   config = head.get_config()
-  assert classification.ClassificationHead.from_config(config).inner_dim == 16
+  assert heads.ClassificationHead.from_config(config).inner_dim == 16
 
   labels, predictions = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]
   assert classification.accuracy(labels, predictions) == 0.6

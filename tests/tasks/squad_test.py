@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from thattn.data import errors as data_errors
 from thattn.data import squad as squad_data
+from thattn.models import heads
 from thattn.tasks import squad
 from thattn.tasks import squad_metrics
 
@@ -114,7 +115,7 @@ def test_windows_cover_long_contexts(wordpiece, tmp_path):
 
 
 def test_head_and_loss():
-  head = squad.SpanHead()
+  head = heads.SpanHead()
   features = {"input_type_ids": tf.constant([[0, 0, 1, 1, 0]]),
               "input_mask": tf.constant([[1, 1, 1, 1, 0]])}
   mask = squad.answer_mask(features)
@@ -124,5 +125,5 @@ def test_head_and_loss():
   assert start.numpy()[0, 1] < -1e8 and start.numpy()[0, 4] < -1e8
   loss = squad.span_loss(tf.constant([2]), tf.constant([3]), start, end)
   assert loss.shape == () and float(loss) > 0
-  assert squad.SpanHead.from_config(head.get_config()).kernel_initializer \
+  assert heads.SpanHead.from_config(head.get_config()).kernel_initializer \
       == "glorot_uniform"

@@ -29,7 +29,7 @@ _EXPORTS = {
 }
 
 
-_SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory",
+_SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory", "heads",
                "generation", "loading", "presets", "recall_encoder", "t5")
 # The submodules that are plain Python; the others build tf_keras models.
 _PLAIN = ("config", "presets")

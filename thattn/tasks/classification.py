@@ -11,65 +11,17 @@ correlation. Serving: logits and predictions of raw text (pairs).
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from thattn import models
-from thattn.ops import autograph
 from thattn.data import bert_inputs
 from thattn.data import errors
 from thattn.data import glue
-from thattn.models import blocks
 from thattn.models import front_end
+from thattn.models import heads
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
-
-
-@tf_keras.utils.register_keras_serializable(package="thattn")
-class ClassificationHead(tf_keras.layers.Layer):
-  """Logits [b, num_classes] from a pooled output [b, d]
-  (`thattn.models.heads_and_losses.classification_logits`).
-
-  inner_dim > 0 adds a Dense+tanh pooler first, for backbones without one
-  (T5's encoder, after taking position 0). num_classes=1 is regression and
-  returns [b].
-  """
-
-  def __init__(self, num_classes, *, inner_dim=0, dropout_rate=0.1,
-               kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    if num_classes < 1:
-      raise ValueError(f"num_classes must be positive, got {num_classes}.")
-    self.num_classes = num_classes
-    self.inner_dim = inner_dim
-    self.dropout_rate = dropout_rate
-    self.kernel_initializer = kernel_initializer
-    self.dense = (tf_keras.layers.Dense(
-        inner_dim, activation="tanh", kernel_initializer=kernel_initializer,
-        name="pooler_dense") if inner_dim else None)
-    self.dropout = tf_keras.layers.Dropout(dropout_rate)
-    self.out_proj = tf_keras.layers.Dense(
-        num_classes, kernel_initializer=kernel_initializer, name="logits")
-
-  def build(self, input_shape):
-    input_shape = list(input_shape)
-    if self.dense is not None:
-      blocks.build_sublayer(self.dense, input_shape)
-      input_shape = input_shape[:-1] + [self.inner_dim]
-    blocks.build_sublayer(self.out_proj, input_shape)
-    super().build(input_shape)
-
-  @autograph.unconverted
-  def call(self, pooled_output, training=None):
-    return heads_and_losses.classification_logits(
-        pooled_output, self.dense, self.dropout, self.out_proj,
-        self.num_classes, training=training)
-
-  def get_config(self):
-    return dict(super().get_config(), num_classes=self.num_classes,
-                inner_dim=self.inner_dim, dropout_rate=self.dropout_rate,
-                kernel_initializer=self.kernel_initializer)
 
 
 def classification_loss(labels, logits):
@@ -169,7 +121,7 @@ class Classification(finetune.FinetuneTask):
 
   def build(self):
     self.backbone = models.build_model(self.model_config)
-    self.head = ClassificationHead(
+    self.head = heads.ClassificationHead(
         self.glue_task.num_classes,
         dropout_rate=self.model_config.dropout_rate, name="classifier")
     # Built now, so the optimizer and a restore see all of its weights.
@@ -202,7 +154,7 @@ class Classification(finetune.FinetuneTask):
   @classmethod
   def serving_module(cls, *, config, checkpoint, tokenizer_dir):
     backbone, tokenizer, files = cls.serving_backbone(config, tokenizer_dir)
-    head = ClassificationHead(config["num_classes"], name="classifier")
+    head = heads.ClassificationHead(config["num_classes"], name="classifier")
     head(backbone.output["pooled_output"])
     serving.restore(checkpoint, backbone=backbone, head=head)
     pair = glue.get_task(config["glue_task"]).tsv_text_b is not None

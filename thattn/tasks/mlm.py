@@ -5,17 +5,9 @@ positions; of those 80% [MASK], 10% a random token, 10% kept;
 `thattn.data.masking`), and the model predicts the original tokens at the
 masked positions. The held-out loss is ln(PPL) over those positions.
 
-`MaskedLMHead` is BERT's output layer for masked LM (Devlin et al., 2019, and
-the released code): the sequence output at the masked positions goes through
-a dense layer, the feed-forward activation and a layer norm, then is scored
-against the word embeddings (tied) plus a per-token bias (letters as in
-`thattn.core.dims`; p counts the masked positions, e the embedding width):
-
-    H[b, p, d] = gather(X[b, n, d], positions[b, p])
-    T[b, p, e] = LayerNorm(act(H W_t + b_t))
-    logits[b, p, t] = einsum(T[b, p, e], E[t, e]) + bias[t]
-
-For ALBERT, e is the factorized embedding width E, so the tie still holds.
+The head is BERT's masked-LM output layer, tied to the word embeddings
+(`thattn.models.heads.MaskedLMHead`; on Keras 3,
+`thattn.keras3.models.heads.MaskedLMHead`).
 
 The default preset is the default job's model: `bert_tiny` widened to
 d_model 128 and d_ff 512, so that it learns more than word frequencies in a
@@ -32,77 +24,13 @@ import tensorflow as tf
 import tf_keras
 
 from thattn import models
-from thattn.ops import autograph
-from thattn.core import dims
 from thattn.data import batches
-from thattn.models import blocks
-from thattn.models import embeddings
 from thattn.models import front_end
+from thattn.models import heads
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
-
-
-@tf_keras.utils.register_keras_serializable(package="thattn")
-class MaskedLMHead(tf_keras.layers.Layer):
-  """Logits [b, p, t] (float32) at the masked positions; see the module
-  (`thattn.models.heads_and_losses.masked_lm_logits`).
-
-  Args:
-    embedding: the backbone's `TokenEmbedding` (its `word_embeddings`
-      layer), whose table scores the outputs. Not serialized: rebuild the
-      head around the backbone's layer.
-    activation: a name from thattn.models.config.ACTIVATIONS.
-    initializer_range: stddev of the truncated-normal transform kernel.
-    layer_norm_epsilon: of the transform's LayerNorm.
-  """
-
-  def __init__(self, embedding, activation="gelu", initializer_range=0.02,
-               layer_norm_epsilon=1e-12, **kwargs):
-    super().__init__(**kwargs)
-    if not isinstance(embedding, embeddings.TokenEmbedding):
-      raise ValueError(f"embedding must be a TokenEmbedding, got "
-                       f"{embedding!r}.")
-    self._activation = blocks.activation_function(activation)  # fails early
-    self.embedding = embedding
-    self.activation = activation
-    self.initializer_range = initializer_range
-    self.layer_norm_epsilon = layer_norm_epsilon
-    self.transform = tf_keras.layers.Dense(
-        embedding.width, kernel_initializer=tf_keras.initializers
-        .TruncatedNormal(stddev=initializer_range), name="transform")
-    self.norm = tf_keras.layers.LayerNormalization(
-        epsilon=layer_norm_epsilon, name="transform_norm")
-
-  def build(self, input_shape, positions_shape=None):
-    del positions_shape  # any number of positions
-    input_shape = list(input_shape)
-    blocks.build_sublayer(self.transform, input_shape)
-    blocks.build_sublayer(self.norm,
-                          input_shape[:-1] + [self.embedding.width])
-    self.output_bias = self.add_weight(
-        name="output_bias", shape=(self.embedding.vocab_size,),
-        initializer="zeros")
-    super().build(input_shape)
-
-  @property
-  def logical_axes(self):
-    # The bias follows the tied table's vocab axis, so a vocab rule shards
-    # both alike; the transform (d_model -> embedding width) stays whole.
-    return {self.output_bias.name: (dims.VOCAB,)}
-
-  @autograph.unconverted
-  def call(self, sequence_output, positions):
-    return heads_and_losses.masked_lm_logits(
-        front_end.TF_KERAS_OPS, sequence_output, positions, self.transform,
-        self._activation, self.norm, self.embedding, self.output_bias)
-
-  def get_config(self):
-    # The tied embedding is a live layer, not a config value.
-    return dict(super().get_config(), activation=self.activation,
-                initializer_range=self.initializer_range,
-                layer_norm_epsilon=self.layer_norm_epsilon)
 
 
 @base.register
@@ -141,7 +69,7 @@ class MaskedLM(text.TextTask):
     self.backbone = models.build_model(self.model_config)
     if self._t5_encoder:
       return  # its own LM head scores every position
-    self.head = MaskedLMHead(
+    self.head = heads.MaskedLMHead(
         self.backbone.get_layer("word_embeddings"),
         activation=self.model_config.activation,
         initializer_range=self.model_config.initializer_range,

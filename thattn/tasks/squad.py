@@ -3,8 +3,8 @@
 The data (`thattn.data.squad`) is read from one SQuAD JSON file per split,
 every answer checked against its context; contexts longer than the sequence
 length are an error unless --on_overflow=window (BERT's sliding windows) or
-drop. `SpanHead` maps the backbone's sequence output to start and end logits,
-`span_loss` is the mean of the two cross-entropies, and `predict` picks the
+drop. The head (`thattn.models.heads.SpanHead`) maps the backbone's
+sequence output to start and end logits, `span_loss` is the mean of the two cross-entropies, and `predict` picks the
 best span per question (start <= end, at most max_answer_length tokens,
 inside the context, best over windows) and returns its text, scored by
 `squad_metrics.evaluate` (exact match and F1). Serving: the answer text of
@@ -13,14 +13,12 @@ a (question, context) pair.
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from thattn import models
-from thattn.ops import autograph
 from thattn.data import errors
 from thattn.data import squad as squad_data
-from thattn.models import blocks
 from thattn.models import front_end
+from thattn.models import heads
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
@@ -28,35 +26,6 @@ from thattn.tasks import serving
 from thattn.tasks import squad_metrics
 
 _MAX_ANSWER_TOKENS = 30
-
-
-@tf_keras.utils.register_keras_serializable(package="thattn")
-class SpanHead(tf_keras.layers.Layer):
-  """(start_logits, end_logits) [b, n] = X[b, n, d] W[d, 2] + b from a
-  sequence output (`thattn.models.heads_and_losses.split_span_logits`).
-
-  With a boolean mask [b, n], positions where it is False get -1e9 logits.
-  """
-
-  def __init__(self, kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.kernel_initializer = kernel_initializer
-    self.dense = tf_keras.layers.Dense(
-        2, kernel_initializer=kernel_initializer, name="span_logits")
-
-  def build(self, input_shape):
-    blocks.build_sublayer(self.dense, list(input_shape))
-    super().build(input_shape)
-
-  @autograph.unconverted
-  def call(self, sequence_output, mask=None):
-    return heads_and_losses.split_span_logits(
-        front_end.TF_KERAS_OPS, self.dense(sequence_output), mask,
-        self.compute_dtype)
-
-  def get_config(self):
-    return dict(super().get_config(),
-                kernel_initializer=self.kernel_initializer)
 
 
 def answer_mask(features):
@@ -118,7 +87,7 @@ class Squad(finetune.FinetuneTask):
 
   def build(self):
     self.backbone = models.build_model(self.model_config)
-    self.head = SpanHead(name="span_head")
+    self.head = heads.SpanHead(name="span_head")
     self.head(self.backbone.output["sequence_output"])
 
   def _logits(self, batch, training=False):
@@ -144,7 +113,7 @@ class Squad(finetune.FinetuneTask):
   @classmethod
   def serving_module(cls, *, config, checkpoint, tokenizer_dir):
     backbone, tokenizer, files = cls.serving_backbone(config, tokenizer_dir)
-    head = SpanHead(name="span_head")
+    head = heads.SpanHead(name="span_head")
     head(backbone.output["sequence_output"])
     serving.restore(checkpoint, backbone=backbone, head=head)
     return SquadServing({"backbone": backbone, "head": head}, tokenizer,
