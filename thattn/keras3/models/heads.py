@@ -54,8 +54,8 @@ def _build_sublayer(layer, input_shape):
 
 @keras.saving.register_keras_serializable(package="thattn")
 class MaskedLMHead(keras.layers.Layer):
-  """Float32 logits [b, p, t] at the masked positions (`thattn.tasks.mlm.
-  MaskedLMHead`; `thattn.models.heads_and_losses.masked_lm_logits`).
+  """Float32 logits [b, p, t] at the masked positions (`thattn.models.
+  heads.MaskedLMHead`; `thattn.models.heads_and_losses.masked_lm_logits`).
 
   Args:
     embedding: the backbone's `TokenEmbedding` (`word_embeddings`), whose
@@ -111,7 +111,7 @@ class MaskedLMHead(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="thattn")
 class ClassificationHead(keras.layers.Layer):
   """Logits [b, num_classes] (regression: [b]) from a pooled output [b, d]
-  (`thattn.tasks.classification.ClassificationHead`;
+  (`thattn.models.heads.ClassificationHead`;
   `thattn.models.heads_and_losses.classification_logits`).
 
   Args:
@@ -158,7 +158,7 @@ class ClassificationHead(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="thattn")
 class SpanHead(keras.layers.Layer):
   """(start_logits, end_logits) [b, n] from a sequence output [b, n, d]
-  (`thattn.tasks.squad.SpanHead`;
+  (`thattn.models.heads.SpanHead`;
   `thattn.models.heads_and_losses.split_span_logits`); with a boolean mask
   [b, n], -1e9 where it is False."""
 
