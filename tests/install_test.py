@@ -94,6 +94,17 @@ for name in ("layers", "optimizers", "models.create_model",
         error), error
   else:
     raise AssertionError("thattn." + name + " imported without TensorFlow")
+# The tasks import without it (the Keras 3 step reads them), and their data
+# refuses when first used.
+from thattn import tasks
+assert tasks.get("mlm").name == "mlm"
+try:
+  tasks.text.has_tokenizer("folder")
+except ImportError as error:
+  assert "pip install -e '.[tensorflow]' in a thattn checkout" in str(
+      error), error
+else:
+  raise AssertionError("a task's data ran without TensorFlow")
 print("refused as expected")
 """
 

@@ -52,7 +52,8 @@ EXPORT_INFO = "thattn_export.json"
 
 
 def build_serving_module(model_dir, checkpoint=None):
-  """(the serving module, run config, checkpoint path) of a model_dir."""
+  """(the tf.Module to save, run config, checkpoint path) of a model_dir:
+  the task's `serving_module`'s `tf_module()` (`thattn.tasks.serving`)."""
   config = run_dir.read_run_config(model_dir)
   if checkpoint is None:
     try:
@@ -61,9 +62,9 @@ def build_serving_module(model_dir, checkpoint=None):
       raise ValueError(f"Nothing to export: {e}") from None
   tokenizer_dir = (run_dir.path(model_dir, config["tokenizer_dir"])
                    if config.get("tokenizer_dir") else None)
-  module = tasks.get(config["task"]).serving_module(
+  serving = tasks.get(config["task"]).serving_module(
       config=config, checkpoint=checkpoint, tokenizer_dir=tokenizer_dir)
-  return module, config, checkpoint
+  return serving.tf_module(), config, checkpoint
 
 
 def _signatures(module):

@@ -154,7 +154,7 @@ class ToyT5Copy(tasks.Task):
 
 class CopyServing(serving.Serving):
 
-  @tf.function(input_signature=[serving.IDS])
+  @serving.signature(serving.IDS)
   def serve_token_ids(self, tokens):
     logits = self._keras.backbone(tokens, training=False)
     return {"predictions": tf.argmax(logits, -1, output_type=tf.int32)}

@@ -1,7 +1,7 @@
 """What each part of thattn needs installed, and the error that says so.
 
 thattn installs by need (README, "Install"). `pip install thattn` alone
-brings only absl-py and NumPy; each framework comes with an extra:
+brings only absl-py, NumPy and etils; each framework comes with an extra:
 
 - `[jax]`, `[torch]`: Keras 3 and JAX or PyTorch, for `thattn.keras3`
   (the layers, the models, `layout_map`);
@@ -13,6 +13,7 @@ brings only absl-py and NumPy; each framework comes with an extra:
   conversions (its BERT and ALBERT sources need only `[tensorflow]`).
 
 A part that needs a missing package calls `require` before importing it,
+or imports it inside `lazy_imports(part)`, which loads it on first use,
 so the user reads one line naming the pip command instead of a bare
 ModuleNotFoundError from deep inside the part. Plain Python: importing this
 module imports no framework, and `require` only looks packages up
@@ -20,6 +21,8 @@ module imports no framework, and `require` only looks packages up
 """
 
 import importlib.util
+
+from etils import epy
 
 # Import name -> the extra that installs it.
 EXTRA_OF = {
@@ -84,3 +87,13 @@ def keras3_import_error(error):
         "jax, torch or tensorflow before importing Keras (Keras 3 defaults "
         f"to tensorflow), or install it: {install_command(error.name)}.")
   return None
+
+
+def lazy_imports(part, names=TENSORFLOW):
+  """A context in which imports load on first use (`etils.epy.lazy_imports`,
+  TensorFlow Datasets' way of importing TensorFlow), so that a module of
+  `part` imports without them; if one is missing when it is used, the
+  ImportError names the pip command that installs `names`."""
+  command = install_command(*sorted({EXTRA_OF[name] for name in names}))
+  return epy.lazy_imports(
+      error_callback=f"{part} needs {', '.join(names)} here: {command}.")

@@ -9,11 +9,9 @@ task") for how to add one. Importing this package registers the built-in
 tasks below.
 """
 
-from thattn.core import requirements  # pylint: disable=g-bad-import-order
-
-# Before the first TensorFlow import: names the pip extra if it is missing.
-requirements.require("thattn.tasks", requirements.TENSORFLOW)
-
+# Importing the tasks imports no framework: each task module loads
+# TensorFlow and tf_keras where it uses them (`thattn.tasks.base`,
+# "Imports"), so the Keras 3 step reads a task on JAX or PyTorch alone.
 # In the order `names()` and `thattn-train --help` list them: pretraining,
 # fine-tuning, then the synthetic task.
 from thattn.tasks import mlm  # pylint: disable=g-bad-import-order

@@ -57,20 +57,34 @@ converted):
 - `inputs_and_targets(batch)`: one batch as mtf's int32 arrays
   [batch, length], targets 0 where not scored.
 
+Imports: a task module imports no framework at import time. TensorFlow,
+tf_keras and the modules built on them (`thattn.data`, the tf_keras
+models) are imported inside `thattn.core.requirements.lazy_imports`, which
+loads them when they are first used: the Keras 3 step
+(`thattn.training.keras3_steps`) reads a task's Keras 3 parts on JAX or
+PyTorch with no TensorFlow installed, as `benchmarks/model_steps.py` does
+on the GPU machines. The tf_keras heads live in `thattn.models.heads`, and
+a serving's signatures are declared as plain data
+(`thattn.tasks.serving.signature`), so that no class statement needs
+TensorFlow.
+
 Serving (a class method, no run needed):
 - `serving_module(config=..., checkpoint=..., tokenizer_dir=...)`: a
-  `tf.Module` with a `serve_token_ids` function and, for text tasks,
-  `serve_text` (see `thattn.tasks.serving`).
+  `thattn.tasks.serving.Serving` with a `serve_token_ids` signature and,
+  for text tasks, `serve_text`.
 """
 
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
-from thattn.models import front_end
+from thattn.core import requirements
 from thattn.models import heads_and_losses
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.models import front_end
 
 _REGISTRY = {}
 

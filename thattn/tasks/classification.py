@@ -10,18 +10,21 @@ correlation. Serving: logits and predictions of raw text (pairs).
 """
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
-from thattn.data import bert_inputs
-from thattn.data import errors
-from thattn.data import glue
-from thattn.models import front_end
-from thattn.models import heads
+from thattn.core import requirements
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import bert_inputs
+  from thattn.data import errors
+  from thattn.data import glue
+  from thattn.models import front_end
+  from thattn.models import heads
 
 
 def classification_loss(labels, logits):
@@ -174,7 +177,7 @@ class ClassifierServing(serving.BertServing):
     return {"logits": logits,
             "predictions": tf.argmax(logits, -1, output_type=tf.int32)}
 
-  @tf.function(input_signature=[serving.IDS, serving.IDS, serving.IDS])
+  @serving.signature(serving.IDS, serving.IDS, serving.IDS)
   def serve_token_ids(self, input_word_ids, input_mask, input_type_ids):
     return self._classify(serving.bert_features(
         input_word_ids, input_mask, input_type_ids))
@@ -182,13 +185,13 @@ class ClassifierServing(serving.BertServing):
 
 class SingleTextClassifierServing(ClassifierServing):
 
-  @tf.function(input_signature=[serving.TEXT])
+  @serving.signature(serving.TEXT)
   def serve_text(self, text):
     return self._classify(self._features(text))
 
 
 class PairClassifierServing(ClassifierServing):
 
-  @tf.function(input_signature=[serving.TEXT, serving.TEXT])
+  @serving.signature(serving.TEXT, serving.TEXT)
   def serve_text(self, text_a, text_b):
     return self._classify(self._features(text_a, text_b))

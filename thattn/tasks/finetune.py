@@ -12,14 +12,17 @@ regression); each task's own metrics are computed over the whole eval file.
 import math
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
-from thattn.data import batches
-from thattn.data import tokenizers
+from thattn.core import requirements
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import batches
+  from thattn.data import tokenizers
 
 
 def finetune_tokenizer(data, files, log=print):

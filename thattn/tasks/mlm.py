@@ -20,17 +20,20 @@ the masked ones. It is Mesh TensorFlow's "aligned" Unitransformer, so
 """
 
 import numpy as np
-import tensorflow as tf
-import tf_keras
 
 from thattn import models
-from thattn.data import batches
-from thattn.models import front_end
-from thattn.models import heads
+from thattn.core import requirements
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  import tf_keras
+  from thattn.data import batches
+  from thattn.models import front_end
+  from thattn.models import heads
 
 
 @base.register
@@ -122,7 +125,7 @@ class MaskedLM(text.TextTask):
 class EncoderServing(serving.BertServing):
   """BERT encodings of raw text (serving_default) or of token ids."""
 
-  @tf.function(input_signature=[serving.TEXT])
+  @serving.signature(serving.TEXT)
   def serve_text(self, text):  # pylint: disable=redefined-outer-name
     features = self._features(text)
     outputs = self._encode(features)
@@ -131,7 +134,7 @@ class EncoderServing(serving.BertServing):
             "input_mask": features["input_mask"],
             "input_word_ids": features["input_word_ids"]}
 
-  @tf.function(input_signature=[serving.IDS, serving.IDS, serving.IDS])
+  @serving.signature(serving.IDS, serving.IDS, serving.IDS)
   def serve_token_ids(self, input_word_ids, input_mask, input_type_ids):
     outputs = self._encode(serving.bert_features(
         input_word_ids, input_mask, input_type_ids))
@@ -148,11 +151,11 @@ class T5EncoderServing(serving.BertServing):
     return {"logits": logits,
             "predicted_ids": tf.argmax(logits, -1, output_type=tf.int32)}
 
-  @tf.function(input_signature=[serving.TEXT])
+  @serving.signature(serving.TEXT)
   def serve_text(self, text):  # pylint: disable=redefined-outer-name
     ids = self._features(text)["input_word_ids"]
     return dict(self._predict(ids), input_word_ids=ids)
 
-  @tf.function(input_signature=[serving.IDS])
+  @serving.signature(serving.IDS)
   def serve_token_ids(self, input_word_ids):
     return self._predict(input_word_ids)

@@ -11,16 +11,19 @@ keywords, and the held-out metrics are ln(PPL) of the values and accuracy.
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
+from thattn.core import requirements
 from thattn.core import validation
 from thattn.core import variants
-from thattn.data import recall
-from thattn.models import front_end
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import recall
+  from thattn.models import front_end
 
 # RecallEncoder's keywords that --num_heads and the other model flags set.
 MODEL_KEYWORDS = ("attention", "num_layers", "d_model", "num_heads",
@@ -107,7 +110,7 @@ class Recall(base.Task):
 class RecallServing(serving.Serving):
   """Value logits and predictions of (key, value) tokens."""
 
-  @tf.function(input_signature=[tf.TensorSpec([None, None, 2], tf.int32)])
+  @serving.signature(serving.Spec("int32", (None, None, 2)))
   def serve_token_ids(self, tokens):
     logits = tf.cast(self._keras.backbone(tokens, training=False), tf.float32)
     return {"logits": logits,

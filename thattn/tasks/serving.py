@@ -1,25 +1,63 @@
 """What every task's serving module shares: tokenization in the graph.
 
-A task's `serving_module` (see `thattn.tasks.base`) returns a `Serving`: a
-`tf.Module` holding the model's weights and the tokenizer, with a
-`serve_token_ids` function and, for text tasks, `serve_text`, which
-`thattn.export` saves as the SavedModel's `serve_token_ids` and
-`serving_default` signatures. Tokenization runs inside the graph
+A task's `serving_module` (see `thattn.tasks.base`) returns a `Serving`
+holding the model and the tokenizer, whose methods marked with
+`@signature(...)` are the SavedModel's functions: `serve_token_ids` and,
+for text tasks, `serve_text`, which `thattn.export` saves as the
+`serve_token_ids` and `serving_default` signatures. `Serving.tf_module()`
+makes the `tf.Module` that is saved. Tokenization runs inside the graph
 (tensorflow-text), so a client needs only `tensorflow` and
 `tensorflow_text`. Texts longer than the trained sequence length are
 truncated.
+
+A `Serving` is a plain Python class, and the signatures' specs are plain
+data, so that a task module defines its serving without importing
+TensorFlow (see `thattn.tasks.base`, "Imports"); TensorFlow is imported
+when a `Serving` is made.
 """
 
+import dataclasses
+import inspect
 import os
+import types
+from typing import Optional, Tuple
 
-import tensorflow as tf
-
-from thattn.io import checkpoint_reading
-from thattn.data import tokenizers
+from thattn.core import requirements
 from thattn.models import wiring
 
-IDS = tf.TensorSpec([None, None], tf.int32)
-TEXT = tf.TensorSpec([None], tf.string)
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import tokenizers
+  from thattn.io import checkpoint_reading
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A signature's input: `tf.TensorSpec(shape, dtype, name=name)`."""
+  dtype: str
+  shape: Tuple[Optional[int], ...]
+  name: Optional[str] = None
+
+  def tensor_spec(self):
+    return tf.TensorSpec(self.shape, self.dtype, name=self.name)
+
+
+IDS = Spec("int32", (None, None))
+TEXT = Spec("string", (None,))
+
+
+def signature(*specs):
+  """Marks a `Serving` method as a SavedModel function of inputs `specs`
+  (`Spec`s, one per argument); `Serving.tf_module` traces it with
+  `tf.function(..., input_signature=...)`."""
+  for spec in specs:
+    if not isinstance(spec, Spec):
+      raise ValueError(f"signature takes serving.Spec inputs, got {spec!r}.")
+
+  def mark(method):
+    method.input_specs = specs
+    return method
+  return mark
 
 
 def restore(checkpoint, **objects):
@@ -46,29 +84,47 @@ def bert_features(input_word_ids, input_mask, input_type_ids):
                   (input_word_ids, input_mask, input_type_ids)))
 
 
-class _Untracked:
-  """Holds Keras models out of the tf.Module's tracking (see `Serving`)."""
-
-  def __init__(self, **attributes):
-    self.__dict__.update(attributes)
-
-
-class Serving(tf.Module):
+class Serving:
   """Base of the tasks' serving modules.
 
-  The Keras models sit in an untracked holder and only their weights are
-  tracked: the SavedModel then holds the variables and the signature
-  functions, not a Keras model (no Keras needed to load it, and no tracing
-  of every layer at export time).
+  Args:
+    keras_models: {name: Keras model or layer}, reached in the signatures
+      as `self._keras.<name>`.
+    tokenizer: a `thattn.data.tokenizers.Tokenizer`, or None.
+    sequence_length: the trained length texts are cut to.
+    files: the tokenizer's files, saved as the SavedModel's assets.
+
+  `saved_objects` are what the SavedModel keeps beside the functions: the
+  models' weights (not the Keras models: no Keras is needed to load it, and
+  no layer's call is traced at export time), the tokenizer and its files;
+  a subclass may add to them.
   """
 
   def __init__(self, keras_models, tokenizer, sequence_length, files=()):
-    super().__init__()
-    self._keras = _Untracked(**keras_models)
-    self._weights = [w for m in keras_models.values() for w in m.weights]
+    self._keras = types.SimpleNamespace(**keras_models)
     self.tokenizer = tokenizer
     self.sequence_length = sequence_length
-    self.tokenizer_files = [tf.saved_model.Asset(f) for f in files]
+    self.saved_objects = {
+        "weights": [w for m in keras_models.values() for w in m.weights],
+        "tokenizer": tokenizer,
+        "tokenizer_files": [tf.saved_model.Asset(f) for f in files]}
+
+  def tf_module(self):
+    """The `tf.Module` to save: `saved_objects`, and each method marked
+    with `signature` as a `tf.function` of its input specs."""
+    module = tf.Module()
+    for name, value in self.saved_objects.items():
+      setattr(module, name, value)
+    for name, method in inspect.getmembers(type(self), inspect.isfunction):
+      specs = getattr(method, "input_specs", None)
+      if specs is not None:
+        setattr(module, name, tf.function(
+            getattr(self, name),
+            input_signature=[spec.tensor_spec() for spec in specs]))
+    if not hasattr(module, "serve_token_ids"):
+      raise ValueError(f"{type(self).__name__} has no serve_token_ids "
+                       "signature; mark it with @serving.signature(...).")
+    return module
 
 
 class BertServing(Serving):

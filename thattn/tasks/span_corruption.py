@@ -15,15 +15,18 @@ greedy generation from raw text.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
-from thattn.data import batches
-from thattn.models import front_end
+from thattn.core import requirements
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import batches
+  from thattn.models import front_end
 
 
 def decoding_metrics(targets, tokens, pad_id):
@@ -142,8 +145,10 @@ class T5Serving(serving.Serving):
   def __init__(self, generator, tokenizer, sequence_length, files=()):
     super().__init__({}, tokenizer, sequence_length, files)
     self.generator = generator
+    # It holds the model's weights, and its random generator's state.
+    self.saved_objects["generator"] = generator
 
-  @tf.function(input_signature=[serving.TEXT])
+  @serving.signature(serving.TEXT)
   def serve_text(self, text):  # pylint: disable=redefined-outer-name
     special = self.tokenizer.special
     ids = self.tokenizer.tokenize(text)[:, :self.sequence_length - 1]
@@ -153,7 +158,7 @@ class T5Serving(serving.Serving):
         tf.RaggedTensor.from_tensor(tokens, padding=special.pad))
     return {"text": text_out, "tokens": tokens}
 
-  @tf.function(input_signature=[
-      tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")])
+  @serving.signature(serving.Spec("int32", (None, None),
+                                  name="encoder_input_tokens"))
   def serve_token_ids(self, encoder_input_tokens):
     return {"tokens": self.generator(encoder_input_tokens)["tokens"]}

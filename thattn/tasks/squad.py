@@ -12,18 +12,21 @@ a (question, context) pair.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from thattn import models
-from thattn.data import errors
-from thattn.data import squad as squad_data
-from thattn.models import front_end
-from thattn.models import heads
+from thattn.core import requirements
 from thattn.models import heads_and_losses
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
 from thattn.tasks import squad_metrics
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import errors
+  from thattn.data import squad as squad_data
+  from thattn.models import front_end
+  from thattn.models import heads
 
 _MAX_ANSWER_TOKENS = 30
 
@@ -128,7 +131,7 @@ class SquadServing(serving.BertServing):
     start, end = self._keras.head(sequence, mask=answer_mask(features))
     return tf.cast(start, tf.float32), tf.cast(end, tf.float32)
 
-  @tf.function(input_signature=[serving.TEXT, serving.TEXT])
+  @serving.signature(serving.TEXT, serving.TEXT)
   def serve_text(self, question, context):
     features = self._features(question, context)
     start_logits, end_logits = self._logits(features)
@@ -155,7 +158,7 @@ class SquadServing(serving.BertServing):
                                         byte_end - byte_start),
             "start_logits": start_logits, "end_logits": end_logits}
 
-  @tf.function(input_signature=[serving.IDS, serving.IDS, serving.IDS])
+  @serving.signature(serving.IDS, serving.IDS, serving.IDS)
   def serve_token_ids(self, input_word_ids, input_mask, input_type_ids):
     start, end = self._logits(serving.bert_features(
         input_word_ids, input_mask, input_type_ids))

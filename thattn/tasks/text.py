@@ -8,13 +8,15 @@ tokenizer once per run, and packs the token ids into rows held in memory
 
 import os
 
-import tensorflow as tf
-
 from thattn import models
-from thattn.data import corpus
-from thattn.data import sources
-from thattn.data import tokenizers
+from thattn.core import requirements
 from thattn.tasks import base
+
+with requirements.lazy_imports("thattn.tasks"):
+  import tensorflow as tf
+  from thattn.data import corpus
+  from thattn.data import sources
+  from thattn.data import tokenizers
 
 TOKENIZER_KINDS = ("sentencepiece", "wordpiece")
 # Every HELDOUT_EVERY-th document of --train_files is held out when no
