@@ -79,6 +79,7 @@ def worker(args):
   from thattn.keras3 import optimizers  # pylint: disable=g-import-not-at-top
   from thattn.models import presets  # pylint: disable=g-import-not-at-top
   from thattn.sharding import rules as rules_lib  # pylint: disable=g-import-not-at-top
+  from thattn import tasks  # pylint: disable=g-import-not-at-top
   from thattn.training import keras3_steps  # pylint: disable=g-import-not-at-top
 
   size = SIZES[args.size]
@@ -87,13 +88,13 @@ def worker(args):
   mesh = keras.distribution.DeviceMesh((2,), ["batch"], jax.devices())
   rules = rules_lib.LayoutRules.parse("batch:batch")  # data parallel
   keras.utils.set_random_seed(0)
-  reference = keras3_steps.TaskLoss("mlm", config)
+  reference = keras3_steps.TaskLoss(tasks.get("mlm"), config)
   distribution = keras.distribution.ModelParallel(
       layout_map=distribution_lib.model_layout_map(mesh, reference, rules),
       batch_dim_name="batch")
   with distribution.scope():
     keras.utils.set_random_seed(0)
-    loss_layer = keras3_steps.TaskLoss("mlm", config)
+    loss_layer = keras3_steps.TaskLoss(tasks.get("mlm"), config)
     steps = keras3_steps.Steps(
         loss_layer, optimizers.Adafactor(1e-3),
         batch_layout=lambda shape: keras.distribution.TensorLayout(

@@ -322,6 +322,7 @@ def train_step(sizes, family, attention, heads, batch, length):
   batch."""
   from thattn.keras3 import optimizers  # pylint: disable=g-import-not-at-top
   from thattn.models import presets  # pylint: disable=g-import-not-at-top
+  from thattn import tasks  # pylint: disable=g-import-not-at-top
   from thattn.training import keras3_steps  # pylint: disable=g-import-not-at-top
   overrides = dict(sizes["model"], attention=attention, dropout_rate=0.0)
   if heads is not None:
@@ -332,7 +333,7 @@ def train_step(sizes, family, attention, heads, batch, length):
   config = presets.model_config(preset, **overrides)
   with policy_scope():
     task = keras3_steps.TaskLoss(
-        "mlm" if family == "BERT" else "span_corruption", config)
+        tasks.get("mlm" if family == "BERT" else "span_corruption"), config)
   optimizer = optimizers.Adafactor(optimizers.InverseSqrtSchedule(
       warmup_steps=100, scale=0.01 * 10))
   steps = keras3_steps.Steps(task, optimizer)

@@ -9,9 +9,11 @@ the binaries or the export.
 
 `ToyT5Copy`, also registered only here, is the same task on a T5 encoder,
 and says how Mesh TensorFlow trains it (`mtf_model`,
-`inputs_and_targets`): it trains with `--backend=keras` and
-`--backend=mtf` alike, step for step, with its accuracy metric collected
-by both, and no change outside this file.
+`inputs_and_targets`) and how Keras 3 does (`keras3_parts`,
+`input_dtypes`, and its loss and metric outputs written once over an ops
+namespace): it trains with `--backend=keras`, `--backend=mtf` and
+`--backend=keras3` alike, step for step, with its accuracy metric
+collected by all three, and no change outside this file.
 
     python tests/tasks/toy_task_test.py train --task=toy_copy ...
     python tests/tasks/toy_task_test.py export --model_dir=...
@@ -31,6 +33,8 @@ from tests import forkserver
 from thattn import layers
 from thattn import models
 from thattn import tasks
+from thattn.models import front_end
+from thattn.models import heads_and_losses
 from thattn.tasks import serving
 
 VOCAB = 12
@@ -132,24 +136,47 @@ class ToyT5Copy(tasks.Task):
       steps = steps.take(num_steps)
     return steps.map(batch)
 
-  def _logits(self, tokens, training=False):
-    return self.backbone({"encoder_input_tokens": tokens}, training=training)
-
   def loss(self, batch, training):
-    return tasks.base.masked_cross_entropy(
-        batch, self._logits(batch, training), tf.ones_like(batch, tf.float32))
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, None, batch,
+                        training, pad_id=0)
+
+  def metric_outputs(self, batch):
+    return self.metric_outputs_of(front_end.TF_KERAS_OPS, self.backbone,
+                                  None, batch)
+
+  def metrics_of(self, predict, num_steps):
+    hits = count = 0
+    for batch in self.eval_dataset(num_steps).as_numpy_iterator():
+      hits += int(np.sum(predict(batch)[0].argmax(-1) == batch))
+      count += batch.size
+    return {"accuracy": hits / count}
 
   def inputs_and_targets(self, batch):
     tokens = np.asarray(batch, np.int32)
     return tokens, tokens
 
-  def extra_eval_metrics(self, num_steps, devices):
-    hits = count = 0
-    for batch in self.eval_dataset(num_steps):
-      logits = devices.fetch(self._logits(devices.place(batch)))
-      hits += int(np.sum(logits.argmax(-1) == batch.numpy()))
-      count += batch.shape.num_elements()
-    return {"accuracy": hits / count}
+  # Keras 3: the same model on thattn.keras3, the same loss and outputs.
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    return keras3_models.build_model(config), None
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    return {"tokens": "int32"}
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    tokens = batch["tokens"] if isinstance(batch, dict) else batch
+    logits = backbone({"encoder_input_tokens": tokens}, training=training)
+    return heads_and_losses.masked_cross_entropy(
+        task_ops, tokens, logits,
+        task_ops.cast(task_ops.ones_like(tokens), "float32"))
+
+  @classmethod
+  def metric_outputs_of(cls, task_ops, backbone, head, batch):
+    tokens = batch["tokens"] if isinstance(batch, dict) else batch
+    return (backbone({"encoder_input_tokens": tokens}, training=False),)
 
 
 class CopyServing(serving.Serving):
@@ -204,11 +231,11 @@ def _line_formats(stdout):
           if line.startswith(("step ", "Held-out "))]
 
 
-def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
+def test_a_task_registered_in_a_test_trains_on_every_backend(tmp_path):
   """The same run, the same losses, the same summary and progress lines."""
   from tests.training import local_cluster  # pylint: disable=g-import-not-at-top
   runs = {}
-  for backend in ("keras", "mtf"):
+  for backend in ("keras", "mtf", "keras3"):
     model_dir = tmp_path / backend
     result = _run("train", "--task=toy_t5_copy", f"--model_dir={model_dir}",
                   f"--backend={backend}", "--train_steps=8", "--batch_size=4",
@@ -221,6 +248,7 @@ def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
                        json.load(f), result.stdout)
   (keras_losses, keras, keras_out), (mtf_losses, mtf, mtf_out) = (
       runs["keras"], runs["mtf"])
+  keras3_losses, keras3, keras3_out = runs["keras3"]
   assert "Mesh TensorFlow aligned Unitransformer" in mtf_out
   assert sorted(mtf_losses) == sorted(keras_losses) == list(range(1, 9))
   # Step 1: the same weights on the same batch. Later steps carry the two
@@ -237,6 +265,14 @@ def test_a_task_registered_in_a_test_trains_on_both_backends(tmp_path):
   assert _line_formats(keras_out) == _line_formats(mtf_out)
   # Before, 8 steps, the evaluation at step 4, after.
   assert len(_line_formats(mtf_out)) == 11
+  # Keras 3 from the same initial weights, with the task's own Keras 3
+  # parts; nothing in thattn names the task.
+  for step, loss in keras_losses.items():
+    np.testing.assert_allclose(keras3_losses[step], loss, rtol=1e-4,
+                               err_msg=f"keras3 step {step}")
+  assert set(keras3) == set(keras) and keras3["backend"] == "keras3"
+  assert abs(keras3["held_out_accuracy"] - keras["held_out_accuracy"]) < 0.05
+  assert _line_formats(keras3_out) == _line_formats(keras_out)
 
 
 def test_unknown_and_duplicate_task_names_are_refused():

@@ -14,6 +14,7 @@ import sys
 import jax
 
 from thattn import models
+from thattn import tasks
 from thattn.training import keras3_backend
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
@@ -25,9 +26,9 @@ def main(mesh_shape):
                                      batch_size=4)
   mesh = keras3_mesh.KerasMesh(options)
   config = models.model_config("t5_tiny", vocab_size=128)
-  with mesh.distribution(keras3_steps.TaskLoss("span_corruption",
-                                               config)).scope():
-    layer = keras3_steps.TaskLoss("span_corruption", config)
+  task = tasks.get("span_corruption")
+  with mesh.distribution(keras3_steps.TaskLoss(task, config)).scope():
+    layer = keras3_steps.TaskLoss(task, config)
     optimizer = keras3_backend.make_optimizer(options)
     optimizer.build(layer.trainable_variables)
   weights = {weight.path: _axes(weight) for weight in layer.weights}

@@ -45,6 +45,17 @@ One run (an instance, made with the keywords of `Task.__init__`):
   that;
 - `run_config()`: what `serving_module` needs to rebuild the model.
 
+Keras 3 (`--backend=keras3`) trains a task that gives its Keras 3 parts,
+as class methods (`trains_on_keras3()` says whether it does):
+`keras3_parts(config, head_config)` (the Keras 3 backbone and head,
+built), `input_dtypes(config, head)` (the batch arrays the loss reads),
+`loss_of(task_ops, backbone, head, batch, training, pad_id)` and
+`metric_outputs_of(task_ops, backbone, head, batch)`, the loss and the
+metric outputs written once over a `heads_and_losses.TaskOps` (the
+tf_keras `loss` and `metric_outputs` call them with TensorFlow's), and
+per run `keras3_options()`, the config and head keywords
+`keras3_steps.TaskLoss` is made with.
+
 Mesh TensorFlow (`--backend=mtf`, `thattn.mtf.training`) trains a task that
 says how (the same batches and the same Keras backbone's initial weights,
 converted):
@@ -238,6 +249,7 @@ class Task:
     self.seed = seed
     self.backbone = None
     self.head = None
+    self.tokenizer = None  # the text tasks' (thattn.data.tokenizers)
 
   @classmethod
   def check_model(cls, model):
@@ -365,6 +377,49 @@ class Task:
     either front end for one held-out batch (NumPy); {} by default."""
     del predict, num_steps  # tasks with metrics use them
     return {}
+
+  # ---- Keras 3 (--backend=keras3) ----------------------------------------
+  # A task that trains there gives, as class methods (no run's data needed):
+  # its Keras 3 model and head, the batch arrays its loss reads, and its
+  # loss and metric outputs over a `heads_and_losses.TaskOps`, written once
+  # for both front ends (the tf_keras `loss` and `metric_outputs` call them
+  # with TensorFlow's ops). `thattn.training.keras3_steps.TaskLoss` calls
+  # them, and names no task.
+
+  @classmethod
+  def trains_on_keras3(cls):
+    """Whether `--backend=keras3` trains the task (it has Keras 3 parts)."""
+    return cls.keras3_parts.__func__ is not Task.keras3_parts.__func__
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    """(backbone, head or None), the task's Keras 3 model and head, built,
+    for the backbone `config` (and the head's keywords, `head_config`, that
+    `keras3_options` gave)."""
+    raise NotImplementedError(f"--task={cls.name} has no Keras 3 model.")
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    """{batch key: dtype name} of the arrays `loss_of` reads, in the
+    order a tuple batch holds them."""
+    raise NotImplementedError
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    """`(sum of losses, count)` in nats, over `task_ops`; see `loss`."""
+    raise NotImplementedError
+
+  @classmethod
+  def metric_outputs_of(cls, task_ops, backbone, head, batch):
+    """`metric_outputs` over `task_ops`, on either front end's model."""
+    raise ValueError(f"--task={cls.name} has no metrics of its model's "
+                     "outputs.")
+
+  def keras3_options(self):
+    """The keywords of this run's Keras 3 `TaskLoss` beside the task: the
+    backbone's `config`, the tokenizer's `pad_id` and the `head_config`."""
+    pad_id = 0 if self.tokenizer is None else self.tokenizer.special.pad
+    return {"config": self.model_config, "pad_id": pad_id, "head_config": {}}
 
   def run_config(self):
     config = {"task": self.name, "preset": self.model_options.preset,

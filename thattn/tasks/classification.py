@@ -14,6 +14,7 @@ import numpy as np
 from thattn import models
 from thattn.core import requirements
 from thattn.models import heads_and_losses
+from thattn.models import wiring
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
@@ -130,18 +131,48 @@ class Classification(finetune.FinetuneTask):
     # Built now, so the optimizer and a restore see all of its weights.
     self.head(self.backbone.output["pooled_output"])
 
-  def _predict(self, batch, training=False):
-    return heads_and_losses.classification_outputs(self.backbone, self.head, batch,
-                                              training)
-
   def loss(self, batch, training):
-    return heads_and_losses.classification_loss(
-        front_end.TF_KERAS_OPS, self._predict(batch, training),
-        batch["labels"], self.glue_task.is_regression)
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, self.head,
+                        batch, training, pad_id=self.tokenizer.special.pad)
 
   def metric_outputs(self, batch):
     """(logits [batch, classes], or predictions [batch] in regression)."""
-    return (self._predict(batch),)
+    return self.metric_outputs_of(front_end.TF_KERAS_OPS, self.backbone,
+                                  self.head, batch)
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    from thattn.keras3.models import heads  # pylint: disable=g-import-not-at-top
+    head = heads.ClassificationHead(name="classifier", **head_config)
+    head.build((None, config.d_model))
+    return keras3_models.build_model(config), head
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    del config
+    return dict({key: "int32" for key in wiring.BERT_INPUTS},
+                labels="float32" if head.num_classes == 1 else "int32")
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    del pad_id
+    outputs = heads_and_losses.classification_outputs(backbone, head, batch,
+                                                      training)
+    return heads_and_losses.classification_loss(
+        task_ops, outputs, batch["labels"], regression=head.num_classes == 1)
+
+  @classmethod
+  def metric_outputs_of(cls, task_ops, backbone, head, batch):
+    del task_ops
+    return (heads_and_losses.classification_outputs(backbone, head, batch,
+                                                    False),)
+
+  def keras3_options(self):
+    config = self.head.get_config()
+    return dict(super().keras3_options(), head_config={
+        key: config[key] for key in ("num_classes", "inner_dim",
+                                     "dropout_rate", "kernel_initializer")})
 
   def metrics_of(self, predict, num_steps):
     """The GLUE task's metrics over every held-out example."""

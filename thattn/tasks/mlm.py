@@ -24,6 +24,7 @@ import numpy as np
 from thattn import models
 from thattn.core import requirements
 from thattn.models import heads_and_losses
+from thattn.models import wiring
 from thattn.tasks import base
 from thattn.tasks import serving
 from thattn.tasks import text
@@ -97,8 +98,37 @@ class MaskedLM(text.TextTask):
                                shuffle=train)
 
   def loss(self, batch, training):
-    return heads_and_losses.masked_lm_loss(front_end.TF_KERAS_OPS, self.backbone,
-                                      self.head, batch, training)
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, self.head,
+                        batch, training, pad_id=self.tokenizer.special.pad)
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    del head_config  # the head follows the backbone's config
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    from thattn.keras3.models import heads  # pylint: disable=g-import-not-at-top
+    backbone = keras3_models.build_model(config)
+    if isinstance(config, models.T5Config):
+      return backbone, None  # its own LM head scores every position
+    head = heads.MaskedLMHead(
+        backbone.get_layer("word_embeddings"), activation=config.activation,
+        initializer_range=config.initializer_range,
+        layer_norm_epsilon=config.layer_norm_epsilon, name="masked_lm")
+    head.build((None, None, config.d_model))
+    return backbone, head
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    del head
+    inputs = (wiring.BERT_INPUTS if isinstance(
+        config, models.BertConfig) else ("input_word_ids",))
+    return dict({key: "int32" for key in inputs}, masked_lm_positions="int32",
+                masked_lm_ids="int32", masked_lm_weights="float32")
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    del pad_id  # the masked positions are scored, whatever the tokens
+    return heads_and_losses.masked_lm_loss(task_ops, backbone, head, batch,
+                                           training)
 
   def inputs_and_targets(self, batch):
     """The masked tokens, and the original tokens at the masked positions

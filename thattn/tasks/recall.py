@@ -30,6 +30,13 @@ MODEL_KEYWORDS = ("attention", "num_layers", "d_model", "num_heads",
                   "key_dim", "d_ff")
 
 
+def _recall_arrays(batch):
+  """(tokens, targets, weights) of a recall batch, a tuple or a dict."""
+  if isinstance(batch, dict):
+    return tuple(batch[key] for key in ("tokens", "targets", "weights"))
+  return tuple(batch)
+
+
 @base.register
 class Recall(base.Task):
   """Associative recall; see the module."""
@@ -67,8 +74,38 @@ class Recall(base.Task):
     return data if num_steps is None else data.take(num_steps)
 
   def loss(self, batch, training):
-    return heads_and_losses.recall_loss(front_end.TF_KERAS_OPS, self.backbone,
-                                   batch, training)
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, None, batch,
+                        training, pad_id=0)
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    """`config`: the `RecallEncoder`'s keywords (`keras3_options`)."""
+    del head_config
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    backbone = keras3_models.RecallEncoder(**config)
+    backbone(np.zeros((1, 2, 2), "int32"))  # its weights, any length
+    return backbone, None
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    del config, head
+    return {"tokens": "int32", "targets": "int32", "weights": "float32"}
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    """`batch`: (tokens [b, n, 2], targets [b, n], weights [b, n]), or
+    those under their names."""
+    del head, pad_id
+    return heads_and_losses.recall_loss(task_ops, backbone,
+                                        _recall_arrays(batch), training)
+
+  @classmethod
+  def metric_outputs_of(cls, task_ops, backbone, head, batch):
+    del task_ops, head
+    return (backbone(_recall_arrays(batch)[0], training=False),)
+
+  def keras3_options(self):
+    return dict(super().keras3_options(), config=self.backbone.get_config())
 
   @property
   def tokens_per_step(self):
@@ -77,7 +114,8 @@ class Recall(base.Task):
   def metric_outputs(self, batch):
     """(value logits [batch, length, num_values],) of (tokens, targets,
     weights)."""
-    return (self.backbone(batch[0]),)
+    return self.metric_outputs_of(front_end.TF_KERAS_OPS, self.backbone,
+                                  None, batch)
 
   def metrics_of(self, predict, num_steps):
     """Accuracy of the recalled values over the held-out queries."""

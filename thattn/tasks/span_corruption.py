@@ -85,9 +85,25 @@ class SpanCorruption(text.TextTask):
         num_steps=num_steps, shuffle=train)
 
   def loss(self, batch, training):
-    return heads_and_losses.span_corruption_loss(
-        front_end.TF_KERAS_OPS, self.backbone, batch, training,
-        pad_id=self.tokenizer.special.pad)
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, None, batch,
+                        training, pad_id=self.tokenizer.special.pad)
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    del head_config  # no head: the decoder's LM head scores the targets
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    return keras3_models.build_model(config), None
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    del config, head
+    return {"inputs": "int32", "targets": "int32"}
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    del head
+    return heads_and_losses.span_corruption_loss(task_ops, backbone, batch,
+                                                 training, pad_id=pad_id)
 
   @property
   def targets_length(self):

@@ -16,6 +16,7 @@ import numpy as np
 from thattn import models
 from thattn.core import requirements
 from thattn.models import heads_and_losses
+from thattn.models import wiring
 from thattn.tasks import base
 from thattn.tasks import finetune
 from thattn.tasks import serving
@@ -93,17 +94,40 @@ class Squad(finetune.FinetuneTask):
     self.head = heads.SpanHead(name="span_head")
     self.head(self.backbone.output["sequence_output"])
 
-  def _logits(self, batch, training=False):
-    return heads_and_losses.span_logits(front_end.TF_KERAS_OPS, self.backbone,
-                                   self.head, batch, training)
-
   def loss(self, batch, training):
-    return heads_and_losses.squad_loss(front_end.TF_KERAS_OPS, self.backbone,
-                                  self.head, batch, training)
+    return self.loss_of(front_end.TF_KERAS_OPS, self.backbone, self.head,
+                        batch, training, pad_id=self.tokenizer.special.pad)
 
   def metric_outputs(self, batch):
     """(start logits, end logits), each [batch, length]."""
-    return tuple(self._logits(batch))
+    return self.metric_outputs_of(front_end.TF_KERAS_OPS, self.backbone,
+                                  self.head, batch)
+
+  @classmethod
+  def keras3_parts(cls, config, head_config):
+    del head_config
+    from thattn.keras3 import models as keras3_models  # pylint: disable=g-import-not-at-top
+    from thattn.keras3.models import heads  # pylint: disable=g-import-not-at-top
+    head = heads.SpanHead(name="span_head")
+    head.build((None, None, config.d_model))
+    return keras3_models.build_model(config), head
+
+  @classmethod
+  def input_dtypes(cls, config, head):
+    del config, head
+    return {key: "int32" for key in wiring.BERT_INPUTS + (
+        "start_positions", "end_positions")}
+
+  @classmethod
+  def loss_of(cls, task_ops, backbone, head, batch, training, pad_id):
+    del pad_id
+    return heads_and_losses.squad_loss(task_ops, backbone, head, batch,
+                                       training)
+
+  @classmethod
+  def metric_outputs_of(cls, task_ops, backbone, head, batch):
+    return tuple(heads_and_losses.span_logits(task_ops, backbone, head,
+                                              batch, False))
 
   def metrics_of(self, predict_logits, num_steps):
     """Exact match and F1 of the best spans of every held-out question."""

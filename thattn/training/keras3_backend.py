@@ -7,8 +7,9 @@ task's model as a Keras 3 model (`thattn.keras3.models`, on whatever
 framework `keras.backend.backend()` is: JAX by default in `thattn-train`
 where JAX is installed, else TensorFlow; PyTorch too), with the step of
 `thattn.training.keras3_steps` (`jax.jit` over `stateless_call` on JAX).
-It trains every task of `keras3_steps.TASKS`: masked LM, span
-corruption, classification, SQuAD and recall.
+It trains every task that gives its Keras 3 parts
+(`thattn.tasks.base.Task.trains_on_keras3`): masked LM, span corruption,
+classification, SQuAD and recall.
 
 What it shares with the Keras backend, so that the two agree step for step:
 - the task, its tokenizer and its step-addressed batches (tf.data, read as
@@ -70,6 +71,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from thattn import tasks
 from thattn.io import checkpoint_reading
 from thattn.io import orbax_checkpoints
 from thattn.io import run_dir
@@ -130,9 +132,11 @@ class Keras3Backend(backend_lib.Backend):
   @classmethod
   def check_task(cls, task_class, model):
     del model
-    if task_class.name not in keras3_steps.TASKS:
+    if not task_class.trains_on_keras3():
+      trained = [name for name in tasks.names()
+                 if tasks.get(name).trains_on_keras3()]
       raise ValueError(f"--backend=keras3 trains the tasks "
-                       f"{', '.join(keras3_steps.TASKS)}; --task="
+                       f"{', '.join(trained)}; --task="
                        f"{task_class.name} trains with --backend=keras.")
 
   @classmethod
@@ -253,19 +257,11 @@ class Keras3Backend(backend_lib.Backend):
       target.trainable = source.ref() in trained
 
   def _task_loss(self):
-    """The Keras 3 model, head and loss, made from the tf_keras twin's
-    configs (the two front ends' classes take the same keywords)."""
-    task = self.task
-    if task.name == "recall":  # no preset config: RecallEncoder's keywords
-      return keras3_steps.TaskLoss(task.name, task.backbone.get_config())
-    head_config = None
-    if task.name == "classification":
-      config = task.head.get_config()
-      head_config = {key: config[key] for key in (
-          "num_classes", "inner_dim", "dropout_rate", "kernel_initializer")}
-    return keras3_steps.TaskLoss(task.name, task.model_config,
-                                 pad_id=task.tokenizer.special.pad,
-                                 head_config=head_config)
+    """The Keras 3 model, head and loss of the task, made as its
+    `keras3_options` say (the two front ends' classes take the same
+    keywords)."""
+    return keras3_steps.TaskLoss(type(self.task),
+                                 **self.task.keras3_options())
 
   def _layout(self):
     """The scope the model and optimizer are made in: on a mesh, the

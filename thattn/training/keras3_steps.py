@@ -3,20 +3,11 @@
 
 `TaskLoss` is a Keras 3 layer holding the run's backbone (`thattn.keras3.
 models`) and head, whose call is the task's loss as the tf_keras task
-computes it, the same function (`thattn.models.heads_and_losses`) over
-`keras.ops`: `(sum of losses, count)`, in nats. The tasks it knows are
-`TASKS`:
-
-- `mlm` on BERT or ALBERT: `MaskedLMHead` at the masked positions; on a T5
-  encoder: its LM logits gathered at them;
-- `span_corruption` on a T5 encoder-decoder: teacher forcing, the decoder
-  reading the targets shifted right after the start token 0, scored where
-  the target is not padding;
-- `classification` (GLUE): `ClassificationHead` on the pooled output,
-  cross-entropy per example (squared error for regression);
-- `squad`: `SpanHead` on the sequence output, (CE(start) + CE(end)) / 2
-  per example;
-- `recall`: a Keras 3 `RecallEncoder`, cross-entropy at the queries.
+computes it. What a task is lives in its own module (`thattn.tasks`): its
+Keras 3 model and head (`Task.keras3_parts`), the arrays its loss reads
+(`input_dtypes`), its loss and metric outputs over an ops namespace
+(`loss_of`, `metric_outputs_of`, written once for both front ends); this
+module names no task.
 
 `Steps` runs one train step (loss = total / max(count, 1), its gradient,
 the optimizer's update), one eval step (total, count) and the outputs the
@@ -46,22 +37,7 @@ import keras
 from keras import ops
 import numpy as np
 
-from thattn.keras3 import models
 from thattn.keras3.models import front_end
-from thattn.keras3.models import heads
-from thattn.models import config as config_lib
-from thattn.models import heads_and_losses
-from thattn.models import wiring
-
-TASKS = ("mlm", "span_corruption", "classification", "squad", "recall")
-_MASKED = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-# The batch's arrays each task's loss reads (recall's batches are tuples in
-# this order), after the BERT inputs where the task has a BERT.
-_TASK_INPUTS = {"span_corruption": ("inputs", "targets"),
-                "classification": ("labels",),
-                "squad": ("start_positions", "end_positions"),
-                "recall": ("tokens", "targets", "weights")}
-_FLOAT_INPUTS = ("masked_lm_weights", "weights")
 
 
 @contextlib.contextmanager
@@ -86,16 +62,17 @@ def dtype_policy(mixed_precision):
 
 
 class TaskLoss(keras.layers.Layer):
-  """The loss of task `task_name` on a Keras 3 model; the loss itself is
-  written once for both front ends (`thattn.models.heads_and_losses`).
+  """The loss of a task on a Keras 3 model, as the task writes it for both
+  front ends (`thattn.tasks.base.Task`'s Keras 3 class methods).
 
   Args:
-    task_name: one of `TASKS`.
+    task: the task's class (`thattn.tasks.get(name)`), one that
+      `trains_on_keras3`.
     config: the backbone's `BertConfig` or `T5Config`; for recall, the
-      `RecallEncoder`'s keywords (its tf_keras twin's `get_config()`).
+      `RecallEncoder`'s keywords (the task's `keras3_options` give them).
     pad_id: the tokenizer's padding id (span corruption scores the rest).
-    head_config: classification: the `ClassificationHead`'s keywords
-      (its tf_keras twin's config: num_classes, inner_dim, dropout_rate).
+    head_config: the head's keywords (classification's: num_classes,
+      inner_dim, dropout_rate, kernel_initializer).
 
   Attributes:
     backbone: the Keras 3 model (`thattn.keras3.models.build_model`, or a
@@ -104,97 +81,36 @@ class TaskLoss(keras.layers.Layer):
     input_keys: the batch's keys the loss reads; `input_dtypes` theirs.
   """
 
-  def __init__(self, task_name, config, pad_id=0, head_config=None,
-               **kwargs):
+  def __init__(self, task, config, pad_id=0, head_config=None, **kwargs):
     # float32 whatever the global dtype policy: the loss is computed in
     # float32 (as Keras keeps a model's last layer), its model and head in
     # the policy they are made under (see the module).
     kwargs.setdefault("dtype", "float32")
     super().__init__(name="task_loss", **kwargs)
-    if task_name not in TASKS:
-      raise ValueError(f"--backend=keras3 trains the tasks {', '.join(TASKS)}"
-                       f"; got --task={task_name}.")
-    self.task_name, self.pad_id = task_name, pad_id
-    self.head, self.regression = None, False
-    if task_name == "recall":
-      self.backbone = models.RecallEncoder(**config)
-      self.backbone(np.zeros((1, 2, 2), "int32"))  # its weights, any length
-    else:
-      self.backbone = models.build_model(config)
-      self.head = self._make_head(config, head_config or {})
-    if task_name in ("span_corruption", "recall"):
-      self.input_keys = _TASK_INPUTS[task_name]
-    elif isinstance(config, config_lib.BertConfig):
-      self.input_keys = wiring.BERT_INPUTS + _TASK_INPUTS.get(
-          task_name, _MASKED)
-    else:  # masked LM on a T5 encoder
-      self.input_keys = ("input_word_ids",) + _MASKED
-    self.input_dtypes = {
-        key: "float32" if key in _FLOAT_INPUTS or (
-            key == "labels" and self.regression) else "int32"
-        for key in self.input_keys}
+    if not task.trains_on_keras3():
+      raise ValueError(f"--task={task.name} has no Keras 3 model; it trains "
+                       "with --backend=keras.")
+    self.task_name, self.pad_id = task.name, pad_id
+    # The task's functions, not the class: Keras tracks a layer's
+    # attributes, and the task is not one of its objects.
+    self._loss_of = task.loss_of
+    self._metric_outputs_of = task.metric_outputs_of
+    self.backbone, self.head = task.keras3_parts(config, head_config or {})
+    self.input_dtypes = task.input_dtypes(config, self.head)
+    self.input_keys = tuple(self.input_dtypes)
     self.built = True  # the backbone and the head hold every weight
-
-  def _make_head(self, config, head_config):
-    """The task's head, built (None where the backbone scores itself)."""
-    d_model = config.d_model
-    if self.task_name == "classification":
-      head = heads.ClassificationHead(name="classifier", **head_config)
-      self.regression = head.num_classes == 1
-      head.build((None, d_model))
-    elif self.task_name == "squad":
-      head = heads.SpanHead(name="span_head")
-      head.build((None, None, d_model))
-    elif (self.task_name == "mlm" and
-          isinstance(config, config_lib.BertConfig)):
-      head = heads.MaskedLMHead(
-          self.backbone.get_layer("word_embeddings"),
-          activation=config.activation,
-          initializer_range=config.initializer_range,
-          layer_norm_epsilon=config.layer_norm_epsilon, name="masked_lm")
-      head.build((None, None, d_model))
-    else:  # span corruption, or masked LM on a T5 encoder's own LM head
-      head = None
-    return head
 
   def metric_outputs(self, batch):
     """The outputs the task's metrics read (`thattn.tasks.base.Task.
-    metric_outputs`, the tf_keras model's the same): classification's
-    logits (regression: predictions), SQuAD's start and end logits,
-    recall's value logits; a tuple, in float32 whatever the policy."""
-    name = self.task_name
-    if name == "classification":
-      outputs = (heads_and_losses.classification_outputs(
-          self.backbone, self.head, batch, False),)
-    elif name == "squad":
-      outputs = heads_and_losses.span_logits(front_end.KERAS3_OPS, self.backbone,
-                                        self.head, batch, False)
-    elif name == "recall":
-      outputs = (self.backbone(batch["tokens"], training=False),)
-    else:
-      raise ValueError(
-          f"--task={name} has no metrics of its model's outputs.")
+    metric_outputs`, the tf_keras model's the same): a tuple, in float32
+    whatever the policy."""
+    outputs = self._metric_outputs_of(front_end.KERAS3_OPS, self.backbone,
+                                      self.head, batch)
     return tuple(ops.cast(output, "float32") for output in outputs)
 
   def call(self, batch, training=False):
-    task_ops, name = front_end.KERAS3_OPS, self.task_name
-    if name == "mlm":
-      return heads_and_losses.masked_lm_loss(task_ops, self.backbone, self.head,
-                                        batch, training)
-    if name == "span_corruption":
-      return heads_and_losses.span_corruption_loss(task_ops, self.backbone, batch,
-                                              training, self.pad_id)
-    if name == "classification":
-      return heads_and_losses.classification_loss(
-          task_ops, heads_and_losses.classification_outputs(
-              self.backbone, self.head, batch, training),
-          batch["labels"], self.regression)
-    if name == "squad":
-      return heads_and_losses.squad_loss(task_ops, self.backbone, self.head,
-                                    batch, training)
-    return heads_and_losses.recall_loss(
-        task_ops, self.backbone,
-        tuple(batch[key] for key in _TASK_INPUTS["recall"]), training)
+    return self._loss_of(front_end.KERAS3_OPS, self.backbone, self.head,
+                         batch, training, pad_id=self.pad_id)
 
 
 def process_rows(sharding, shape):
@@ -267,8 +183,9 @@ class Steps:
     and regression labels), split over the mesh's batch axis where there
     is one."""
     keys, dtypes = self.task_loss.input_keys, self.task_loss.input_dtypes
-    if isinstance(batch, (tuple, list)):  # recall's (tokens, targets, weights)
-      batch = dict(zip(keys, batch))
+    if not isinstance(batch, dict):  # a tuple in `keys`' order, or one array
+      batch = dict(zip(keys, batch if isinstance(batch, (tuple, list)) else
+                       (batch,)))
     arrays = {key: np.asarray(batch[key]).astype(dtypes[key]) for key in keys}
     if self.batch_layout is None:
       return arrays
