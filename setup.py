@@ -20,10 +20,12 @@ VERSION = re.search(r'^__version__ = "([^"]+)"',
                     (ROOT / "thattn" / "__init__.py").read_text(),
                     flags=re.M).group(1)
 
-# What every install needs; no framework. etils[epy]: its lazy_imports,
-# through which a task module imports TensorFlow only where it uses it
-# (thattn.core.requirements.lazy_imports); pure Python, no dependencies.
-INSTALL_REQUIRES = ["absl-py", "numpy", "etils[epy]"]
+# What every install needs; no framework. etils (pure Python): epy's
+# lazy_imports, through which a task module imports TensorFlow only where
+# it uses it (thattn.core.requirements.lazy_imports), and epath, through
+# which a model_dir is read and written with or without TensorFlow
+# (thattn.io.run_dir, checkpoint_reading).
+INSTALL_REQUIRES = ["absl-py", "numpy", "etils[epath,epy]"]
 
 # Keras 3: the layers follow keras.layers.MultiHeadAttention of 3.15.
 KERAS = ["keras>=3.15,<4"]

@@ -220,6 +220,18 @@ _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.heads_and_losses")
 
 
+# What thattn.keras3.models.load reads a run with: the model_dir's layout
+# and the checkpoint readers, which import no framework (an Orbax step
+# reads on JAX alone), and, only inside the function that reads a
+# tf.train checkpoint (TensorFlow's format, read through the tf_keras
+# backbone it was saved from), thattn.models.loading; tests/keras3/
+# loading_test.py loads a keras3 run with TensorFlow blocked.
+_KERAS3_RUN_READERS = ("thattn.io.run_dir", "thattn.io.checkpoint_reading",
+                       "thattn.io.orbax_checkpoints")
+_KERAS3_LAZY_TF_KERAS = {("thattn.keras3.models.loading",
+                          "thattn.models.loading")}
+
+
 def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
   """thattn.keras3.models runs on JAX and PyTorch: keras, thattn.keras3,
   rank-0 modules, the plain ops, and the configs, presets, wiring (which
@@ -233,6 +245,8 @@ def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
       if owner == "thattn.keras3.models":
         allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
                    imported in _PLAIN_OPS or
+                   imported in _KERAS3_RUN_READERS or
+                   (_module_name(path), imported) in _KERAS3_LAZY_TF_KERAS or
                    _package_of(imported) in (None, "thattn", "thattn.core",
                                              "thattn.keras3",
                                              "thattn.keras3.models"))

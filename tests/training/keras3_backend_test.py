@@ -35,6 +35,7 @@ _ENV = {key: value for key, value in os.environ.items()
 _ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
 _STEPS = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 
 def _command(model_dir, flags, *extra):
@@ -141,6 +142,66 @@ def test_the_keras3_export_serves_text_as_the_keras_one(runs):
   scale = np.abs(want["sequence_output"].numpy()).max()
   np.testing.assert_allclose(got["sequence_output"], want["sequence_output"],
                              rtol=0, atol=1e-3 * scale)
+
+
+# Loads a run's backbone with thattn.keras3.models.load on JAX and saves its
+# sequence output for the ids given: argv model_dir, ids.npy, out.npy.
+_KERAS3_LOAD = """
+import sys
+import numpy as np
+from thattn.keras3 import models
+ids = np.load(sys.argv[2])
+model = models.load(sys.argv[1])
+outputs = model({"input_word_ids": ids, "input_mask": np.ones_like(ids),
+                 "input_type_ids": np.zeros_like(ids)}, training=False)
+np.save(sys.argv[3], np.asarray(outputs["sequence_output"]))
+print("tensorflow imported:", sys.modules.get("tensorflow") is not None)
+"""
+
+
+def _keras3_load(model_dir, ids_path, out_path, without_tensorflow):
+  """`_KERAS3_LOAD` in a fresh Python on JAX; where `without_tensorflow`,
+  one in which TensorFlow cannot be imported (tests/gpu_machine)."""
+  env = dict(_ENV, KERAS_BACKEND="jax")
+  if without_tensorflow:
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+        os.path.join(_ROOT, "tests", "gpu_machine"),
+        env.get("PYTHONPATH")]))
+  return subprocess.run(
+      [sys.executable, "-c", _KERAS3_LOAD, str(model_dir), str(ids_path),
+       str(out_path)], capture_output=True, text=True, timeout=300,
+      check=False, env=env, cwd=_ROOT)
+
+
+def test_keras3_models_load_reads_either_run_as_thattn_models_load(
+    runs, tmp_path):
+  """thattn.keras3.models.load gives the backbone thattn.models.load gives
+  (the same sequence output): of the keras3 run (Orbax steps) in a Python
+  where TensorFlow cannot be imported, of the Keras run (tf.train
+  checkpoints) where it can; without it, the Keras run's checkpoint is
+  refused with the pip command."""
+  from thattn import models  # pylint: disable=g-import-not-at-top
+  ids = np.random.default_rng(0).integers(5, 60, (2, 12)).astype(np.int32)
+  ids_path = tmp_path / "ids.npy"
+  np.save(ids_path, ids)
+  for backend, without_tensorflow in (("keras3", True), ("keras", False)):
+    model_dir = runs[backend][0]
+    out_path = tmp_path / f"{backend}.npy"
+    result = _keras3_load(model_dir, ids_path, out_path, without_tensorflow)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"tensorflow imported: {not without_tensorflow}"
+            in result.stdout), result.stdout
+    want = models.load(str(model_dir))(
+        {"input_word_ids": ids, "input_mask": np.ones_like(ids),
+         "input_type_ids": np.zeros_like(ids)},
+        training=False)["sequence_output"].numpy()
+    np.testing.assert_allclose(np.load(out_path), want, rtol=0,
+                               atol=1e-5 * np.abs(want).max())
+  refused = _keras3_load(runs["keras"][0], ids_path, tmp_path / "no.npy",
+                         without_tensorflow=True)
+  assert refused.returncode != 0
+  assert "pip install -e '.[tensorflow]' in a thattn checkout" in (
+      refused.stderr), refused.stderr[-2000:]
 
 
 # Keras 3.15.1 has no test of a mixed-precision run's losses against

@@ -9,31 +9,43 @@ run whole (`thattn-export`, `thattn.models.load`, `thattn-convert
 --to=mtf`, `--init_checkpoint`) read either through `latest` and
 `restore`: an Orbax step is read into this process as NumPy arrays and
 each tf_keras weight takes its value by name at that moment.
+
+Importing this module imports no framework: finding checkpoints and
+reading an Orbax step (on JAX) need none, so the Keras 3 models load a
+keras3 run without TensorFlow (`thattn.keras3.models.load`); a
+`tf.train.Checkpoint` needs TensorFlow, loaded when one is read.
 """
 
 import os
 
-import tensorflow as tf
+from etils import epath
 
+from thattn.core import requirements
 from thattn.core import weight_names
+
+with requirements.lazy_imports("reading a tf.train checkpoint",
+                               ("tensorflow",)):
+  import tensorflow as tf
 
 # What Orbax writes into a step's folder when the step is final.
 ORBAX_MARKER = "_CHECKPOINT_METADATA"
+# The file tf.train.CheckpointManager keeps beside its checkpoints, naming
+# the latest.
+TF_CHECKPOINT_STATE = "checkpoint"
 
 
 def is_orbax_step(path):
   """Whether `path` is a finished Orbax step folder."""
-  return tf.io.gfile.isdir(path) and tf.io.gfile.exists(
-      os.path.join(path, ORBAX_MARKER))
+  return (epath.Path(path).is_dir() and
+          epath.Path(path, ORBAX_MARKER).exists())
 
 
 def orbax_steps(folder):
   """The finished Orbax step folders of `folder`, oldest first."""
-  if not tf.io.gfile.isdir(folder):
+  if not epath.Path(folder).is_dir():
     return []
-  steps = sorted(int(name.rstrip("/")) for name in tf.io.gfile.listdir(folder)
-                 if name.rstrip("/").isdigit() and
-                 is_orbax_step(os.path.join(folder, name.rstrip("/"))))
+  steps = sorted(int(entry.name) for entry in epath.Path(folder).iterdir()
+                 if entry.name.isdigit() and is_orbax_step(entry))
   return [os.path.join(folder, str(step)) for step in steps]
 
 
@@ -43,6 +55,8 @@ def latest(folder):
   steps = orbax_steps(folder)
   if steps:
     return steps[-1]
+  if not epath.Path(folder, TF_CHECKPOINT_STATE).exists():
+    return None  # no tf.train checkpoint either: TensorFlow not needed
   return tf.train.latest_checkpoint(folder)
 
 

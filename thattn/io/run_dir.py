@@ -20,12 +20,18 @@ reads it (on TensorFlow and PyTorch they hold the tf_keras twin's
 objects, as a Keras run's). A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
 `checkpoints/`: `operative_config.gin` and `model.ckpt-N`
 (`thattn.mtf.training`); its run_config.json says `"backend": "mtf"`.
+
+Plain Python: this module imports no framework.
 """
 
 import json
 import os
 
-import tensorflow as tf
+# etils' paths: local files through os, gs:// and other file systems
+# through TensorFlow's gfile where it is installed (or fsspec), so that a
+# model_dir is read and written alike with or without TensorFlow (the
+# Keras 3 models load runs on JAX and PyTorch: thattn.keras3.models.load).
+from etils import epath
 
 from thattn.core import variants
 from thattn.io import checkpoint_reading
@@ -75,14 +81,13 @@ def read_run_config(model_dir):
   cannot be imported is named in the ValueError.
   """
   config_path = path(model_dir, RUN_CONFIG)
-  if not tf.io.gfile.exists(config_path):
+  if not epath.Path(config_path).exists():
     raise ValueError(f"{model_dir} has no {RUN_CONFIG}: is it a model_dir "
                      "that thattn-train wrote?")
-  if tf.io.gfile.isdir(config_path):
+  if epath.Path(config_path).is_dir():
     raise ValueError(f"{config_path} is a folder; expected the JSON object "
                      "thattn-train writes.")
-  with tf.io.gfile.GFile(config_path, "rb") as f:
-    text = f.read()
+  text = epath.Path(config_path).read_bytes()
   try:
     config = json.loads(text)
   except ValueError as error:  # invalid JSON or UTF-8, or empty
@@ -112,6 +117,30 @@ def backend(model_dir):
   return name
 
 
+def backbone_run_config(model_dir):
+  """The run config of a model_dir whose backbone a Keras front end can
+  rebuild and restore (`thattn.models.load`, `thattn.keras3.models.load`).
+
+  Raises:
+    ValueError when model_dir has no run_config.json, is a Mesh TensorFlow
+    run (its model.ckpt-N checkpoints are not Keras's: convert it first),
+    or has no backbone preset (the recall task).
+  """
+  config = read_run_config(model_dir)
+  if backend(model_dir) not in KERAS_CHECKPOINTS:
+    raise ValueError(
+        f"{model_dir} is a thattn-train --backend={config['backend']} run; "
+        "convert it first: thattn-convert --mtf_model_dir="
+        f"{model_dir} --model_dir=<new folder> --vocabulary="
+        f"{path(model_dir, TOKENIZER)}, then load that.")
+  if not config.get("preset"):
+    raise ValueError(
+        f"{model_dir}: its run (task {config.get('task')!r}) has no backbone "
+        "preset in run_config.json, so there is no backbone to load; "
+        "expected a run of a task with presets.")
+  return config
+
+
 def check_init_checkpoint(location, flag="--init_checkpoint"):
   """Refuses a --backend=mtf run as the start of a Keras run.
 
@@ -120,8 +149,8 @@ def check_init_checkpoint(location, flag="--init_checkpoint"):
   checkpoint is named where it is read, `find_checkpoint`).
   """
   folder = run_dir_of(location)
-  if not tf.io.gfile.exists(path(folder, RUN_CONFIG)):
-    mtf = tf.io.gfile.exists(path(folder, "operative_config.gin"))
+  if not epath.Path(path(folder, RUN_CONFIG)).exists():
+    mtf = epath.Path(path(folder, "operative_config.gin")).exists()
   else:
     mtf = backend(folder) == MTF
   if mtf:
@@ -146,7 +175,7 @@ def check_or_write_run_config(model_dir, config):
     ValueError naming every setting that differs from the saved run's.
   """
   config_path = path(model_dir, RUN_CONFIG)
-  if tf.io.gfile.exists(config_path):
+  if epath.Path(config_path).exists():
     recorded = read_run_config(model_dir)
     saved = dict(IMPLIED_SETTINGS, **recorded)
     changed = sorted(key for key in saved
@@ -161,22 +190,21 @@ def check_or_write_run_config(model_dir, config):
     if set(config) - set(recorded):
       write_json(config_path, config, sort_keys=True)
     return
-  tf.io.gfile.makedirs(model_dir)
+  epath.Path(model_dir).mkdir(parents=True, exist_ok=True)
   write_json(config_path, config, sort_keys=True)
 
 
 def write_json(file_path, value, sort_keys=False):
-  with tf.io.gfile.GFile(file_path, "w") as f:
-    f.write(json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+  epath.Path(file_path).write_text(
+      json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def read_summary(model_dir):
   """summary.json of a finished run, or None."""
   summary_path = path(model_dir, SUMMARY)
-  if not tf.io.gfile.exists(summary_path):
+  if not epath.Path(summary_path).exists():
     return None
-  with tf.io.gfile.GFile(summary_path) as f:
-    return json.load(f)
+  return json.loads(epath.Path(summary_path).read_text())
 
 
 def latest_checkpoint(model_dir):
@@ -190,7 +218,7 @@ def latest_checkpoint(model_dir):
 def run_dir_of(checkpoint):
   """The model_dir of a checkpoint prefix or Orbax step, or the folder
   itself."""
-  if tf.io.gfile.isdir(checkpoint) and not checkpoint_reading.is_orbax_step(
+  if epath.Path(checkpoint).is_dir() and not checkpoint_reading.is_orbax_step(
       checkpoint):
     return checkpoint
   parent = os.path.dirname(checkpoint.rstrip("/"))
@@ -200,7 +228,7 @@ def run_dir_of(checkpoint):
 
 def find_checkpoint(location):
   """A checkpoint prefix from a prefix, a checkpoints/ folder or a model_dir."""
-  if not tf.io.gfile.isdir(location) or checkpoint_reading.is_orbax_step(
+  if not epath.Path(location).is_dir() or checkpoint_reading.is_orbax_step(
       location):
     return location
   for folder in (path(location, CHECKPOINTS), location):

@@ -43,19 +43,7 @@ def load(model_dir, *, checkpoint=None):
     checkpoint cannot be read or does not hold this backbone (naming the
     checkpoint and the cause).
   """
-  config = run_dir.read_run_config(model_dir)
-  if run_dir.backend(model_dir) not in run_dir.KERAS_CHECKPOINTS:
-    # Its checkpoints are Mesh TensorFlow's (model.ckpt-N), not Keras's.
-    raise ValueError(
-        f"{model_dir} is a thattn-train --backend={config['backend']} run; "
-        "convert it first: thattn-convert --mtf_model_dir="
-        f"{model_dir} --model_dir=<new folder> --vocabulary="
-        f"{run_dir.path(model_dir, run_dir.TOKENIZER)}, then load that.")
-  if not config.get("preset"):
-    raise ValueError(
-        f"{model_dir}: its run (task {config.get('task')!r}) has no backbone "
-        "preset in run_config.json, so there is no thattn.models backbone to "
-        "load; expected a run of a task with presets.")
+  config = run_dir.backbone_run_config(model_dir)
   if checkpoint is None:
     checkpoint = run_dir.latest_checkpoint(model_dir)
   model = factory.create_model(config["preset"], **config.get("overrides", {}))

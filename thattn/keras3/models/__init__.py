@@ -22,5 +22,6 @@ from thattn.keras3.models.factory import create_model
 from thattn.keras3.models.heads import ClassificationHead
 from thattn.keras3.models.heads import MaskedLMHead
 from thattn.keras3.models.heads import SpanHead
+from thattn.keras3.models.loading import load
 from thattn.keras3.models.recall_encoder import RecallEncoder
 from thattn.keras3.models.t5 import build_t5

@@ -1,0 +1,88 @@
+"""`load(model_dir)`: the trained backbone of a thattn model_dir, in Keras 3.
+
+The Keras 3 counterpart of `thattn.models.load`: the backbone is rebuilt
+from the run's `run_config.json` (its preset and overrides) with
+`thattn.keras3.models.create_model`, and takes the weights of the run's
+latest checkpoint by name (`thattn.core.weight_names.checkpoint_key`, the
+names both front ends share):
+
+    model = thattn.keras3.models.load("runs/mlm_bert_tiny")
+
+Which checkpoints need what:
+
+- a `--backend=keras3` run on JAX keeps Orbax steps of its values, which
+  are read as NumPy arrays with Orbax alone: no TensorFlow, on the JAX
+  backend or on PyTorch with JAX installed beside it (Orbax runs on JAX);
+- a `--backend=keras` run (or a keras3 run on TensorFlow or PyTorch, or a
+  conversion) keeps `tf.train.Checkpoint`s of tf_keras objects, which only
+  TensorFlow reads, and only through the objects they were saved from: the
+  tf_keras backbone is restored (`thattn.models.load`) and its values move
+  over by name. Without TensorFlow installed, the ImportError names the pip
+  command.
+
+The head of a fine-tuning task is not part of the backbone, as in
+`thattn.models.load`.
+"""
+
+from thattn.core import requirements
+from thattn.core import weight_names
+from thattn.io import checkpoint_reading
+from thattn.io import run_dir
+from thattn.keras3.models import factory
+
+
+def load(model_dir, *, checkpoint=None):
+  """The Keras 3 backbone of `model_dir` with its latest checkpoint's weights.
+
+  Args:
+    model_dir: a folder `thattn-train` or `thattn-convert` wrote.
+    checkpoint: a checkpoint (an Orbax step folder or a `tf.train`
+      prefix) to read instead of the latest.
+
+  Returns:
+    A Keras 3 functional model, the twin of `thattn.models.load`'s: for T5
+    presets token ids -> logits, for BERT and ALBERT BERT's inputs ->
+    sequence and pooled outputs.
+
+  Raises:
+    ValueError as `thattn.models.load` (no run config or checkpoint, a Mesh
+    TensorFlow run, a run without a backbone preset), and naming the
+    weights the checkpoint has no value for or whose shapes differ.
+    ImportError naming the pip command for a `tf.train` checkpoint where
+    TensorFlow is not installed.
+  """
+  config = run_dir.backbone_run_config(model_dir)
+  if checkpoint is None:
+    checkpoint = run_dir.latest_checkpoint(model_dir)
+  model = factory.create_model(config["preset"], **config.get("overrides", {}))
+  if checkpoint_reading.is_orbax_step(checkpoint):
+    values = checkpoint_reading.read_orbax_step(checkpoint)
+  else:
+    values = _tf_keras_values(model_dir, checkpoint)
+  keys = [weight_names.checkpoint_key(weight.path) for weight in model.weights]
+  missing = sorted(key for key in keys if key not in values)
+  if missing:
+    raise ValueError(f"{model_dir}: checkpoint {checkpoint} has no value for "
+                     f"{missing[:6]}{' ...' if len(missing) > 6 else ''} of "
+                     f"the {config['preset']} backbone of its "
+                     "run_config.json.")
+  for weight, key in zip(model.weights, keys):
+    if tuple(weight.shape) != tuple(values[key].shape):
+      raise ValueError(f"{model_dir}: checkpoint {checkpoint}: {key} is "
+                       f"{tuple(values[key].shape)}, the weight {weight.path} "
+                       f"{tuple(weight.shape)}.")
+    weight.assign(values[key])
+  return model
+
+
+def _tf_keras_values(model_dir, checkpoint):
+  """{checkpoint key: NumPy array} of the tf_keras backbone a `tf.train`
+  checkpoint restores: such a checkpoint names its values by the objects
+  that saved them, not by weight name, so it is read through them."""
+  requirements.require(f"thattn.keras3.models.load of {checkpoint} (a "
+                       "tf.train checkpoint, which only TensorFlow reads)")
+  # tf_keras, here only: the rest of this package never imports it.
+  from thattn.models import loading  # pylint: disable=g-import-not-at-top
+  backbone = loading.load(model_dir, checkpoint=checkpoint)
+  return {weight_names.checkpoint_key(weight.name): weight.numpy()
+          for weight in backbone.weights}
