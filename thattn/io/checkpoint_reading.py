@@ -98,16 +98,27 @@ def restore(checkpoint, **objects):
     tf.train.Checkpoint(**objects).restore(
         checkpoint).expect_partial().assert_existing_objects_matched()
     return
-  values = read_orbax_step(checkpoint)
   weights = [weight for obj in objects.values() for weight in obj.weights]
-  keys = [weight_names.checkpoint_key(weight.name) for weight in weights]
+  assign_by_name(checkpoint, read_orbax_step(checkpoint), weights,
+                 [weight.name for weight in weights], f"{sorted(objects)}")
+
+
+def assign_by_name(checkpoint, values, weights, names, owner):
+  """Gives each of `weights` its value in `values` ({checkpoint key: NumPy
+  array}, `read_values`), found by `weight_names.checkpoint_key` of its
+  name in `names` (a tf_keras weight's `name`, a Keras 3 weight's `path`).
+
+  Raises:
+    ValueError naming the weights of `owner` that `checkpoint` has no
+    value for, or whose shapes differ.
+  """
+  keys = [weight_names.checkpoint_key(name) for name in names]
   missing = sorted(key for key in keys if key not in values)
   if missing:
     raise ValueError(f"{checkpoint} has no value for {missing[:6]}"
-                     f"{' ...' if len(missing) > 6 else ''} of "
-                     f"{sorted(objects)}.")
-  for weight, key in zip(weights, keys):
-    if tuple(weight.shape) != values[key].shape:
+                     f"{' ...' if len(missing) > 6 else ''} of {owner}.")
+  for weight, name, key in zip(weights, names, keys):
+    if tuple(weight.shape) != tuple(values[key].shape):
       raise ValueError(f"{checkpoint}: {key} is {values[key].shape}, the "
-                       f"weight {weight.name} {tuple(weight.shape)}.")
+                       f"weight {name} {tuple(weight.shape)}.")
     weight.assign(values[key])

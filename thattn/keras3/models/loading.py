@@ -59,19 +59,10 @@ def load(model_dir, *, checkpoint=None):
     values = checkpoint_reading.read_orbax_step(checkpoint)
   else:
     values = _tf_keras_values(model_dir, checkpoint)
-  keys = [weight_names.checkpoint_key(weight.path) for weight in model.weights]
-  missing = sorted(key for key in keys if key not in values)
-  if missing:
-    raise ValueError(f"{model_dir}: checkpoint {checkpoint} has no value for "
-                     f"{missing[:6]}{' ...' if len(missing) > 6 else ''} of "
-                     f"the {config['preset']} backbone of its "
-                     "run_config.json.")
-  for weight, key in zip(model.weights, keys):
-    if tuple(weight.shape) != tuple(values[key].shape):
-      raise ValueError(f"{model_dir}: checkpoint {checkpoint}: {key} is "
-                       f"{tuple(values[key].shape)}, the weight {weight.path} "
-                       f"{tuple(weight.shape)}.")
-    weight.assign(values[key])
+  checkpoint_reading.assign_by_name(
+      checkpoint, values, model.weights,
+      [weight.path for weight in model.weights],
+      f"the {config['preset']} backbone of {model_dir}'s run_config.json")
   return model
 
 
