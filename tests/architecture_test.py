@@ -141,9 +141,11 @@ def test_the_mtf_backend_does_not_import_the_keras_trainer():
 
 
 # The kernels the Keras 3 layers call, which import Keras 3, JAX or no
-# framework (the others are TensorFlow ops, reached only from fused.py).
+# framework (the others are TensorFlow ops, reached only from fused.py and
+# from dispatch.py's check of the TensorFlow op, made where TensorFlow is
+# Keras 3's framework).
 _KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
-    "compiler", "cudnn", "jax_kernel", "kernel_choice", "pallas_kernel",
+    "compiler", "cudnn", "dispatch", "jax_kernel", "kernel_choice", "pallas_kernel",
     "pallas_launch", "pallas_programs", "pallas_tiles"))
 
 # The modules of thattn.ops written in plain Python (the others are

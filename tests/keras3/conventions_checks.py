@@ -17,6 +17,7 @@ import pytest
 
 from thattn import keras3
 from thattn.keras3 import flash
+from thattn.kernels import dispatch
 from tests.keras3.backend_checks import _numpy
 from tests.keras3.backend_checks import _reference_weights
 from tests.layers import numpy_reference as ref
@@ -405,7 +406,7 @@ def test_multi_head_dot_product_attention_equals_the_keras_ops_core():
                                  None)
     np.testing.assert_allclose(_numpy(got), _numpy(want), rtol=1e-5,
                                atol=1e-6)
-  assert not flash.on_accelerator()  # this machine: the layer's own core
+  assert not dispatch.on_accelerator()  # this machine: the layer's own core
 
 
 def test_flash_attention_true_is_the_backend_s_or_its_error():

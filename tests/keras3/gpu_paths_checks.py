@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 from thattn.kernels import cudnn
-from thattn.keras3 import flash
-from thattn.keras3 import fused
+from thattn.kernels import dispatch
 from thattn.kernels import kernel_choice
 from thattn.keras3 import lookups
 from thattn.keras3 import models
@@ -175,7 +174,7 @@ def cudnn_calls(monkeypatch):
                           implementation="xla")
 
   monkeypatch.setattr(cudnn, "available", lambda: True)
-  monkeypatch.setattr(flash, "on_accelerator", lambda: True)
+  monkeypatch.setattr(dispatch, "on_accelerator", lambda: True)
   monkeypatch.setattr(cudnn, "max_head_dim", lambda: 256)
   monkeypatch.setattr(cudnn, "attention", attention)
   return calls
@@ -261,7 +260,7 @@ def traced_on_cudnn(monkeypatch):
   them, so JAX's cuDNN version check is answered as on a GPU."""
   monkeypatch.setattr(jax_cudnn, "check_cudnn_version", lambda: 91000)
   monkeypatch.setattr(cudnn, "available", lambda: True)
-  monkeypatch.setattr(flash, "on_accelerator", lambda: True)
+  monkeypatch.setattr(dispatch, "on_accelerator", lambda: True)
   monkeypatch.setattr(cudnn, "max_head_dim", lambda: 256)
 
 
@@ -375,7 +374,7 @@ def test_on_a_gpu_the_layer_takes_keras_ops_by_default(monkeypatch):
     kernel_calls.append(kwargs)
     return real_kernel(*args, **{**kwargs, "interpret": True})
 
-  monkeypatch.setattr(fused, "pallas_mode", lambda: "gpu")
+  monkeypatch.setattr(dispatch, "pallas_mode", lambda: "gpu")
   monkeypatch.setattr(pallas_kernel, "talking_heads_attention", kernel)
   x = _random((2, 6, 8), 5)
   default = keras3.TalkingHeadsAttention(2, 4, name="default")

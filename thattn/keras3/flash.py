@@ -35,6 +35,9 @@ through JAX itself, with the masks as key lengths and `is_causal`, where
 otherwise keeps its keras.ops core, chosen before the call (True: a
 ValueError naming the obstacle).
 
+Where each of these runs is chosen by `thattn.kernels.dispatch` (the one
+choice of a call's kernel, for both fronts); this module runs them.
+
 One difference from the keras.ops core: a query row whose keys are all
 masked gets uniform weights on the keras.ops core and on the TensorFlow and
 JAX backends' dot_product_attention, but not always on PyTorch's in
@@ -45,10 +48,7 @@ import keras
 from keras import ops
 
 from thattn.kernels import cudnn
-
-SCORES_REFUSED = (
-    "Returning attention scores is not supported when flash attention is "
-    "enabled. Please disable flash attention to access attention scores.")
+from thattn.kernels import dispatch
 
 
 def setting(layer):
@@ -56,19 +56,6 @@ def setting(layer):
   if layer.flash_attention is not None:
     return layer.flash_attention
   return keras.config.is_flash_attention_enabled()
-
-
-def on_accelerator():
-  """Whether this Keras backend computes on a GPU or TPU, where its fused
-  attention kernels run (TensorFlow: Keras has none; it is einsums)."""
-  backend = keras.backend.backend()
-  if backend == "jax":
-    import jax  # pylint: disable=g-import-not-at-top
-    return jax.default_backend() in ("gpu", "tpu")
-  if backend == "torch":
-    import torch  # pylint: disable=g-import-not-at-top
-    return torch.cuda.is_available()  # Keras's torch backend then uses it
-  return False
 
 
 def check_dropout(owner, flash_attention, dropout):
@@ -80,42 +67,22 @@ def check_dropout(owner, flash_attention, dropout):
         f"{dropout}, flash_attention=True).")
 
 
-def multi_head_context(layer, query_state, memory_state, mask, bias,
-                       causal_offset, training, need_scores):
-  """O[b, n, h, d_v] from keras.ops.dot_product_attention, or None where
-  the keras.ops core computes this call (flash_attention False, scores
-  asked for, or dropout in training)."""
-  flash = setting(layer)
-  if flash is False or (flash is None and not on_accelerator()):
-    return None
-  if need_scores:
-    if flash:
-      raise ValueError(f"{layer.name}: {SCORES_REFUSED}")
-    return None
-  if layer.dropout and training:
-    return None
-  return dot_product_core(layer, query_state["query"], memory_state["key"],
-                          memory_state["value"], mask, bias, causal_offset,
-                          flash)
+def multi_head_context(kernel, layer, query_state, memory_state, mask, bias,
+                       causal_offset):
+  """O[b, n, h, d_v] by `kernel`, dispatch.CUDNN (cuDNN through JAX, the
+  masks as key lengths) or dispatch.DOT_PRODUCT_ATTENTION."""
+  query, key, value = (query_state["query"], memory_state["key"],
+                       memory_state["value"])
+  if kernel == dispatch.CUDNN:
+    return cudnn.attention(query, key, value, bias, mask, causal_offset)
+  return dot_product_core(layer, query, key, value, mask, bias,
+                          causal_offset, setting(layer))
 
 
 def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
                      flash):
   """O[b, n, h, d_v] = keras.ops.dot_product_attention of the projected
-  Q, K, V with thattn's masks (`flash` passed on), or None where d_k != d_v
-  and flash is not forced."""
-  if query.shape[-1] != value.shape[-1]:
-    # JAX's dot_product_attention needs d_k == d_v (keras.layers.
-    # MultiHeadAttention fails there on such a layer; thattn's does not).
-    if flash:
-      raise ValueError(
-          f"{layer.name}: flash_attention=True needs key_dim == value_dim, "
-          f"got key_dim={query.shape[-1]} and value_dim={value.shape[-1]}; "
-          "pass flash_attention=None or False.")
-    return None
-  if cudnn.available():
-    return _cudnn_core(layer, query, key, value, mask, bias, causal_offset,
-                       flash)
+  Q, K, V (d_k == d_v) with thattn's masks, `flash` passed on."""
   is_causal = (causal_offset is not None and mask is None and
                isinstance(causal_offset, int) and causal_offset == 0)
   if causal_offset is not None and not is_causal:
@@ -126,18 +93,3 @@ def dot_product_core(layer, query, key, value, mask, bias, causal_offset,
   return ops.dot_product_attention(query, key, value, bias=bias, mask=mask,
                                    scale=1.0, is_causal=is_causal,
                                    flash_attention=flash)
-
-
-def _cudnn_core(layer, query, key, value, mask, bias, causal_offset, flash):
-  """JAX on an NVIDIA GPU: cuDNN's attention with the masks in forms it
-  takes (`thattn.kernels.cudnn`), or None (the keras.ops core) where it
-  cannot take them; `flash=True` then raises, naming why."""
-  reason = cudnn.obstacle(query, key, value, bias, mask, causal_offset,
-                          cudnn.max_head_dim())
-  if reason is None:
-    return cudnn.attention(query, key, value, bias, mask, causal_offset)
-  if flash:
-    raise ValueError(f"{layer.name}: flash_attention=True, but {reason}. "
-                     "Pass flash_attention=None to compute it with "
-                     "keras.ops instead.")
-  return None

@@ -25,6 +25,7 @@ from keras import ops
 from thattn.core import attention_spec
 from thattn.core import dims
 from thattn.core import validation
+from thattn.kernels import dispatch
 from thattn.keras3 import attention_math
 from thattn.keras3 import base
 from thattn.keras3 import flash
@@ -37,11 +38,12 @@ class ProjectedAttention(base.AttentionLayer):
   (the hooks around the softmax: `thattn.core.attention_spec.
   mixed_scores`, shared with thattn.layers)."""
 
-  # What the fused kernel's choice reads (thattn.keras3.fused); multi-head
+  # What the kernel's choice reads (thattn.kernels.dispatch); multi-head
   # attention has no heads mixing to fuse.
   dynamic_projections = ()
   num_head_groups = 1
   fused_kernel = False
+  kernel_switch = "fused_kernel"  # its name in the refusals
   flash_attention = None
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
@@ -126,33 +128,48 @@ class ProjectedAttention(base.AttentionLayer):
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
-    mixes_heads = self._pre_softmax_projection is not None or (
-        self._post_softmax_projection is not None)
-    # A fused core first: thattn's Pallas kernel for talking heads, Keras's
-    # dot_product_attention for multi-head attention (None: not this call).
-    core = fused.pallas_context if mixes_heads else flash.multi_head_context
-    context = core(self, query_state, memory_state, mask, position_bias,
-                   causal_offset, training, need_scores)
-    if context is not None:
-      return context, None
+    # The kernel of this call (thattn.kernels.dispatch chooses): a fused
+    # core (thattn's Pallas kernel for talking heads, cuDNN or Keras's
+    # dot_product_attention for multi-head attention), or the plain core
+    # below, with or without a fused softmax.
+    static_projections = fused.projections(self)
+    mixes_heads = any(p is not None for p in static_projections)
+    choice = dispatch.choose(dispatch.Call(
+        owner=self.name, front=dispatch.KERAS3,
+        switch=self.fused_kernel if mixes_heads else flash.setting(self),
+        switch_name=self.kernel_switch,
+        query=query_state["query"], key=memory_state["key"],
+        value=memory_state["value"], projections=static_projections,
+        dynamic=self.dynamic_terms(query_state, memory_state),
+        head_groups=self.num_head_groups, num_heads=self.num_heads,
+        mask=mask, bias=position_bias, causal_offset=causal_offset,
+        dropout=self.dropout, training=training, need_scores=need_scores))
+    if choice.kernel == dispatch.PALLAS:
+      return fused.pallas_context(query_state, memory_state,
+                                  static_projections, mask, position_bias,
+                                  causal_offset), None
+    if choice.kernel in (dispatch.CUDNN, dispatch.DOT_PRODUCT_ATTENTION):
+      return flash.multi_head_context(choice.kernel, self, query_state,
+                                      memory_state, mask, position_bias,
+                                      causal_offset), None
     return self.plain_attend(query_state, memory_state, mask, position_bias,
-                             training, causal_offset, fuse_softmax=mixes_heads)
+                             training, causal_offset,
+                             softmax_kernel=choice.kernel)
 
   def plain_attend(self, query_state, memory_state, mask, position_bias,
-                   training, causal_offset, fuse_softmax=False):
+                   training, causal_offset, softmax_kernel=dispatch.OPS):
     """`attend` without a fused core: J, then the hooks `mix_logits` and
-    `mix_weights` around the softmax (with `fuse_softmax`, the fused CPU
-    softmax of thattn.keras3.fused where it applies, for P_l and P_w)."""
+    `mix_weights` around the softmax, or in their place the fused softmax
+    `softmax_kernel` (dispatch.CPU_OP or XLA_FFI: thattn.keras3.fused)."""
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
     _, _, query_length, memory_length = ops.shape(dots)
     mask = self.full_mask(mask, causal_offset, query_length, memory_length)
-    value_weights = None
-    if fuse_softmax:
+    if softmax_kernel in (dispatch.CPU_OP, dispatch.XLA_FFI):
       value_weights = fused.value_weights(
-          self, dots, mask, position_bias,
+          softmax_kernel, dots, fused.projections(self), mask, position_bias,
           self.dynamic_terms(query_state, memory_state))
-    if value_weights is None:
+    else:
       logits = self.mix_logits(dots, query_state, memory_state)
       weights = ops.cast(
           attention_math.masked_softmax(logits, mask, position_bias),
@@ -230,9 +247,9 @@ class TalkingHeadsAttention(ProjectedAttention):
   `fused_kernel` as in thattn.layers: thattn's fused kernels (the CPU
   kernels, the Pallas kernel on accelerators) compute the core wherever
   they apply (None), never (False) or always (True, a ValueError says why
-  not); see `thattn.keras3.fused`. `flash_attention` is the same switch
-  under Keras 3's name (talking heads is not a dot-product attention, so no
-  backend flash kernel computes it).
+  not); `thattn.kernels.dispatch` says where each runs. `flash_attention`
+  is the same switch under Keras 3's name (talking heads is not a
+  dot-product attention, so no backend flash kernel computes it).
   `query_chunk_size` (tf_keras-side) is accepted only as None, so a
   `thattn.layers` config loads.
   """

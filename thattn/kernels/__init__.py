@@ -12,9 +12,10 @@
 - `kernel_choice`: the table measured on each device kind that the
   default (`fused_kernel=None`, `flash_attention=None`) reads.
 
-Which kernel a call runs is chosen behind the layers: `thattn.layers.core`
-on tf_keras, `thattn.keras3.fused` and `thattn.keras3.flash` on Keras 3.
-The layers fall back to plain ops wherever a kernel cannot run, so a
+Which kernel a call runs is chosen in one place for both fronts,
+`dispatch`, from a description of the call (the layers then run the
+kernel it names: `thattn.layers.core` on tf_keras, `thattn.keras3.fused`
+and `thattn.keras3.flash` on Keras 3). The layers fall back to plain ops wherever a kernel cannot run, so a
 machine without a C++ compiler or a GPU loses speed, not results. Nothing
 here is imported by `import thattn.kernels`: each module imports its own
 framework.

@@ -35,8 +35,8 @@ The causal mask is generated per chunk from positions, never materialized at
 [n, m]. The result equals the plain computation to float32 rounding
 (tests/layers/chunked_test.py). Not covered here: attention dropout (its
 random mask would have to be regenerated identically in the recomputation)
-and dynamic projections without the kernel; `thattn.layers.core.choose_path`
-sends those calls to the plain path.
+and dynamic projections without the kernel; `thattn.kernels.dispatch.
+choose` sends those calls to the plain path.
 
 Code map: `attention_core` wraps `_forward` and `_gradients` in a custom
 gradient; `_Call` holds one call's tensors and chunking. Per chunk, the
@@ -112,7 +112,7 @@ def attention_core(query, key, value, *, pre_softmax=None, post_softmax=None,
     fused: compute J -> U per chunk with the fused talking-heads kernel.
       Needs float32 and ungrouped (or None) projections; the caller checks
       `talking_heads_softmax.unsupported_reason` first
-      (`thattn.layers.core.choose_path` does).
+      (`thattn.kernels.dispatch.choose` does).
     dynamic: optional {name: R} of dynamic projections, as
       `talking_heads_softmax.talking_heads_softmax` takes them; needs
       `fused=True`.

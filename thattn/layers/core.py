@@ -9,123 +9,40 @@ this core (per example; letters as in `thattn.core.dims`):
     U[h_v, n, m]   = dropout(mix_weights(W))       # P_w, + dynamic terms
     O[n, h_v, d_v] = einsum(U[h_v, n, m], V[m, h_v, d_v])
 
-Four paths compute it, with equal results to float32 rounding.
-`choose_path` is the one place that picks the path of a call:
+Four paths compute it, with equal results to float32 rounding: all
+queries at once or query chunk by query chunk (`thattn.layers.chunked`),
+each with TensorFlow ops or the fused CPU op from J to U
+(`thattn.kernels.talking_heads_softmax`):
 
-| path            | runs when                 | why                            |
-|-----------------|---------------------------|--------------------------------|
-| chunked, kernel | the chunked core and the  | both of the next two: per      |
-|                 | kernel both apply         | chunk, the kernel takes J to U |
-| chunked, TF ops | the chunked core applies, | scores in memory: O(c * m)     |
-|                 | the kernel does not       | per chunk, not O(n * m) per    |
-|                 | (no dynamic projections)  | example                        |
-| plain, kernel   | the kernel applies, the   | one CPU op from J to U:        |
-|                 | chunked core does not     | faster, and L and W are        |
-|                 |                           | never stored; with dynamic     |
-|                 |                           | projections too                |
-| plain, TF ops   | neither applies           | the reference: any feature     |
+| path            | why                                                    |
+|-----------------|--------------------------------------------------------|
+| chunked, kernel | both of the next two: per chunk, the op takes J to U   |
+| chunked, TF ops | scores in memory: O(c * m) per chunk, not O(n * m) per |
+|                 | example                                                |
+| plain, kernel   | one CPU op from J to U: faster, and L and W are never  |
+|                 | stored; with dynamic projections too                   |
+| plain, TF ops   | the reference: any feature                             |
 
-The chunked core (`thattn.layers.chunked`) applies when all of these hold:
-- `query_chunk_size` is set;
-- the caller does not ask for the scores U, which it never holds whole;
-- the layer has no dynamic projections, or the kernel applies: the
-  chunked TF-ops core mixes heads with P_l, P_w only, while the kernel
-  takes each chunk's R_Xl, R_Xw rows and the example's R_Ml, R_Mw;
-- attention dropout cannot run (dropout_rate 0, or training False or
-  None): its random mask would have to be regenerated identically when the
-  backward pass recomputes a chunk.
-
-The fused kernel (`thattn.kernels.talking_heads_softmax`) applies unless
-`fused_kernel=False` (multi-head attention's setting: it has no heads
-mixing to fuse) or one of these holds, checked in this order; with
-`fused_kernel=True` the first that holds is the reason of a ValueError:
-- head groups with dynamic projections: the kernel's dynamic terms are
-  dense (head groups alone it mixes group by group);
-- `talking_heads_softmax.unsupported_reason`: scores not float32,
-  bfloat16 or float16, SavedModel tracing, XLA, DTensor, a visible GPU, or
-  the kernel cannot be built.
+`thattn.kernels.dispatch.choose` picks a call's path (its `Choice`), with
+the Keras 3 layers' kernels, by the rules its docstring gives.
 """
-
-import dataclasses
 
 import tensorflow as tf
 
+from thattn.kernels import dispatch
 from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
 from thattn.layers import chunked
 
 
-@dataclasses.dataclass(frozen=True)
-class Path:
-  """How one call computes the core; see the module docstring."""
-  chunked: bool  # thattn.layers.chunked, rather than all queries at once
-  fused: bool  # the fused kernel from J to U, rather than TensorFlow ops
-
-
-def choose_path(*, chunk_size, return_scores, dropout_rate, training,
-                fused_kernel, dynamic_projections, head_groups, scores_like,
-                projections, owner):
-  """The `Path` of one call, by the rules of the module docstring.
-
-  Args:
-    chunk_size: the layer's query_chunk_size; None never chunks.
-    return_scores: whether the caller asks for U.
-    dropout_rate: the layer's attention dropout rate.
-    training: the call's `training` argument.
-    fused_kernel: None (the kernel wherever it applies), True (always; a
-      ValueError says why when it cannot) or False (never).
-    dynamic_projections: the layer's dynamic projection names, or ().
-    head_groups: G, the head groups of grouped talking heads.
-    scores_like: a tensor of J's dtype, e.g. Q.
-    projections: (P_l, P_w) as the layer holds them, variables or None.
-    owner: the layer's name, for the error message.
-
-  Returns:
-    A `Path`.
-  """
-  fuse = _kernel_applies(fused_kernel, dynamic_projections, head_groups,
-                         scores_like, projections, owner)
-  chunk = _chunked_core_applies(chunk_size, return_scores,
-                                bool(dynamic_projections) and not fuse,
-                                dropout_rate, training)
-  return Path(chunked=chunk, fused=fuse)
-
-
-def _chunked_core_applies(chunk_size, return_scores, unfused_dynamic,
-                          dropout_rate, training):
-  if not chunk_size or return_scores or unfused_dynamic:
-    return False
-  # None is Keras's "not training"; a tensor might be True at run time.
-  return dropout_rate == 0 or training is False or training is None
-
-
-def _kernel_applies(fused_kernel, dynamic_projections, head_groups,
-                    scores_like, projections, owner):
-  if fused_kernel is False:
-    return False
-  reason = _kernel_obstacle(dynamic_projections, head_groups, scores_like,
-                            projections)
-  if reason is not None and fused_kernel:
-    raise ValueError(f"{owner}: fused_kernel=True, but {reason}. Pass "
-                     f"fused_kernel=None to use TensorFlow ops instead.")
-  return reason is None
-
-
-def _kernel_obstacle(dynamic_projections, head_groups, scores_like,
-                     projections):
-  """Why the fused kernel cannot compute this call, or None."""
-  if dynamic_projections and head_groups != 1:
-    return "the kernel has no grouped dynamic projections"
-  return talking_heads_softmax.unsupported_reason(scores_like, *projections)
-
-
-def attention_core(path, query, key, value, *, projections, mask,
+def attention_core(choice, query, key, value, *, projections, mask,
                    causal_offset, bias, chunk_size, mix_logits, mix_weights,
                    dropout, dynamic=None):
   """O[b, n, h_v, d_v], and U[b, h_v, n, m] or None, by the given path.
 
   Args:
-    path: a `Path` from `choose_path`.
+    choice: a `thattn.kernels.dispatch.Choice` (CPU_OP or OPS, chunked
+      or not).
     query: Q[b, n, h_k, d_k].
     key: K[b, m, h_k, d_k].
     value: V[b, m, h_v, d_v].
@@ -146,7 +63,8 @@ def attention_core(path, query, key, value, *, projections, mask,
   Returns:
     (O, U); U is None on the chunked paths, which never hold it whole.
   """
-  if path.chunked:
+  fused = choice.kernel == dispatch.CPU_OP
+  if choice.chunked:
     # The chunked core's custom gradient takes P_l and P_w as inputs and
     # returns their gradients, so it gets tensors: a variable read inside a
     # custom gradient would need its gradient returned separately.
@@ -154,12 +72,12 @@ def attention_core(path, query, key, value, *, projections, mask,
     context = chunked.attention_core(
         query, key, value, pre_softmax=pre, post_softmax=post, mask=mask,
         causal_offset=causal_offset, bias=bias, chunk_size=chunk_size,
-        fused=path.fused, dynamic=dynamic)
+        fused=fused, dynamic=dynamic)
     return context, None
   dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query, key)
   shape = tf.shape(dot_products)
   mask = attention_ops.full_mask(mask, causal_offset, shape[2], shape[3])
-  if path.fused:
+  if fused:
     value_weights = talking_heads_softmax.talking_heads_softmax(
         dot_products, *projections, mask, bias, dynamic=dynamic)
   else:

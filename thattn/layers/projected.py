@@ -14,16 +14,17 @@ its dynamic terms).
 
 The hooks' computation is `thattn.core.attention_spec.mixed_scores`, shared
 with `thattn.keras3`. `attend` hands Q, K, V and these hooks to
-`thattn.layers.core`, whose
-`choose_path` is the one place that decides how the core runs: all queries
-at once or in query chunks (`query_chunk_size`), with TensorFlow ops or the
-fused talking-heads kernel (`fused_kernel`). Its docstring has the table.
+`thattn.layers.core`, in the way `thattn.kernels.dispatch.choose` picks for
+the call (the one place, for both fronts, that decides how the core runs):
+all queries at once or in query chunks (`query_chunk_size`), with
+TensorFlow ops or the fused talking-heads kernel (`fused_kernel`).
 """
 
 import tf_keras
 
 from thattn.core import attention_spec
 from thattn.core import validation
+from thattn.kernels import dispatch
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import core
@@ -54,7 +55,7 @@ class ProjectedAttention(base.AttentionLayer):
     Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
   """
 
-  # What `core.choose_path` reads besides the call's arguments. Multi-head
+  # What `dispatch.choose` reads besides the call's arguments. Multi-head
   # attention has no heads mixing to fuse, no dynamic projections and one
   # head group; TalkingHeadsAttention sets all three from its arguments.
   fused_kernel = False
@@ -167,15 +168,15 @@ class ProjectedAttention(base.AttentionLayer):
                          memory_state["value"])
     projections = (self._pre_softmax_projection,
                    self._post_softmax_projection)
-    path = core.choose_path(
-        chunk_size=self.query_chunk_size, return_scores=need_scores,
-        dropout_rate=self.dropout, training=training,
-        fused_kernel=self.fused_kernel,
-        dynamic_projections=self.dynamic_projections,
-        head_groups=self.num_head_groups, scores_like=query,
-        projections=projections, owner=self.name)
+    dynamic = self.dynamic_terms(query_state, memory_state)
+    choice = dispatch.choose(dispatch.Call(
+        owner=self.name, front=dispatch.TF_KERAS, switch=self.fused_kernel,
+        query=query, projections=projections, dynamic=dynamic,
+        head_groups=self.num_head_groups, dropout=self.dropout,
+        training=training, need_scores=need_scores,
+        chunk_size=self.query_chunk_size))
     context, value_weights = core.attention_core(
-        path, query, key, value, projections=projections, mask=mask,
+        choice, query, key, value, projections=projections, mask=mask,
         causal_offset=causal_offset, bias=position_bias,
         chunk_size=self.query_chunk_size,
         mix_logits=lambda dots: self.mix_logits(dots, query_state,
@@ -183,7 +184,7 @@ class ProjectedAttention(base.AttentionLayer):
         mix_weights=lambda weights: self.mix_weights(weights, query_state,
                                                      memory_state),
         dropout=lambda scores: self.dropout_weights(scores, training),
-        dynamic=self.dynamic_terms(query_state, memory_state))
+        dynamic=dynamic)
     return context, value_weights
 
   def get_config(self):

@@ -104,7 +104,7 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       sequence length. Used without `return_attention_scores`, when
       attention dropout is off, and, with dynamic projections, only
       through the fused kernel (the rules, with the kernel's, are
-      `thattn.layers.core.choose_path`).
+      `thattn.kernels.dispatch`).
     num_head_groups: G, which must divide h_k, h and h_v. P_l, P_w and the
       dynamic projections become block-diagonal (heads mix only within
       their group; see the module docstring for the head order) and are
