@@ -188,6 +188,7 @@ def child_check(spec):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_tiles  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   for name, dtype, (b, n, m, hk, h, hv, d), options in CHECKS[:spec["cases"]]:
     start = time.perf_counter()
@@ -214,7 +215,7 @@ def child_check(spec):
         tiles = None
         if options.get("heads_per_program"):
           tiles = dataclasses.replace(
-              pallas_kernel.default_tiles(max(hk, h, hv)),
+              pallas_tiles.default_tiles(max(hk, h, hv)),
               heads_per_program=options["heads_per_program"])
         out = pallas_kernel.talking_heads_attention(
             q, k, v, pre, post, mask=mask, bias=bias, causal=causal,

@@ -210,14 +210,14 @@ def main():
   if args.jobs < 1:
     parser.error(f"--jobs={args.jobs}: at least 1 program at a time")
   sys.path.insert(0, str(ROOT))
-  from thattn.kernels import pallas_kernel  # pylint: disable=g-import-not-at-top
+  from thattn.kernels import pallas_tiles  # pylint: disable=g-import-not-at-top
   rows = []
   for heads in (int(h) for h in args.heads.split(",")):
-    tiles = pallas_kernel.default_tiles(heads)
+    tiles = pallas_tiles.default_tiles(heads)
     if args.tiles:
       block_q, block_k, warps, *per_program = (
           int(x) for x in args.tiles.split(","))
-      tiles = pallas_kernel.Tiles(
+      tiles = pallas_tiles.Tiles(
           block_q, block_k, num_warps=warps,
           heads_per_program=per_program[0] if per_program else None)
     start = time.perf_counter()

@@ -19,11 +19,6 @@ from thattn.ops import adafactor  # pylint: disable=g-import-not-at-top
 from thattn.ops import tf_ops  # pylint: disable=g-import-not-at-top
 
 
-# The tensor functions `thattn.ops.adafactor` computes with, in
-# TensorFlow (keras.ops' names).
-TF_OPS = tf_ops.TF_OPS
-
-
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class InverseSqrtSchedule(adafactor.InverseSqrtScheduleRules,
                           tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -42,7 +37,7 @@ class InverseSqrtSchedule(adafactor.InverseSqrtScheduleRules,
   """
 
   def __call__(self, step):
-    return self.rate(TF_OPS, step)
+    return self.rate(tf_ops.TF_OPS, step)
 
 
 def _true_dtype(variable):
@@ -165,7 +160,7 @@ class Adafactor(adafactor.AdafactorStep, tf_keras.optimizers.Optimizer):
     slots = self._slots[self._index_dict[self._var_key(variable)]]
     dtype = _compute_dtype(variable)
     subtrahend, new_slots = self.adafactor_update(
-        TF_OPS, tf.cast(tf.convert_to_tensor(gradient), dtype),
+        tf_ops.TF_OPS, tf.cast(tf.convert_to_tensor(gradient), dtype),
         tf.cast(tf.convert_to_tensor(variable), dtype),
         tf.cast(self.iterations, dtype) + 1.0,  # t = 1 at the first step
         tf.cast(self.learning_rate, dtype),

@@ -29,16 +29,17 @@ from thattn import keras3
 from thattn.keras3 import attention_math
 from thattn.keras3 import masks
 from thattn.kernels import pallas_kernel
+from thattn.kernels import pallas_tiles
 from tests.layers import numpy_reference as ref
 
 assert keras.backend.backend() == "jax"
 assert os.environ.get("THATTN_PALLAS") == "interpret"
 
 TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
-TILES = pallas_kernel.default_tiles(0)  # 16 x 8: several tiles per sequence
+TILES = pallas_tiles.default_tiles(0)  # 16 x 8: several tiles per sequence
 # Programs per slice of 8 heads (16 per key-tile program): more than 8
 # heads of a kind are split, 17 to 20 into slices of 8, 8 and the rest.
-SLICED = pallas_kernel.Tiles(16, 8, num_warps=8, heads_per_program=8)
+SLICED = pallas_tiles.Tiles(16, 8, num_warps=8, heads_per_program=8)
 
 
 def paper_core(q, k, v, pre, post, mask=None, bias=None, causal=False,
@@ -235,7 +236,7 @@ def test_the_traced_step_holds_no_score_sized_buffer():
   def loss(core, q, k, v, pre, post):
     return jnp.sum(core(q, k, v, pre, post, mask=case["mask"], causal=True))
 
-  kernel = functools.partial(_kernel_core, tiles=pallas_kernel.Tiles(32, 32))
+  kernel = functools.partial(_kernel_core, tiles=pallas_tiles.Tiles(32, 32))
   traced = jax.make_jaxpr(jax.grad(functools.partial(loss, kernel),
                                    argnums=tuple(range(5))))(*args).jaxpr
   scores = b * h * n * m
@@ -308,15 +309,15 @@ def test_the_kernel_names_bad_inputs(kwargs, message):
 def test_tiles_must_be_powers_of_two(value):
   with pytest.raises(ValueError, match=rf"block_q={value!r}, expected a "
                      "power of two"):
-    pallas_kernel.Tiles(block_q=value)
+    pallas_tiles.Tiles(block_q=value)
 
 
 @pytest.mark.parametrize("value", [0, 12, True, "16"])
 def test_heads_per_program_must_be_whole_chunks(value):
   with pytest.raises(ValueError, match=rf"heads_per_program={value!r}, "
                      "expected None or a positive multiple of 8"):
-    pallas_kernel.Tiles(heads_per_program=value)
-  assert pallas_kernel.Tiles(heads_per_program=24).heads_per_program == 24
+    pallas_tiles.Tiles(heads_per_program=value)
+  assert pallas_tiles.Tiles(heads_per_program=24).heads_per_program == 24
 
 
 # ---- through the Keras 3 layer ---------------------------------------------

@@ -15,7 +15,7 @@ from thattn.kernels import talking_heads_softmax
 def test_missing_compiler_is_named(tmp_path, monkeypatch):
   monkeypatch.setenv("THATTN_CACHE_DIR", str(tmp_path))
   monkeypatch.setenv("CXX", "/nonexistent/g++")
-  with pytest.raises(build.KernelUnavailable,
+  with pytest.raises(compiler.KernelUnavailable,
                      match=r"no C\+\+ compiler: '/nonexistent/g\+\+'"):
     build.library_path(talking_heads_softmax.KERNEL)
 
@@ -23,7 +23,7 @@ def test_missing_compiler_is_named(tmp_path, monkeypatch):
 def test_failed_compile_leaves_no_library(tmp_path, monkeypatch):
   monkeypatch.setenv("THATTN_CACHE_DIR", str(tmp_path))
   monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-  with pytest.raises(build.KernelUnavailable,
+  with pytest.raises(compiler.KernelUnavailable,
                      match=r"compiling the talking_heads_softmax kernel "
                      r"failed \(exit 1\)"):
     build.library_path(talking_heads_softmax.KERNEL)
@@ -33,8 +33,9 @@ def test_failed_compile_leaves_no_library(tmp_path, monkeypatch):
 
 def test_switched_off(monkeypatch):
   monkeypatch.setenv("THATTN_FUSED_KERNELS", "0")
-  assert not build.enabled()
-  with pytest.raises(build.KernelUnavailable, match="THATTN_FUSED_KERNELS=0"):
+  assert not compiler.enabled()
+  with pytest.raises(compiler.KernelUnavailable,
+                     match="THATTN_FUSED_KERNELS=0"):
     build.library_path(talking_heads_softmax.KERNEL)
 
 

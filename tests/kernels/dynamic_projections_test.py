@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from thattn.core import attention_spec
 from thattn.kernels import talking_heads_softmax as fused
 from thattn.layers import attention_ops
 
@@ -49,7 +50,7 @@ def _appendix_a(dots, pre, post, mask, bias, dynamic):
       logits += bias[min(example, len(bias) - 1)].transpose(1, 2, 0)
     if mask is not None:
       logits = np.where(mask[example][..., None], logits,
-                        attention_ops.MASKED_LOGIT)
+                        attention_spec.MASKED_LOGIT)
     logits -= logits.max(axis=1, keepdims=True)
     weights = np.exp(logits)
     weights /= weights.sum(axis=1, keepdims=True)  # softmax over m

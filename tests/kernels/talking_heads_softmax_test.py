@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from thattn.core import attention_spec
 from thattn.kernels import talking_heads_softmax as fused
 from thattn.layers import attention_ops
 
@@ -28,7 +29,7 @@ def _numpy_reference(dots, pre, post, mask, bias=None):
   if bias is not None:
     logits = logits + bias
   if mask is not None:
-    logits = np.where(mask[:, None], logits, attention_ops.MASKED_LOGIT)
+    logits = np.where(mask[:, None], logits, attention_spec.MASKED_LOGIT)
   logits -= logits.max(axis=-1, keepdims=True)
   weights = np.exp(logits)
   weights /= weights.sum(axis=-1, keepdims=True)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from thattn.core import attention_spec
 from thattn.layers import MultiHeadAttention
 from thattn.layers import TalkingHeadsAttention
-from thattn.layers import talking_heads
 
 try:
   from . import numpy_reference as ref
@@ -231,11 +231,11 @@ def test_identity_projections_give_multi_head(shape_name, mask_kind):
 
 
 def test_the_layer_and_the_config_share_the_dynamic_projection_check():
-  assert talking_heads.checked_dynamic_projections(["m2w", "x2l"]) == (
+  assert attention_spec.checked_dynamic_projections(["m2w", "x2l"]) == (
       "x2l", "m2w")
   with pytest.raises(ValueError, match=r"^owner: unknown dynamic "
                      r"projections \['q2l'\]"):
-    talking_heads.checked_dynamic_projections(["q2l"], owner="owner")
+    attention_spec.checked_dynamic_projections(["q2l"], owner="owner")
   with pytest.raises(ValueError, match="'x2l' is added to the static P_l, "
                      "so it needs project_logits=True"):
-    talking_heads.checked_dynamic_projections(["x2l"], project_logits=False)
+    attention_spec.checked_dynamic_projections(["x2l"], project_logits=False)

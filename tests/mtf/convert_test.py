@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from thattn.mtf import convert
+from thattn.mtf import layer_weights
 from thattn.mtf import layers as mtf_layers
 from thattn.mtf import layout
 from thattn.mtf import runner
@@ -20,24 +20,24 @@ tl = mtf_layers.transformer_layers
 @pytest.mark.parametrize("variant", list(v.VARIANTS))
 def test_keras_to_mtf_to_keras_is_bit_exact(variant, enc_dec):
   layer = v.VARIANTS[variant](enc_dec)
-  keras = convert.keras_layer(layer=layer, d_model=v.WIDTH)
+  keras = layer_weights.keras_layer(layer=layer, d_model=v.WIDTH)
   keras.build_from_shapes([None, None, v.WIDTH], [None, None, v.WIDTH])
   layers = [keras]
-  bias = convert.keras_relative_bias(layer=layer, d_model=v.WIDTH,
+  bias = layer_weights.keras_relative_bias(layer=layer, d_model=v.WIDTH,
                                      bidirectional=True)
   if bias is not None:
     bias(3, 3)
     layers.append(bias)
-  original = convert.keras_weights(layers=layers)
-  variables = convert.keras_to_mtf(layer=layer, weights=original,
+  original = layer_weights.keras_weights(layers=layers)
+  variables = layer_weights.keras_to_mtf(layer=layer, weights=original,
                                    d_model=v.WIDTH)
   assert {k: x.shape for k, x in variables.items()} == (
-      convert.mtf_variable_shapes(layer=layer, d_model=v.WIDTH))
+      layer_weights.mtf_variable_shapes(layer=layer, d_model=v.WIDTH))
   # Through real mtf variables: loaded into the masters, read back.
   data = v.inputs()
   result = runner.run_layer(layer, query=data["query"], variables=variables,
                             memory=data["memory"] if enc_dec else None)
-  back = convert.mtf_to_keras(layer=layer, variables=result.variables,
+  back = layer_weights.mtf_to_keras(layer=layer, variables=result.variables,
                               d_model=v.WIDTH)
   assert set(back) == set(original)
   for token, value in original.items():
@@ -70,7 +70,7 @@ def _th(**kwargs):
 
 
 def _th_variables():
-  return convert.keras_to_mtf(layer=_th(), d_model=v.WIDTH, weights={
+  return layer_weights.keras_to_mtf(layer=_th(), d_model=v.WIDTH, weights={
       token: np.zeros(shape, np.float32) for token, shape in {
           "query/kernel": (8, 3, 4), "key/kernel": (8, 3, 4),
           "value/kernel": (8, 5, 4), "output/kernel": (5, 4, 8),
@@ -84,7 +84,7 @@ def test_a_variable_of_the_wrong_shape_is_named_with_both_shapes():
   with pytest.raises(ValueError, match=(
       r"mtf variable 'logits/kernel' has shape \(4, 3\), expected \(3, 4\) "
       r"\[key_heads, heads\]")):
-    convert.mtf_to_keras(layer=_th(), variables=variables, d_model=v.WIDTH)
+    layer_weights.mtf_to_keras(layer=_th(), variables=variables, d_model=v.WIDTH)
 
 
 def test_a_missing_variable_is_named_with_the_expected_ones():
@@ -93,17 +93,17 @@ def test_a_missing_variable_is_named_with_the_expected_ones():
   with pytest.raises(ValueError, match=(
       r"mtf variable 'weights/kernel' is missing; expected q/kernel, "
       r"k/kernel, v/kernel, y/kernel, logits/kernel, weights/kernel")):
-    convert.mtf_to_keras(layer=_th(), variables=variables, d_model=v.WIDTH)
+    layer_weights.mtf_to_keras(layer=_th(), variables=variables, d_model=v.WIDTH)
 
 
 def test_a_keras_weight_of_the_wrong_shape_is_refused():
-  weights = convert.mtf_to_keras(layer=_th(), variables=_th_variables(),
+  weights = layer_weights.mtf_to_keras(layer=_th(), variables=_th_variables(),
                                  d_model=v.WIDTH)
   weights["query/kernel"] = np.zeros((8, 4, 4), np.float32)
   with pytest.raises(ValueError, match=(
       r"thattn weight 'query/kernel' has shape \(8, 4, 4\), expected "
       r"\(8, 3, 4\) \[d_model, key_heads, d_k\]")):
-    convert.keras_to_mtf(layer=_th(), weights=weights, d_model=v.WIDTH)
+    layer_weights.keras_to_mtf(layer=_th(), weights=weights, d_model=v.WIDTH)
 
 
 def test_heads_the_mesh_axis_does_not_divide_fail_before_lowering():
@@ -144,7 +144,7 @@ def test_dynamic_projections_mtf_would_ignore_are_refused():
   with pytest.raises(ValueError, match=(
       r"mtf silently ignores dynamic projection 'x2l' because "
       r"key_heads_dims and softmax_heads_dims have the same names")):
-    convert.keras_layer(layer=layer, d_model=v.WIDTH)
+    layer_weights.keras_layer(layer=layer, d_model=v.WIDTH)
 
 
 def test_an_unknown_gin_name_is_refused_with_a_suggestion():
@@ -173,4 +173,4 @@ def test_an_unknown_gin_name_is_refused_with_a_suggestion():
 def test_mtf_configurations_without_a_keras_counterpart_are_refused(
     layer, message):
   with pytest.raises(ValueError, match=message):
-    convert.keras_layer(layer=layer, d_model=v.WIDTH)
+    layer_weights.keras_layer(layer=layer, d_model=v.WIDTH)

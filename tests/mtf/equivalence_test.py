@@ -13,7 +13,7 @@ with -s) and listed in docs/mtf.md.
 
 import pytest
 
-from thattn.mtf import convert
+from thattn.mtf import layer_weights
 from thattn.mtf import runner
 
 try:
@@ -37,7 +37,7 @@ def test_mtf_layer_equals_keras_layer_outputs_and_gradients(variant, mode):
       query_segments=data["query_segments"],
       memory_segments=data["memory_segments"] if enc_dec else None)
   # The converter's idea of the variables is mtf's, name for name.
-  assert result.variable_dims == convert.mtf_variable_dims(
+  assert result.variable_dims == layer_weights.mtf_variable_dims(
       layer=layer, d_model=v.WIDTH)
   keras = v.keras_twin(layer, enc_dec=enc_dec, causal=causal,
                        mtf_variables=result.variables)
@@ -48,7 +48,7 @@ def test_mtf_layer_equals_keras_layer_outputs_and_gradients(variant, mode):
   for name, grad in result.input_grads.items():
     errors[f"d/d{name}"] = v.relative_error(input_grads[name], grad)
   # Gradients have their variable's shape, so the weight map converts them.
-  mtf_grads = convert.mtf_to_keras(layer=layer, d_model=v.WIDTH,
+  mtf_grads = layer_weights.mtf_to_keras(layer=layer, d_model=v.WIDTH,
                                    variables=result.variable_grads)
   assert set(mtf_grads) == set(weight_grads)
   for token, grad in mtf_grads.items():

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from thattn.mtf import compat
-from thattn.mtf import convert
+from thattn.mtf import layer_weights
 from thattn.mtf import layers as mtf_layers
 
 mtf = compat.import_mesh_tensorflow()
@@ -90,7 +90,7 @@ def test_the_grouped_layer_maps_to_the_keras_num_head_groups_layer():
   layer = mtf_layers.GroupedTalkingHeadsSelfAttention(
       num_heads=4, key_dim=4, num_key_heads=8, num_value_heads=6,
       num_head_groups=2, dynamic_projections=["m2w"])
-  keras = convert.keras_layer(layer=layer, d_model=8)
+  keras = layer_weights.keras_layer(layer=layer, d_model=8)
   config = {k: keras.get_config()[k] for k in layer.keras_config()}
   assert config == layer.keras_config()
   assert layer.heads_dims() == (
@@ -105,7 +105,7 @@ def test_one_group_names_the_dims_as_thattn_and_projections_off_share():
   # No P_l in mtf: the key and softmax lists have the same names.
   assert layer.heads_dims() == ([("heads", 4)], [("heads", 4)],
                                 [("value_heads", 6)])
-  assert convert.mtf_variable_shapes(layer=layer, d_model=8) == {
+  assert layer_weights.mtf_variable_shapes(layer=layer, d_model=8) == {
       "q/kernel": (8, 4, 4), "k/kernel": (8, 4, 4), "v/kernel": (8, 6, 4),
       "y/kernel": (6, 4, 8), "weights/kernel": (4, 6)}
 

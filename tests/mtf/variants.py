@@ -9,7 +9,7 @@ variant allows it, so a swapped heads dim cannot pass.
 import numpy as np
 import tensorflow as tf
 
-from thattn.mtf import convert
+from thattn.mtf import layer_weights
 from thattn.mtf import layers as mtf_layers
 
 tl = mtf_layers.transformer_layers
@@ -85,8 +85,8 @@ def inputs(seed=0):
 
 def keras_twin(mtf_layer, *, enc_dec, causal, mtf_variables):
   """thattn's Keras layer (and relative bias) holding the mtf weights."""
-  layer = convert.keras_layer(layer=mtf_layer, d_model=WIDTH)
-  bias = convert.keras_relative_bias(layer=mtf_layer, d_model=WIDTH,
+  layer = layer_weights.keras_layer(layer=mtf_layer, d_model=WIDTH)
+  bias = layer_weights.keras_relative_bias(layer=mtf_layer, d_model=WIDTH,
                                      bidirectional=not causal)
   memory_length = MEMORY_LENGTH if enc_dec else LENGTH
   layer.build_from_shapes([None, None, WIDTH], [None, None, WIDTH])
@@ -94,7 +94,7 @@ def keras_twin(mtf_layer, *, enc_dec, causal, mtf_variables):
   if bias is not None:
     bias(LENGTH, memory_length)
     layers.append(bias)
-  convert.set_keras_weights(layers=layers, weights=convert.mtf_to_keras(
+  layer_weights.set_keras_weights(layers=layers, weights=layer_weights.mtf_to_keras(
       layer=mtf_layer, variables=mtf_variables, d_model=WIDTH))
   return layers
 
@@ -121,7 +121,7 @@ def run_keras(layers, data, *, enc_dec, causal):
   input_grads = {"query": grads[0].numpy()}
   if enc_dec:
     input_grads["memory"] = grads[1].numpy()
-  weight_grads = {convert.token_of(w.name): tf.convert_to_tensor(g).numpy()
+  weight_grads = {layer_weights.token_of(w.name): tf.convert_to_tensor(g).numpy()
                   for w, g in zip(weights, grads[len(sources) - len(weights):])}
   return y.numpy(), input_grads, weight_grads
 

@@ -39,11 +39,11 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from thattn import launch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.core import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.models import presets  # pylint: disable=g-import-not-at-top,wrong-import-position
-from thattn.training import dtensor  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import jax_processes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.training import options as options_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -193,7 +193,7 @@ flags.DEFINE_string("layout_rules", None, "--strategy=dtensor, --backend=mtf "
                     "or --backend=keras3: logical axis "
                     "-> mesh axis rules in Mesh TensorFlow's form; logical "
                     "axes without a rule are replicated. Default: "
-                    f"{dtensor.DEFAULT_LAYOUT_RULES!r} (data "
+                    f"{sharding.DEFAULT_LAYOUT_RULES!r} (data "
                     "parallel on batch; query/key and value heads, d_ff and "
                     "vocab on model). Bad rules for the model (e.g. 12 heads "
                     "on model:8) stop the run before any step.")

@@ -30,7 +30,6 @@ from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
 from thattn.keras3.initializers import ScaledInitializer
-from thattn.keras3.distribution import DEFAULT_LAYOUT_RULES
 from thattn.keras3.distribution import layout_map
 from thattn.keras3.distribution import model_layout_map
 from thattn.keras3.general_bilinear import GeneralBilinearAttention
@@ -38,6 +37,7 @@ from thattn.keras3.head_mixing_attention import HeadMixingAttention
 from thattn.keras3.keras_interop import from_keras
 from thattn.keras3.keras_interop import to_keras
 from thattn.keras3.projected import MultiHeadAttention
+from thattn.sharding.rules import DEFAULT_LAYOUT_RULES
 from thattn.keras3.projected import TalkingHeadsAttention
 from thattn.keras3.relative_position import RelativePositionBias
 

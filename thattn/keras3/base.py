@@ -37,7 +37,6 @@ from thattn.keras3 import conventions
 from thattn.keras3 import initializers
 from thattn.keras3 import masks
 
-fresh = initializers.fresh
 
 class AttentionLayer(keras.layers.Layer):
   """Base class; subclasses implement `create_weights`, `project_query`,
@@ -167,7 +166,7 @@ class AttentionLayer(keras.layers.Layer):
   def add_axes_weight(self, name, shape, axes, initializer):
     """`add_weight` for a kernel, recording its logical axes."""
     variable = self.add_weight(name=name, shape=tuple(shape),
-                               initializer=fresh(initializer),
+                               initializer=initializers.fresh(initializer),
                                regularizer=self.kernel_regularizer,
                                constraint=self.kernel_constraint)
     self._axes_by_path[variable.path] = tuple(axes)
@@ -189,8 +188,9 @@ class AttentionLayer(keras.layers.Layer):
     layer = keras.layers.EinsumDense(
         equation, output_shape=output_shape, bias_axes=bias_axes,
         activation=activation,
-        kernel_initializer=fresh(initializer),
-        bias_initializer=fresh(getattr(self, "bias_initializer", "zeros")),
+        kernel_initializer=initializers.fresh(initializer),
+        bias_initializer=initializers.fresh(
+            getattr(self, "bias_initializer", "zeros")),
         kernel_regularizer=self.kernel_regularizer,
         bias_regularizer=self.bias_regularizer,
         kernel_constraint=self.kernel_constraint,

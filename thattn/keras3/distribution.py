@@ -33,9 +33,6 @@ from thattn.core import attention_spec
 from thattn.core import dims
 from thattn.sharding import rules as rules_lib
 
-# thattn's default rules, the same as for DTensor (thattn.sharding.rules).
-DEFAULT_LAYOUT_RULES = rules_lib.DEFAULT_LAYOUT_RULES
-
 
 def weight_axes(num_head_groups=1):
   """{path pattern: logical axes} of every weight the Keras 3 layers make."""
@@ -68,7 +65,7 @@ def layout_map(device_mesh, rules=None, *, num_head_groups=1):
     device_mesh: a `keras.distribution.DeviceMesh`.
     rules: a `thattn.sharding.LayoutRules` or its string form, e.g.
       "batch:batch;key_heads:model;value_heads:model"; defaults to
-      DEFAULT_LAYOUT_RULES.
+      `thattn.sharding.DEFAULT_LAYOUT_RULES`.
     num_head_groups: the G of the model's talking-heads layers (1 for
       multi-head and ungrouped talking heads).
 
@@ -78,7 +75,8 @@ def layout_map(device_mesh, rules=None, *, num_head_groups=1):
     that a mesh axis does not divide are named when the layer is built.
   """
   if not isinstance(rules, rules_lib.LayoutRules):
-    rules = rules_lib.LayoutRules.parse(rules or DEFAULT_LAYOUT_RULES)
+    rules = rules_lib.LayoutRules.parse(rules or
+                                        rules_lib.DEFAULT_LAYOUT_RULES)
   mesh = rules_lib.MeshSpec(tuple(zip(device_mesh.axis_names,
                                       device_mesh.shape)))
   rules.check_mesh(mesh)
@@ -116,7 +114,8 @@ def model_layout_map(device_mesh, model, rules=None):
     or rules that do not fit the mesh.
   """
   if not isinstance(rules, rules_lib.LayoutRules):
-    rules = rules_lib.LayoutRules.parse(rules or DEFAULT_LAYOUT_RULES)
+    rules = rules_lib.LayoutRules.parse(rules or
+                                        rules_lib.DEFAULT_LAYOUT_RULES)
   mesh = rules_lib.MeshSpec(tuple(zip(device_mesh.axis_names,
                                       device_mesh.shape)))
   shapes = {weight.path: tuple(weight.shape) for weight in model.weights}

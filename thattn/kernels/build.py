@@ -17,10 +17,6 @@ import tensorflow as tf
 
 from thattn.kernels import compiler
 
-# Re-exported: what callers of this module catch and check.
-ANNOUNCE = compiler.ANNOUNCE
-KernelUnavailable = compiler.KernelUnavailable
-enabled = compiler.enabled
 
 # name -> loaded op module, or the KernelUnavailable saying why not. A failed
 # build is remembered so that each process tries it at most once.
@@ -40,16 +36,18 @@ def load(name):
   if name not in _loaded:
     try:
       _loaded[name] = tf.load_op_library(library_path(name))
-    except (KernelUnavailable, tf.errors.NotFoundError, OSError) as error:
-      reason = error if isinstance(error, KernelUnavailable) else (
-          KernelUnavailable(f"loading the {name} kernel failed: {error}"))
-      if enabled():  # else the user asked for this; no need to warn
+    except (compiler.KernelUnavailable, tf.errors.NotFoundError,
+            OSError) as error:
+      reason = error if isinstance(error, compiler.KernelUnavailable) else (
+          compiler.KernelUnavailable(
+              f"loading the {name} kernel failed: {error}"))
+      if compiler.enabled():  # else the user asked for this; no need to warn
         logging.warning("thattn's %s kernel is unavailable, so TensorFlow "
                         "ops run instead (slower, same results): %s", name,
                         reason)
       _loaded[name] = reason
   result = _loaded[name]
-  if isinstance(result, KernelUnavailable):
+  if isinstance(result, compiler.KernelUnavailable):
     raise result
   return result
 

@@ -153,10 +153,6 @@ from thattn.kernels import pallas_launch as launch
 from thattn.kernels import pallas_programs
 from thattn.kernels import pallas_tiles
 
-# The tile sizes a caller may choose, and the defaults.
-Tiles = pallas_tiles.Tiles
-default_tiles = pallas_tiles.default_tiles
-
 
 def _forward(problem, query, key, value, pre, post, mask, bias):
   """(O, row maxima, reciprocal row sums): one program per query tile, or
@@ -385,7 +381,7 @@ def talking_heads_attention(query, key, value, pre=None, post=None, *,
   """
   h_k, heads, h_v = check_inputs(query, key, value, pre, post, mask, bias,
                                  causal_offset)
-  tiles = tiles or default_tiles(max(h_k, heads, h_v))
+  tiles = tiles or pallas_tiles.default_tiles(max(h_k, heads, h_v))
   b, n, _, d_k = query.shape
   m, d_v = key.shape[1], value.shape[3]
   n_padded = _round_up(n, tiles.block_q)

@@ -17,7 +17,6 @@ from thattn.core import attention_spec
 # Keys the caller masked get the keras.ops path's logit (a fully masked row
 # is uniform over them); keys that are only padding to the tile get a far
 # lower one, so they never receive weight.
-_MASKED_LOGIT = attention_spec.MASKED_LOGIT
 _PADDING_LOGIT = -1e30
 # Heads per matrix product of a head mix: the least contraction a GPU's
 # tensor cores take in TF32 (the mixes' operands are float32). A program
@@ -389,7 +388,7 @@ def tile_logits(problem, refs, tile):
         [refs.bias[g, tile.rows, tile.cols].astype(jnp.float32)
          for g in range(problem.heads)], problem.mix_heads)
   if tile.allowed is not None:
-    logits = jnp.where(tile.allowed, logits, _MASKED_LOGIT)
+    logits = jnp.where(tile.allowed, logits, attention_spec.MASKED_LOGIT)
   if tile.real is not None:
     logits = jnp.where(tile.real, logits, _PADDING_LOGIT)
   return dots, logits

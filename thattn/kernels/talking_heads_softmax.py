@@ -36,6 +36,7 @@ twice.
 import tensorflow as tf
 
 from thattn.kernels import build
+from thattn.kernels import compiler
 from thattn.kernels import tf_internals
 
 KERNEL = "talking_heads_softmax"
@@ -64,7 +65,7 @@ def unsupported_reason(dots, *projections):
     return "the kernel runs on CPU only and a GPU is visible"
   try:
     build.load(KERNEL)
-  except build.KernelUnavailable as error:
+  except compiler.KernelUnavailable as error:
     return str(error)
   return None
 
@@ -102,7 +103,7 @@ def talking_heads_softmax(dots, pre_softmax, post_softmax, mask=None,
     U, `[b, h_v, n, m]` in J's dtype.
 
   Raises:
-    build.KernelUnavailable: the kernel cannot be built or loaded here.
+    compiler.KernelUnavailable: the kernel cannot be built or loaded here.
   """
   ops = build.load(KERNEL)
   return ops.thattn_talking_heads_softmax(

@@ -9,6 +9,7 @@ from thattn.core import requirements  # pylint: disable=g-bad-import-order
 # Before the first TensorFlow import: names the pip extra if it is missing.
 requirements.require("thattn.layers", ("tensorflow", "tf_keras"))
 
+from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.layers.attention_ops import causal_mask
 from thattn.layers.base import AttentionLayer
 from thattn.layers.fixed_head_size import fixed_head_size_attention
@@ -21,6 +22,5 @@ from thattn.layers.multi_head import MultiHeadAttention
 from thattn.layers.projected import ProjectedAttention
 from thattn.layers.relative_position import relative_position_bucket
 from thattn.layers.relative_position import RelativePositionBias
-from thattn.layers.talking_heads import DYNAMIC_PROJECTIONS
 from thattn.layers.talking_heads import TalkingHeadsAttention
 from thattn.layers.variants import make_attention

@@ -9,11 +9,6 @@ import tensorflow as tf
 
 from thattn.core import attention_spec
 
-# Constants shared with thattn.keras3 (thattn.core.attention_spec has their
-# comments in the paper's notation).
-MASKED_LOGIT = attention_spec.MASKED_LOGIT
-DOT_PRODUCT = attention_spec.DOT_PRODUCT
-WEIGHTED_VALUES = attention_spec.WEIGHTED_VALUES
 QUERY_DYNAMIC_LOGITS_MIX = attention_spec.DYNAMIC_MIXES["x2l"]
 MEMORY_DYNAMIC_LOGITS_MIX = attention_spec.DYNAMIC_MIXES["m2l"]
 QUERY_DYNAMIC_WEIGHTS_MIX = attention_spec.DYNAMIC_MIXES["x2w"]
@@ -104,7 +99,7 @@ def masked_softmax(logits, mask=None, bias=None):
   if bias is not None:
     logits += tf.cast(bias, tf.float32)
   if mask is not None:
-    logits = tf.where(mask, logits, MASKED_LOGIT)
+    logits = tf.where(mask, logits, attention_spec.MASKED_LOGIT)
   return tf.nn.softmax(logits, axis=-1)
 
 

@@ -30,7 +30,6 @@ from thattn.layers import initializers
 from thattn.layers import keras_arguments
 
 # written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]) (attention_spec).
-_CACHE_WRITE = attention_spec.CACHE_WRITE
 
 
 def _write_positions(cache, update, start):
@@ -48,7 +47,7 @@ def _write_positions(cache, update, start):
   one_hot = tf.one_hot(positions, cache_shape[1], dtype=cache.dtype)
   keep = 1 - tf.reduce_sum(one_hot, axis=0)
   written = (flat_cache * tf.reshape(keep, [1, -1, 1]) +
-             tf.einsum(_CACHE_WRITE, flat_update, one_hot))
+             tf.einsum(attention_spec.CACHE_WRITE, flat_update, one_hot))
   return tf.reshape(written, cache_shape)
 
 
@@ -119,15 +118,15 @@ class AttentionLayer(tf_keras.layers.Layer):
         activity_regularizer), **kwargs)
     # tf_keras's names are canonical; the older thattn names stay accepted
     # (see thattn.layers.keras_arguments).
-    output_name, output_shape = keras_arguments.resolve_alias(
+    output_name, output_shape = attention_spec.resolve_alias(
         self.name, ("output_shape", output_shape), ("output_dim", output_dim),
         None)
-    dropout_name, dropout = keras_arguments.resolve_alias(
+    dropout_name, dropout = attention_spec.resolve_alias(
         self.name, ("dropout", dropout), ("dropout_rate", dropout_rate), 0.0)
     # Stored as `output_dim`: Keras layers already have an `output_shape`
     # property (the shape of their output tensor).
     self.output_dim = validation.positive_int(
-        output_name, keras_arguments.output_width(self.name, output_shape),
+        output_name, attention_spec.output_width(self.name, output_shape),
         optional=True)
     self.dropout = validation.rate(dropout_name, dropout)
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)

@@ -49,6 +49,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from thattn.core import attention_spec
 from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
 from thattn.layers import head_mixing
@@ -279,7 +280,7 @@ def _weights(call, item, query_chunk, keys):
     logits += tf.cast(call.rows(call.bias, item), tf.float32)
   allowed = call.allowed(item, keys)
   if allowed is not None:
-    logits = tf.where(allowed, logits, attention_ops.MASKED_LOGIT)
+    logits = tf.where(allowed, logits, attention_spec.MASKED_LOGIT)
   return dots, tf.nn.softmax(logits, axis=-1), allowed
 
 

@@ -29,6 +29,7 @@ the Keras 3 layers' kernels, by the rules its docstring gives.
 
 import tensorflow as tf
 
+from thattn.core import attention_spec
 from thattn.kernels import dispatch
 from thattn.kernels import talking_heads_softmax
 from thattn.layers import attention_ops
@@ -74,7 +75,7 @@ def attention_core(choice, query, key, value, *, projections, mask,
         causal_offset=causal_offset, bias=bias, chunk_size=chunk_size,
         fused=fused, dynamic=dynamic)
     return context, None
-  dot_products = tf.einsum(attention_ops.DOT_PRODUCT, query, key)
+  dot_products = tf.einsum(attention_spec.DOT_PRODUCT, query, key)
   shape = tf.shape(dot_products)
   mask = attention_ops.full_mask(mask, causal_offset, shape[2], shape[3])
   if fused:
@@ -85,6 +86,6 @@ def attention_core(choice, query, key, value, *, projections, mask,
                                            bias)
     # The softmax runs in float32; V has the layer's compute dtype.
     value_weights = mix_weights(tf.cast(weights, value.dtype))
-  context = tf.einsum(attention_ops.WEIGHTED_VALUES, dropout(value_weights),
+  context = tf.einsum(attention_spec.WEIGHTED_VALUES, dropout(value_weights),
                       value)
   return context, value_weights

@@ -25,12 +25,6 @@ from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import initializers
 
-# The equations, shared with thattn.keras3 (thattn.core.attention_spec).
-QUERY_BILINEAR = attention_spec.QUERY_BILINEAR
-BILINEAR_LOGITS = attention_spec.BILINEAR_LOGITS
-WEIGHTED_MEMORY = attention_spec.WEIGHTED_MEMORY
-BILINEAR_OUTPUT = attention_spec.BILINEAR_OUTPUT
-
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class GeneralBilinearAttention(base.AttentionLayer):
@@ -67,25 +61,25 @@ class GeneralBilinearAttention(base.AttentionLayer):
         self.kernel_initializer or initializers.fan_in_normal(value_width * h))
 
   def project_query(self, query):
-    return {"query": tf.einsum(QUERY_BILINEAR, query, self._p)}
+    return {"query": tf.einsum(attention_spec.QUERY_BILINEAR, query, self._p)}
 
   def project_memory(self, key, value):
     return {"key": key, "value": value}
 
   def project_output(self, context):
-    return tf.einsum(BILINEAR_OUTPUT, context, self._q)
+    return tf.einsum(attention_spec.BILINEAR_OUTPUT, context, self._q)
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
     del need_scores  # the weights are computed either way
-    logits = tf.einsum(BILINEAR_LOGITS, query_state["query"],
+    logits = tf.einsum(attention_spec.BILINEAR_LOGITS, query_state["query"],
                        memory_state["key"])
     shape = tf.shape(logits)
     mask = self.full_mask(mask, causal_offset, shape[2], shape[3])
     weights = tf.cast(
         attention_ops.masked_softmax(logits, mask, position_bias),
         self.compute_dtype)
-    weighted_memory = tf.einsum(WEIGHTED_MEMORY,
+    weighted_memory = tf.einsum(attention_spec.WEIGHTED_MEMORY,
                                 self.dropout_weights(weights, training),
                                 memory_state["value"])
     return weighted_memory, weights

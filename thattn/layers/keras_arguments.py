@@ -26,13 +26,6 @@ import tensorflow as tf
 from thattn.core import attention_spec
 
 
-# The pure-Python checks live with the Keras 3 front end's in
-# thattn.core.attention_spec; these names keep the tf_keras side's imports short.
-resolve_alias = attention_spec.resolve_alias
-output_width = attention_spec.output_width
-check_attention_axes = attention_spec.check_attention_axes
-
-
 def refuse_keras3_tensors(owner, values):
   """ValueError if any of `values` is a Keras 3 symbolic tensor.
 

@@ -32,7 +32,7 @@ a dependency of thattn; `to_keras` imports it only for talking heads.
 import tensorflow as tf
 import tf_keras
 
-from thattn.layers import keras_arguments
+from thattn.core import attention_spec
 from thattn.layers import multi_head
 from thattn.layers import talking_heads
 
@@ -121,7 +121,7 @@ def _checked_source_config(layer):
   if not layer.weights or config.get("query_shape") is None:
     raise ValueError(f"{layer.name}: build the layer (call it once) before "
                      "from_keras, so that its weights exist.")
-  keras_arguments.check_attention_axes(
+  attention_spec.check_attention_axes(
       layer.name, None if tf.TensorShape(config["query_shape"]).rank == 3 and
       tuple(config["attention_axes"]) == (1,) else config["attention_axes"])
   for name in ("query_shape", "value_shape", "key_shape"):
@@ -132,7 +132,7 @@ def _checked_source_config(layer):
     raise ValueError(
         f"{layer.name}: softmax_robust_masking=True has no counterpart in "
         "thattn (its masked softmax is always float32 with -1e9 logits).")
-  keras_arguments.output_width(layer.name, config["output_shape"])
+  attention_spec.output_width(layer.name, config["output_shape"])
   names = {path[0] for path in _weights_by_path(layer)}
   if len(names & {"pre_softmax_weight", "post_softmax_weight"}) == 1:
     raise ValueError(f"{layer.name}: has only one of pre_softmax_weight and "

@@ -16,7 +16,7 @@ P_q's initializer (see `thattn.layers.initializers.ScaledInitializer`).
 
 import tf_keras
 
-from thattn.layers import keras_arguments
+from thattn.core import attention_spec
 from thattn.layers import projected
 
 
@@ -59,7 +59,7 @@ class MultiHeadAttention(projected.ProjectedAttention):
                kernel_regularizer=None, bias_regularizer=None,
                activity_regularizer=None, kernel_constraint=None,
                bias_constraint=None, *, query_chunk_size=None, **kwargs):
-    keras_arguments.check_attention_axes(
+    attention_spec.check_attention_axes(
         kwargs.get("name") or "MultiHeadAttention", attention_axes)
     super().__init__(num_heads, num_heads, num_heads, key_dim,
                      value_dim=value_dim, dropout=dropout, use_bias=use_bias,

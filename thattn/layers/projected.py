@@ -30,13 +30,6 @@ from thattn.layers import base
 from thattn.layers import core
 from thattn.layers import initializers
 
-# The projections' equations (thattn.core.attention_spec, shared with
-# thattn.keras3): Q = X P_q, K = M P_k, V = M P_v, Y = O P_o.
-QUERY_PROJECTION = attention_spec.QUERY_PROJECTION
-KEY_PROJECTION = attention_spec.KEY_PROJECTION
-VALUE_PROJECTION = attention_spec.VALUE_PROJECTION
-OUTPUT_PROJECTION = attention_spec.OUTPUT_PROJECTION
-
 
 class ProjectedAttention(base.AttentionLayer):
   """Shared base of MultiHeadAttention and TalkingHeadsAttention: P_q, P_k,
@@ -106,23 +99,23 @@ class ProjectedAttention(base.AttentionLayer):
     query_init = initializers.ScaledInitializer(self.kernel_initializer,
                                                 d_k ** -0.5)
     self._query_dense = self.add_axes_sublayer(
-        self._einsum_dense("query", QUERY_PROJECTION, (None, h_k, d_k), "ik",
-                           query_init),
+        self._einsum_dense("query", attention_spec.QUERY_PROJECTION,
+                           (None, h_k, d_k), "ik", query_init),
         [None, None, query_width],
         attention_spec.PROJECTION_AXES["query"])
     self._key_dense = self.add_axes_sublayer(
-        self._einsum_dense("key", KEY_PROJECTION, (None, h_k, d_k), "ik",
-                           self.kernel_initializer),
+        self._einsum_dense("key", attention_spec.KEY_PROJECTION,
+                           (None, h_k, d_k), "ik", self.kernel_initializer),
         [None, None, key_width],
         attention_spec.PROJECTION_AXES["key"])
     self._value_dense = self.add_axes_sublayer(
-        self._einsum_dense("value", VALUE_PROJECTION, (None, h_v, d_v), "jv",
-                           self.kernel_initializer),
+        self._einsum_dense("value", attention_spec.VALUE_PROJECTION,
+                           (None, h_v, d_v), "jv", self.kernel_initializer),
         [None, None, value_width],
         attention_spec.PROJECTION_AXES["value"])
     self._output_dense = self.add_axes_sublayer(
-        self._einsum_dense("output", OUTPUT_PROJECTION, (None, output_dim),
-                           "o", self.kernel_initializer),
+        self._einsum_dense("output", attention_spec.OUTPUT_PROJECTION,
+                           (None, output_dim), "o", self.kernel_initializer),
         [None, None, h_v, d_v],
         attention_spec.PROJECTION_AXES["output"])
 

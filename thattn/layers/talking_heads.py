@@ -57,12 +57,6 @@ from thattn.core import dims
 from thattn.layers import initializers
 from thattn.layers import projected
 
-# The dynamic projections' names, equations and checks are shared with
-# thattn.keras3 (thattn.core.attention_spec).
-DYNAMIC_PROJECTIONS = attention_spec.DYNAMIC_PROJECTIONS
-DYNAMIC_INIT_SCALE = attention_spec.DYNAMIC_INIT_SCALE
-checked_dynamic_projections = attention_spec.checked_dynamic_projections
-
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class TalkingHeadsAttention(projected.ProjectedAttention):
@@ -191,7 +185,8 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
           tf_keras.layers.EinsumDense(
               generators[name], output_shape=(None, *shape),
               kernel_initializer=initializers.fan_in_normal(
-                  widths[name] * shapes.fan_in(kind), DYNAMIC_INIT_SCALE),
+                  widths[name] * shapes.fan_in(kind),
+                  attention_spec.DYNAMIC_INIT_SCALE),
               kernel_regularizer=self.kernel_regularizer,
               kernel_constraint=self.kernel_constraint,
               dtype=self.dtype_policy, name=name),

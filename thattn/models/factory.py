@@ -1,11 +1,7 @@
 """`create_model(preset, **overrides)`: a preset or a config to a model."""
 
 from thattn.models import front_end
-from thattn.models import presets
 from thattn.models import wiring
-
-# The config of a preset with overrides: plain Python, in presets.
-model_config = presets.model_config
 
 
 def build_model(config, name=None):

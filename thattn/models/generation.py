@@ -10,7 +10,7 @@ and the sum of their log-probabilities up to and including the end token.
 The encoder runs once. Each decoder block keeps a self-attention cache,
 written one position per step, and its cross-attention memory projected
 once (`PreNormBlock.initial_cache`); the decoder itself is
-`thattn.models.t5.run_decoder`, the same code the model is built from.
+`thattn.models.wiring.run_decoder`, the same code the model is built from.
 
 Methods:
 
@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from thattn.core import validation
 from thattn.models import t5
+from thattn.models import wiring
 
 METHODS = ("greedy", "sample", "beam")
 # Scores of impossible beams: far below any real log-probability, but finite
@@ -67,7 +68,7 @@ class T5Generator(tf.Module):
   """
 
   def __init__(self, model, *, max_length, method="greedy", temperature=1.0,
-               top_k=0, beam_size=4, length_penalty=0.6, eos_id=t5.EOS_ID,
+               top_k=0, beam_size=4, length_penalty=0.6, eos_id=wiring.EOS_ID,
                seed=0, name=None):
     super().__init__(name=name)
     _check_options(max_length, method, temperature, top_k, beam_size)
@@ -82,7 +83,7 @@ class T5Generator(tf.Module):
     # exported, the generator holds the weights and its one function, and
     # Keras does not trace every layer's call into the SavedModel too.
     self._layers = _Untracked(model=model, encoder=t5.encoder_model(model),
-                              decoder=t5.decoder_layers(model))
+                              decoder=wiring.decoder_layers(model))
     self._model_weights = list(model.weights)  # tracked: saved with it
     self._vocab_size = self._layers.decoder.embedding.vocab_size
     self._rng = tf.random.Generator.from_seed(seed)
@@ -113,7 +114,7 @@ class T5Generator(tf.Module):
 
   def _step(self, tokens, step, memory_mask, caches):
     """Log-probabilities [batch, vocab] of the token after `tokens` [batch]."""
-    logits, caches = t5.run_decoder(
+    logits, caches = wiring.run_decoder(
         self._layers.decoder, tf.expand_dims(tokens, 1), None, memory_mask,
         training=False, caches=caches, decode_step=step,
         max_length=self.max_length)
@@ -134,13 +135,13 @@ class T5Generator(tf.Module):
   def _sample_or_greedy(self, encoder_tokens):
     memory_mask, caches = self._start(encoder_tokens)
     batch = tf.shape(encoder_tokens)[0]
-    tokens = tf.fill([batch], t5.DECODER_START_ID)
+    tokens = tf.fill([batch], wiring.DECODER_START_ID)
     finished = tf.zeros([batch], tf.bool)
     scores = tf.zeros([batch], tf.float32)
     outputs = tf.TensorArray(tf.int32, size=self.max_length)
     for step in tf.range(self.max_length):
       log_probs, caches = self._step(tokens, step, memory_mask, caches)
-      tokens = tf.where(finished, t5.PAD_ID, self._choose(log_probs))
+      tokens = tf.where(finished, wiring.PAD_ID, self._choose(log_probs))
       token_scores = tf.gather(log_probs, tokens, batch_dims=1)
       scores += tf.where(finished, 0.0, token_scores)
       finished |= tf.equal(tokens, self.eos_id)
@@ -157,9 +158,9 @@ class T5Generator(tf.Module):
                      [batch, 1])
     sequences = tf.zeros([batch, beams, length], tf.int32)
     finished = tf.zeros([batch, beams], tf.bool)
-    tokens = tf.fill([batch * beams], t5.DECODER_START_ID)
+    tokens = tf.fill([batch * beams], wiring.DECODER_START_ID)
     # A finished beam may only continue with padding, at no cost.
-    pad_only = tf.where(tf.range(vocab) == t5.PAD_ID, 0.0, _IMPOSSIBLE)
+    pad_only = tf.where(tf.range(vocab) == wiring.PAD_ID, 0.0, _IMPOSSIBLE)
     for step in tf.range(length):
       log_probs, caches = self._step(tokens, step, memory_mask, caches)
       log_probs = tf.reshape(log_probs, [batch, beams, vocab])

@@ -39,10 +39,10 @@ from typing import Union
 
 from thattn.core import validation
 from thattn.models import config as config_lib
-
-AttentionConfig = config_lib.AttentionConfig
-BertConfig = config_lib.BertConfig
-T5Config = config_lib.T5Config
+# The table below spells the configs by class name.
+from thattn.models.config import AttentionConfig
+from thattn.models.config import BertConfig
+from thattn.models.config import T5Config
 
 
 @dataclasses.dataclass(frozen=True)

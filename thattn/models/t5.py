@@ -36,16 +36,6 @@ import tf_keras
 from thattn.models import front_end
 from thattn.models import wiring
 
-PAD_ID = wiring.PAD_ID
-DECODER_START_ID = wiring.DECODER_START_ID
-EOS_ID = wiring.EOS_ID
-
-DecoderLayers = wiring.DecoderLayers
-# The decoder's computation, and finding its layers in a built model, are
-# written once for both front ends (thattn.models.wiring).
-run_decoder = wiring.run_decoder
-decoder_layers = wiring.decoder_layers
-
 
 def build_t5(config, name=None):
   """The T5 model with its LM head for a `T5Config`, by `config.stacks`

@@ -40,21 +40,10 @@ from thattn.data import tokenizers
 from thattn.mtf import architecture
 from thattn.mtf import model_map
 from thattn.mtf import models as mtf_models
-# The per-layer conversion, part of this module's interface.
-from thattn.mtf.layer_weights import keras_layer  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import keras_relative_bias  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import keras_to_mtf  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import keras_weights  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import mtf_to_keras  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import mtf_variable_dims  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import mtf_variable_shapes  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import set_keras_weights  # pylint: disable=unused-import
-from thattn.mtf.layer_weights import token_of  # pylint: disable=unused-import
 
 # T5's vocabulary: 0 pads and starts decoding, 1 ends a sequence.
 T5_EOS_ID = 1
 DEFAULT_SEQUENCE_LENGTH = 512
-CONVERTED_FROM = model_dir_lib.CONVERTED_FROM
 # converted_from's record of the source's mtf LayerStack layout
 # (architecture.RMS_NORM or LEGACY), which thattn_to_mtf writes back.
 LAYER_STACK = "layer_stack"
@@ -189,7 +178,7 @@ def _t5_config(gin_text, mtf_model, rows):
 
 def _run_config(config, *, task, sequence_length, tokenizer, source):
   """run_config.json of the converted model; `source` is its
-  CONVERTED_FROM entry."""
+  model_dir_lib.CONVERTED_FROM entry."""
   return {
       # thattn has no task for a one-stack model yet: it loads
       # (thattn.models.load) and converts back, but does not train.
@@ -200,7 +189,7 @@ def _run_config(config, *, task, sequence_length, tokenizer, source):
       # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
       "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
-      CONVERTED_FROM: source}
+      model_dir_lib.CONVERTED_FROM: source}
 
 
 def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
@@ -279,7 +268,7 @@ def thattn_to_mtf(*, model_dir, mtf_model_dir, checkpoint=None, log=print):
                                **run_config.get("overrides", {}))
   # A converted model goes back in its source's layout (T5 1.0's legacy
   # stack keeps its `layer_norm` names); anything else in mtf's default.
-  layer_stack = run_config.get(CONVERTED_FROM, {}).get(
+  layer_stack = run_config.get(model_dir_lib.CONVERTED_FROM, {}).get(
       LAYER_STACK, architecture.RMS_NORM)
   gin_text = architecture.gin_text(config, layer_stack=layer_stack)
   checkpoint = checkpoint or run_dir.latest_checkpoint(model_dir)

@@ -9,7 +9,7 @@ arguments are valid, and the arithmetic of a step (`AdafactorStep.
 adafactor_update`) and of the schedule (`InverseSqrtScheduleRules.rate`)
 are here, once, over a namespace of NumPy-named tensor functions (cast,
 power, sqrt, rsqrt, square, mean, maximum, minimum, expand_dims): `keras.
-ops` in Keras 3, `thattn.optimizers.TF_OPS` in TensorFlow. Each front end
+ops` in Keras 3, `thattn.ops.tf_ops.TF_OPS` in TensorFlow. Each front end
 adds its framework's glue: slots as its optimizer's variables, and their
 assignment. `thattn.optimizers.Adafactor` documents the step.
 """

@@ -71,8 +71,6 @@ from thattn.io import run_dir
 from thattn.training import cluster
 from thattn.training import strategies
 
-# thattn's default rules (thattn.sharding.rules says why these).
-DEFAULT_LAYOUT_RULES = sharding.DEFAULT_LAYOUT_RULES
 # tf-keras's LayerNormalization runs FusedBatchNormV3 from this epsilon up.
 _FUSED_LAYER_NORM_EPSILON = 1.001e-5
 
@@ -105,7 +103,8 @@ def check_options(*, strategy, mesh_shape, layout_rules, tpu):
     raise ValueError(f"--tpu={tpu!r}: --strategy=dtensor runs on local CPUs "
                      "or GPUs only.")
   mesh_spec = sharding.MeshSpec.parse(mesh_shape)
-  rules = sharding.LayoutRules.parse(layout_rules or DEFAULT_LAYOUT_RULES)
+  rules = sharding.LayoutRules.parse(layout_rules or
+                                     sharding.DEFAULT_LAYOUT_RULES)
   rules.check_mesh(mesh_spec)
   return mesh_spec, rules
 

@@ -157,7 +157,7 @@ class TrainOptions:
       return None
     mesh = sharding.MeshSpec.parse(self.mesh_shape)
     rules = sharding.LayoutRules.parse(self.layout_rules or
-                                       dtensor.DEFAULT_LAYOUT_RULES)
+                                       sharding.DEFAULT_LAYOUT_RULES)
     rules.check_mesh(mesh)
     return mesh, rules
 

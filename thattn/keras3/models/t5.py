@@ -13,8 +13,6 @@ run_decoder`, shared with it, and `generation.T5Generator` decodes with it.
 from thattn.keras3.models import front_end
 from thattn.models import wiring
 
-PAD_ID = wiring.PAD_ID
-
 
 def build_t5(config, name=None):
   """The T5 model with its LM head for a `T5Config`, by `config.stacks`
