@@ -23,8 +23,19 @@ from thattn.keras3 import base
 class GeneralBilinearAttention(base.AttentionLayer):
   """General bilinear attention with h heads reading the whole memory.
 
-  kernel_initializer defaults to normals with stddev 1/sqrt(fan_in), fan_in
-  d_X * d_M for P and d_M * h for Q (unit-variance logits and outputs).
+  Args:
+    num_heads: h.
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
+    dropout: attention dropout on W (alias: dropout_rate).
+    kernel_initializer: for P and Q; defaults to normals with stddev
+      1/sqrt(fan_in), fan_in d_X * d_M for P and d_M * h for Q
+      (unit-variance logits and outputs for unit-variance inputs).
+    flash_attention: None or False (True is refused: below).
+    use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
+    kernel_regularizer, bias_regularizer, activity_regularizer: as in Keras.
+    kernel_constraint, bias_constraint: as in Keras.
+
   P and Q stay the layer's own weights, named as in thattn.layers (the
   names the two front ends, the models and Mesh TensorFlow conversion
   share), not projections of one input each: so `query_dense`,

@@ -15,8 +15,9 @@ Computation (per example; letters as in `thattn.core.dims`; the equations are
 
 Multi-head attention is the case without P_l and P_w (h_k = h = h_v). The
 1/sqrt(d_k) of scaled dot products is folded into P_q's initializer, never
-applied at run time. See `thattn.layers.TalkingHeadsAttention` for the
-arguments; these layers take the same ones and hold the same weights.
+applied at run time. Each class documents its arguments; they are
+`thattn.layers`' (in the same order) with Keras 3's keywords, and the
+layers hold the same weights as `thattn.layers`' under the same names.
 """
 
 import keras
@@ -69,7 +70,8 @@ class ProjectedAttention(base.AttentionLayer):
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
     d_k, d_v = self.key_dim, self.value_dim
-    query_init = initializers.ScaledInitializer(self.kernel_initializer, d_k ** -0.5)
+    query_init = initializers.ScaledInitializer(self.kernel_initializer,
+                                                d_k ** -0.5)
     self._query_dense = self.einsum_dense(
         "query", attention_spec.QUERY_PROJECTION, (None, h_k, d_k),
         (None, None, query_width), initializer=query_init,
@@ -189,16 +191,35 @@ class ProjectedAttention(base.AttentionLayer):
 
 @keras.saving.register_keras_serializable(package="thattn")
 class MultiHeadAttention(ProjectedAttention):
-  """Multi-head attention: `thattn.layers.MultiHeadAttention` in Keras 3.
+  """Multi-head attention (Vaswani et al., 2017) as a Keras 3 layer, with
+  the arguments of `keras.layers.MultiHeadAttention` (positional in
+  tf_keras's order; Keras 3's own by keyword) and the weights of
+  `thattn.layers.MultiHeadAttention`. The paper's defaults
+  differ from Keras's: no biases, and the 1/sqrt(d_k) folded into P_q's
+  initializer (docs/keras3.md).
 
-  Same arguments in the same order (tf_keras's): num_heads, key_dim,
-  value_dim, dropout, use_bias, output_shape, attention_axes (None or (1,)
-  only), the initializers, regularizers and constraints; and Keras 3's
-  keyword arguments `use_gate`, `sliding_window`, `seed` and
-  `flash_attention` (None / True / False: the core through
-  keras.ops.dot_product_attention, as Keras 3's layer; `thattn.keras3.
-  flash`). The paper's defaults differ from Keras's: no biases, and the
-  1/sqrt(d_k) folded into P_q's initializer (docs/keras3.md).
+  Args:
+    num_heads: h.
+    key_dim: d_k.
+    value_dim: d_v; defaults to key_dim.
+    dropout: dropout on the attention weights (alias: dropout_rate).
+    use_bias: biases on P_q, P_k, P_v and P_o.
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
+    attention_axes: None or (1,) only: attention over the sequence axis.
+    kernel_initializer: for P_q (times d_k**-0.5), P_k, P_v and P_o.
+    bias_initializer: for the biases.
+    kernel_regularizer, bias_regularizer, activity_regularizer: as in Keras.
+    kernel_constraint, bias_constraint: as in Keras.
+    query_chunk_size: accepted only as None, so that a `thattn.layers`
+      config loads.
+    flash_attention: None (default: Keras's global setting, else on a GPU
+      or TPU cuDNN or `keras.ops.dot_product_attention`, and on a CPU
+      thattn's keras.ops core, measured faster there), True (a fused
+      kernel, or an error saying why not) or False (the keras.ops core,
+      which also returns the scores and applies dropout);
+      `thattn.kernels.dispatch` chooses, `thattn.keras3.flash` runs it.
+    use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0,
@@ -240,18 +261,54 @@ class MultiHeadAttention(ProjectedAttention):
 
 @keras.saving.register_keras_serializable(package="thattn")
 class TalkingHeadsAttention(ProjectedAttention):
-  """Talking-heads attention: `thattn.layers.TalkingHeadsAttention` in
-  Keras 3, with separate h_k, h, h_v, logits-only and weights-only
-  projections, the four dynamic projections and head groups.
+  """Talking-heads attention (Shazeer et al., 2020) as a Keras 3 layer:
+  learned projections across the heads dimension, P_l[h_k, h] just before
+  the softmax and P_w[h, h_v] just after it, on TensorFlow, JAX and
+  PyTorch. It holds the weights of `thattn.layers.TalkingHeadsAttention`
+  under the same names, so the two exchange them (`get_weights`,
+  checkpoints).
 
-  `fused_kernel` as in thattn.layers: thattn's fused kernels (the CPU
-  kernels, the Pallas kernel on accelerators) compute the core wherever
-  they apply (None), never (False) or always (True, a ValueError says why
-  not); `thattn.kernels.dispatch` says where each runs. `flash_attention`
-  is the same switch under Keras 3's name (talking heads is not a
-  dot-product attention, so no backend flash kernel computes it).
-  `query_chunk_size` (tf_keras-side) is accepted only as None, so a
-  `thattn.layers` config loads.
+  Args:
+    num_heads: h, the heads of the logits and the softmax.
+    key_dim: d_k. Not tied to d_model / h (`fixed_head_size_attention`).
+    value_dim: d_v; defaults to key_dim.
+    num_key_heads: h_k, the heads of the queries and keys; defaults to h.
+    num_value_heads: h_v, the heads of the values; defaults to h.
+    project_logits: learn P_l[h_k, h]. False needs h_k == h.
+    project_weights: learn P_w[h, h_v]. False needs h == h_v. With both
+      False the layer is multi-head attention.
+    dynamic_projections: any subset of ("x2l", "m2l", "x2w", "m2w"): the
+      input-dependent terms P_Xl, P_Ml, P_Xw, P_Mw of the paper's Appendix
+      A (m2l from the key input, m2w from the value input).
+    output_shape: d_Y, an int or a 1-tuple; defaults to the query width
+      (alias: output_dim).
+    use_bias: biases on P_q, P_k, P_v and P_o (the paper has none).
+    dropout: dropout on U, the weights applied to the values (alias:
+      dropout_rate).
+    kernel_initializer: for P_q (times d_k**-0.5: the scaled dot product's
+      factor, folded into P_q, never applied at run time), P_k, P_v, P_o.
+    bias_initializer: for the biases.
+    talking_heads_initializer: for P_l and P_w; defaults to a normal with
+      stddev 1/sqrt(fan_in), as Mesh TensorFlow's.
+    num_head_groups: G, dividing h_k, h and h_v: P_l, P_w and the dynamic
+      projections become block-diagonal, stored as their G blocks
+      (P_l[G, h_k/G, h/G], ...); 1, the default, is the paper's layer.
+    query_chunk_size: accepted only as None, so that a `thattn.layers`
+      config loads (the chunked core is tf_keras's).
+    fused_kernel: None (default) computes the core with thattn's kernels
+      wherever they apply (the fused CPU softmax on TensorFlow and JAX,
+      the Pallas kernel on a GPU where it was measured faster), False
+      never, True always (a ValueError names why one cannot run);
+      `thattn.kernels.dispatch` chooses, and says where each runs.
+    flash_attention: Keras 3's name for fused_kernel (talking heads is not
+      a dot-product attention, so no backend flash kernel computes it);
+      give one or the other.
+    use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
+    kernel_regularizer, bias_regularizer, activity_regularizer: as in
+      Keras; the kernel regularizer also applies to P_l, P_w and the
+      dynamic projections.
+    kernel_constraint, bias_constraint: as in Keras; the kernel constraint
+      also applies to P_l, P_w and the dynamic projections.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None, num_key_heads=None,

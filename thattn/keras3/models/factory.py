@@ -11,6 +11,14 @@ def build_model(config, name=None):
 
 
 def create_model(preset, **overrides):
-  """The Keras 3 twin of `thattn.models.create_model(preset, **overrides)`:
-  the same config, the same weights' names, shapes and order."""
+  """The Keras 3 backbone of `preset` (a name of `thattn.models.PRESETS` or
+  a `BertConfig` / `T5Config`) with `overrides`, named after the preset.
+
+  BERT and ALBERT: the encoder with its pooler (`build_bert`); T5: encoder
+  and decoder with the LM head (`build_t5`). `overrides` are
+  `thattn.models.config`'s fields, for example
+  `create_model("t5_base", attention="talking_heads", num_heads=24)`. The
+  weights' names, shapes and order are those of the tf_keras model that
+  `thattn.models.create_model` builds from the same arguments.
+  """
   return wiring.create_model(preset, front_end.KERAS3, **overrides)
