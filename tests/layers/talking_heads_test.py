@@ -230,7 +230,7 @@ def test_identity_projections_give_multi_head(shape_name, mask_kind):
   np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
 
 
-def test_the_layer_and_the_config_share_the_dynamic_projection_check():
+def test_the_dynamic_projection_check_orders_and_refuses_by_name():
   assert attention_spec.checked_dynamic_projections(["m2w", "x2l"]) == (
       "x2l", "m2w")
   with pytest.raises(ValueError, match=r"^owner: unknown dynamic "

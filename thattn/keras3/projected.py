@@ -136,7 +136,7 @@ class ProjectedAttention(base.AttentionLayer):
     # below, with or without a fused softmax.
     static_projections = fused.projections(self)
     mixes_heads = any(p is not None for p in static_projections)
-    choice = dispatch.choose(dispatch.Call(
+    call = dispatch.Call(
         owner=self.name, front=dispatch.KERAS3,
         switch=self.fused_kernel if mixes_heads else flash.setting(self),
         switch_name=self.kernel_switch,
@@ -145,7 +145,8 @@ class ProjectedAttention(base.AttentionLayer):
         dynamic=self.dynamic_terms(query_state, memory_state),
         head_groups=self.num_head_groups, num_heads=self.num_heads,
         mask=mask, bias=position_bias, causal_offset=causal_offset,
-        dropout=self.dropout, training=training, need_scores=need_scores))
+        dropout=self.dropout, training=training, need_scores=need_scores)
+    choice = dispatch.choose(call)
     if choice.kernel == dispatch.PALLAS:
       return fused.pallas_context(query_state, memory_state,
                                   static_projections, mask, position_bias,
@@ -156,21 +157,24 @@ class ProjectedAttention(base.AttentionLayer):
                                       causal_offset), None
     return self.plain_attend(query_state, memory_state, mask, position_bias,
                              training, causal_offset,
-                             softmax_kernel=choice.kernel)
+                             softmax_kernel=choice.kernel, call=call)
 
   def plain_attend(self, query_state, memory_state, mask, position_bias,
-                   training, causal_offset, softmax_kernel=dispatch.OPS):
+                   training, causal_offset, softmax_kernel=dispatch.OPS,
+                   call=None):
     """`attend` without a fused core: J, then the hooks `mix_logits` and
     `mix_weights` around the softmax, or in their place the fused softmax
-    `softmax_kernel` (dispatch.CPU_OP or XLA_FFI: thattn.keras3.fused)."""
+    `softmax_kernel` (dispatch.CPU_OP or XLA_FFI: thattn.keras3.fused),
+    which takes P_l, P_w and the dynamic terms of `call`, the
+    `dispatch.Call` that chose it."""
     dots = ops.einsum(attention_spec.DOT_PRODUCT, query_state["query"],
                       memory_state["key"])
     _, _, query_length, memory_length = ops.shape(dots)
     mask = self.full_mask(mask, causal_offset, query_length, memory_length)
     if softmax_kernel in (dispatch.CPU_OP, dispatch.XLA_FFI):
       value_weights = fused.value_weights(
-          softmax_kernel, dots, fused.projections(self), mask, position_bias,
-          self.dynamic_terms(query_state, memory_state))
+          softmax_kernel, dots, call.projections, mask, position_bias,
+          call.dynamic)
     else:
       logits = self.mix_logits(dots, query_state, memory_state)
       weights = ops.cast(
