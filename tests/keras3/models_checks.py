@@ -6,7 +6,8 @@ tf_keras model's weights, names, inputs and outputs (`<case>.tf_keras.npz`).
 Each check builds the Keras 3 model of the same preset, compares names and
 shapes, sets the tf_keras weights and compares the outputs; then leaves its
 own random weights and outputs (`<case>.<backend>.npz`) for the parent to
-check the other direction.
+check the other direction. The weights a run draws from its seed are the
+tf_keras model's draws (`drawn_<index>`), without that model.
 """
 
 import os
@@ -18,9 +19,11 @@ import numpy as np
 import pytest
 
 from thattn.keras3 import models
+from thattn.keras3.models import initial_weights
 
 EXCHANGE = pathlib.Path(os.environ.get("THATTN_MODELS_EXCHANGE", "."))
 BACKEND = keras.backend.backend()
+DRAW_SEED = 11  # the seed both front ends' models are drawn from
 
 
 def normalized_name(name):
@@ -72,3 +75,17 @@ def test_tf_keras_weights_give_the_same_outputs(case):
   np.savez(EXCHANGE / f"{case}.{BACKEND}.npz",
            **{f"weight_{index}": w for index, w in enumerate(own)},
            **{f"output_{key}": value for key, value in mine.items()})
+
+
+@pytest.mark.parametrize("case", cases())
+def test_the_seeded_draw_is_the_tf_keras_model_s(case):
+  saved = np.load(EXCHANGE / f"{case}.tf_keras.npz", allow_pickle=False)
+  model = models.create_model(str(saved["preset"]),
+                              attention=str(saved["attention"]))
+  assert initial_weights.assign([model], DRAW_SEED) == len(model.weights)
+  drawn = {normalized_name(name): saved[f"drawn_{index}"]
+           for index, name in enumerate(saved["names"])}
+  for weight in model.weights:
+    np.testing.assert_array_equal(ops.convert_to_numpy(weight.value),
+                                  drawn[normalized_name(weight.path)],
+                                  err_msg=f"{case}: {weight.path}")

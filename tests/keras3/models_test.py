@@ -6,7 +6,8 @@ tf_keras model (thattn.models) with random weights is run here; each Keras
 preset with thattn.keras3.models, takes those weights by `set_weights` and
 must give the same outputs (<= 1e-5 of the largest output, float32); and
 the Keras 3 models' own random weights, set into the tf_keras model, give
-the Keras 3 outputs back.
+the Keras 3 outputs back. The weights a run draws from its seed
+(`initial_weights.assign` on each front end) are the same on both.
 """
 
 import re
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.keras3 import processes
+from tests.keras3.models_checks import DRAW_SEED
 from tests.keras3.models_checks import normalized_name
 
 CASES = {f"{preset}-{attention}": (preset, attention)
@@ -47,6 +49,7 @@ def _outputs(model, inputs):
 def exchange(tmp_path_factory):
   """tf_keras models with random weights, their inputs and outputs."""
   from thattn import models  # pylint: disable=g-import-not-at-top
+  from thattn.models import initial_weights  # pylint: disable=g-import-not-at-top
   folder = tmp_path_factory.mktemp("keras3_models")
   rng = np.random.default_rng(0)
   built = {}
@@ -56,10 +59,14 @@ def exchange(tmp_path_factory):
                for w in model.weights]
     model.set_weights(weights)
     inputs = _inputs(preset, rng)
+    drawn = models.create_model(preset, attention=attention)
+    initial_weights.assign([drawn], seed=DRAW_SEED)
     np.savez(folder / f"{case}.tf_keras.npz", preset=preset,
              attention=attention,
              names=np.array([w.name for w in model.weights]),
              **{f"weight_{index}": w for index, w in enumerate(weights)},
+             **{f"drawn_{index}": w.numpy()
+                for index, w in enumerate(drawn.weights)},
              **{f"input_{key}": value for key, value in inputs.items()},
              **{f"output_{key}": value
                 for key, value in _outputs(model, inputs).items()})
@@ -73,7 +80,8 @@ def test_weights_move_both_ways_with_equal_outputs(backend, exchange):
   folder, built = exchange
   output = processes.run_pytest(backend, "models_checks.py",
                                 THATTN_MODELS_EXCHANGE=str(folder))
-  assert re.search(rf"{len(CASES)} passed", output), output
+  # Each case: the exchange of weights, and the seeded draw.
+  assert re.search(rf"{2 * len(CASES)} passed", output), output
   for case, (model, inputs) in built.items():
     saved = np.load(folder / f"{case}.{backend}.npz")
     model.set_weights([saved[f"weight_{index}"]

@@ -181,7 +181,7 @@ def _round_trip(source_dir, scratch_dir, data_dir, mesh, model):
     devices = dtensor_training.DTensorDevices(options, scratch_dir)
   else:
     devices = devices_lib.StrategyDevices(tf.distribute.get_strategy())
-  optimizer, _ = devices.build(objective, make)
+  optimizer, _ = devices.build(objective, make, seed=options.seed)
   checkpoint = tf.train.Checkpoint(
       optimizer=optimizer, initial_eval=tf.Variable(float("nan")),
       **objective.checkpoint_items())

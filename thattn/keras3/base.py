@@ -83,6 +83,11 @@ class AttentionLayer(keras.layers.Layer):
     self._dropout_layer = keras.layers.Dropout(dropout, seed=seed,
                                                dtype=self.dtype_policy)
     self._axes_by_path = {}
+    # The initializer of each weight add_axes_weight makes (its sublayers
+    # keep theirs as Keras layers do, `kernel_initializer`): a run's seeded
+    # initial weights are drawn from them (thattn.keras3.models.
+    # initial_weights).
+    self._initializer_by_path = {}
     self._gate_dense = None
     self.supports_masking = True
 
@@ -170,6 +175,7 @@ class AttentionLayer(keras.layers.Layer):
                                regularizer=self.kernel_regularizer,
                                constraint=self.kernel_constraint)
     self._axes_by_path[variable.path] = tuple(axes)
+    self._initializer_by_path[variable.path] = initializer
     return variable
 
   def add_axes_sublayer(self, layer, input_shape, axes_by_weight):
@@ -203,6 +209,13 @@ class AttentionLayer(keras.layers.Layer):
   def logical_axes(self):
     """{variable path -> logical axes tuple} for every weight of the layer."""
     return dict(self._axes_by_path)
+
+  @property
+  def weight_initializers(self):
+    """{variable path -> initializer} of the weights the layer makes
+    itself (P_l, P_w, a variant's own weights); its projections keep
+    theirs (`kernel_initializer`, `bias_initializer`)."""
+    return dict(self._initializer_by_path)
 
   # ---- building -----------------------------------------------------------
   def build(self, query_shape, value_shape, key_shape=None):

@@ -144,6 +144,10 @@ class AttentionLayer(tf_keras.layers.Layer):
     # Keyed by variable name, not by variable: Keras would treat variables
     # held in a list attribute as this layer's own weights when saving.
     self._axes_by_variable_name = {}
+    # The initializer of each weight add_axes_weight makes (its sublayers
+    # keep theirs as Keras layers do, `kernel_initializer`): a run's seeded
+    # initial weights are drawn from them (thattn.models.initial_weights).
+    self._initializer_by_variable_name = {}
     # Keras implicit masks (e.g. from Embedding(mask_zero=True)) are read
     # from the inputs in `call`, as tf_keras.layers.MultiHeadAttention does.
     self.supports_masking = True
@@ -193,6 +197,7 @@ class AttentionLayer(tf_keras.layers.Layer):
                                constraint=self.kernel_constraint,
                                trainable=True)
     self._axes_by_variable_name[variable.name] = tuple(axes)
+    self._initializer_by_variable_name[variable.name] = initializer
     return variable
 
   def add_axes_sublayer(self, layer, input_shape, axes_by_weight):
@@ -213,6 +218,13 @@ class AttentionLayer(tf_keras.layers.Layer):
   def logical_axes(self):
     """{variable name -> logical axes tuple} for every weight of the layer."""
     return dict(self._axes_by_variable_name)
+
+  @property
+  def weight_initializers(self):
+    """{variable name -> initializer} of the weights the layer makes
+    itself (P_l, P_w, a variant's own weights); its projections keep
+    theirs (`kernel_initializer`, `bias_initializer`)."""
+    return dict(self._initializer_by_variable_name)
 
   # ---- building ----------------------------------------------------------
   def build_from_shapes(self, query_shape, value_shape, key_shape=None):

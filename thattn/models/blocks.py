@@ -78,10 +78,11 @@ class RMSNorm(tf_keras.layers.Layer):
   def __init__(self, epsilon=1e-6, **kwargs):
     super().__init__(**kwargs)
     self.epsilon = epsilon
+    self.scale_initializer = tf_keras.initializers.get("ones")
 
   def build(self, input_shape):
     self.scale = self.add_weight("scale", [input_shape[-1]],
-                                 initializer="ones")
+                                 initializer=self.scale_initializer)
     super().build(input_shape)
 
   @property

@@ -80,12 +80,14 @@ class PositionEmbedding(tf_keras.layers.Layer):
   def __init__(self, max_length, initializer="uniform", **kwargs):
     super().__init__(**kwargs)
     self.max_length = max_length
-    self.initializer = tf_keras.initializers.get(initializer)
+    # Keras's convention, weight `w` from `w_initializer`: the run's seeded
+    # initial weights (thattn.models.initial_weights) read it.
+    self.embeddings_initializer = tf_keras.initializers.get(initializer)
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         "embeddings", [self.max_length, input_shape[-1]],
-        initializer=initializers.fresh(self.initializer))
+        initializer=initializers.fresh(self.embeddings_initializer))
     super().build(input_shape)
 
   @property
@@ -94,7 +96,8 @@ class PositionEmbedding(tf_keras.layers.Layer):
 
   def get_config(self):
     return dict(super().get_config(), max_length=self.max_length,
-                initializer=tf_keras.initializers.serialize(self.initializer))
+                initializer=tf_keras.initializers.serialize(
+                    self.embeddings_initializer))
 
   @autograph.unconverted
   def call(self, inputs):

@@ -67,9 +67,10 @@ class MaskedLMHead(tf_keras.layers.Layer):
     blocks.build_sublayer(self.transform, input_shape)
     blocks.build_sublayer(self.norm,
                           input_shape[:-1] + [self.embedding.width])
+    self.output_bias_initializer = tf_keras.initializers.get("zeros")
     self.output_bias = self.add_weight(
         name="output_bias", shape=(self.embedding.vocab_size,),
-        initializer="zeros")
+        initializer=self.output_bias_initializer)
     super().build(input_shape)
 
   @property

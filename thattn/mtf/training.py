@@ -220,12 +220,13 @@ class MtfBackend(backend_lib.Backend):
 
   def build(self, task):
     """The gin config (checked against the model_dir's) and the task's
-    Keras backbone, whose weights start the run; the step graph waits for
-    `restore` or `initialize`."""
+    Keras backbone, whose weights (drawn from the run's seed, as the Keras
+    backend's are) start the run; the step graph waits for `restore` or
+    `initialize`."""
     self.task = task
     self.gin_text = architecture.gin_text(task.model_config)
     _check_or_write_gin(self.model_dir, self.gin_text)
-    task.build()
+    devices_lib.build_task(task, self.options.seed)
     self._scopes.enter_context(mtf_models.gin_scope(self.gin_text))
 
   def _open(self):

@@ -2,8 +2,9 @@
 
 `Devices` is what the trainer asks of a device set-up:
 
-- `build(task, make_optimizer)`: build the task's model and the optimizer
-  with all of its slots, on the devices; returns (optimizer, schedule);
+- `build(task, make_optimizer, seed)`: build the task's model (its weights
+  drawn from `seed`, `build_task`) and the optimizer with all of its
+  slots, on the devices; returns (optimizer, schedule);
 - `train_loop(task, optimizer, loss_scaling)`: the compiled steps, a
   `Loop` (`train_step(iterator)`, `eval_step(batch)`, `distribute(dataset)`,
   `variables`, `optimizer`);
@@ -21,6 +22,19 @@ import abc
 import numpy as np
 import tensorflow as tf
 
+from thattn.models import initial_weights
+
+
+def build_task(task, seed):
+  """Builds the task's tf_keras model and draws its weights from `seed` by
+  weight name (`thattn.models.initial_weights`), as a keras3 run draws its
+  Keras 3 model's: a run of one seed starts from the same weights on every
+  backend, whatever the framework's own random numbers."""
+  task.build()
+  initial_weights.assign(
+      [layer for layer in (task.backbone, task.head) if layer is not None],
+      seed)
+
 
 class Devices(abc.ABC):
   """A device set-up; see the module."""
@@ -30,8 +44,9 @@ class Devices(abc.ABC):
     """One line for the log: the devices and how the model sits on them."""
 
   @abc.abstractmethod
-  def build(self, task, make_optimizer):
-    """Builds `task` and `make_optimizer(**kwargs)`; (optimizer, schedule)."""
+  def build(self, task, make_optimizer, seed):
+    """Builds `task` (`build_task`, its weights drawn from `seed`) and
+    `make_optimizer(**kwargs)`; (optimizer, schedule)."""
 
   @abc.abstractmethod
   def train_loop(self, task, optimizer, loss_scaling):
@@ -59,9 +74,9 @@ class StrategyDevices(Devices):
   def describe(self):
     return f"{self.strategy.num_replicas_in_sync} replica(s)"
 
-  def build(self, task, make_optimizer):
+  def build(self, task, make_optimizer, seed):
     with self.strategy.scope():
-      task.build()
+      build_task(task, seed)
       optimizer, schedule = make_optimizer()
       optimizer.build(task.trainable_variables)
     return optimizer, schedule

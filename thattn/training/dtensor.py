@@ -193,7 +193,7 @@ class DTensorDevices(devices.Devices):
             f"devices, layout rules '{self.rules}': {self.num_sharded} of "
             f"{self.num_weights} weights sharded (see {run_dir.DTENSOR_LAYOUTS})")
 
-  def build(self, task, make_optimizer):
+  def build(self, task, make_optimizer, seed):
     """Builds the task's model sharded and the optimizer on the mesh.
 
     Args:
@@ -203,12 +203,20 @@ class DTensorDevices(devices.Devices):
         sharded), then for the sharded model, which the task keeps
         (`sharding.build_sharded`).
       make_optimizer: `make_optimizer(mesh=...) -> (optimizer, schedule)`.
+      seed: the run's seed; the probe's weights are drawn from it
+        (`devices.build_task`), and the sharded model starts from them.
     Returns:
       (optimizer, schedule), the optimizer built with all of its slots.
     """
+    probes = []
+
     def build_fn():
-      task.build()
+      if probes:
+        task.build()  # the sharded weights start from the probe's values
+      else:
+        devices.build_task(task, seed)
       model = _Model(task)
+      probes.append(model)
       # On the unsharded probe, before a sharded model is built and run.
       _check_layers(model, task.name)
       return model

@@ -14,10 +14,12 @@ classification, SQuAD and recall.
 What it shares with the Keras backend, so that the two agree step for step:
 - the task, its tokenizer and its step-addressed batches (tf.data, read as
   NumPy);
-- the initial weights: the task builds its tf_keras model under the run's
-  seed, exactly as the Keras backend does, and its weights move into the
-  Keras 3 model by name (`heads.pair_by_name`: the two front ends' weights
-  share names); `--init_checkpoint` restores the tf_keras backbone first;
+- the initial weights: the Keras 3 model draws its own from the run's seed
+  by weight name (`thattn.keras3.models.initial_weights`), the values the
+  Keras backend's tf_keras model draws (`thattn.models.initial_weights`);
+  `--init_checkpoint` restores the tf_keras twin's backbone, whose weights
+  move into the Keras 3 backbone by name (`heads.pair_by_name`: the two
+  front ends' weights share names);
 - the optimizer and schedule (`thattn.keras3.optimizers`: thattn's
   Adafactor and inverse-square-root schedule in keras.ops; or Keras's Adam),
   and the loss (`keras3_steps.TaskLoss`).
@@ -79,7 +81,9 @@ from thattn.core import weight_names
 from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
 from thattn.keras3.models import heads
+from thattn.keras3.models import initial_weights
 from thattn.training import backend as backend_lib
+from thattn.training import devices
 from thattn.training import jax_processes
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
@@ -206,18 +210,19 @@ class Keras3Backend(backend_lib.Backend):
     return self.preemption.reached(self._step)
 
   def build(self, task):
-    """The task's tf_keras twin (the initial weights), the Keras 3 model,
-    the optimizer with its slots, and the checkpoint of them."""
+    """The task's tf_keras twin (what `--init_checkpoint` restores and, on
+    TensorFlow and PyTorch, the saves), the Keras 3 model with its weights
+    drawn from the run's seed, the optimizer with its slots, and the
+    checkpoint of them."""
     self.task = task
     # Keras 3's seed (its dropout layers' seed generators). Keras's
-    # set_random_seed reseeds TensorFlow too, to the seed the driver set, so
-    # it comes before the twin is built: the twin's initial weights are the
-    # Keras backend's.
+    # set_random_seed reseeds TensorFlow too, to the seed the driver set.
     keras.utils.set_random_seed(self.options.seed)
-    task.build()
+    devices.build_task(task, self.options.seed)
     with keras3_steps.dtype_policy(self.options.mixed_precision), (
         self._layout()):
       self.loss_layer = self._task_loss()
+      initial_weights.assign([self.loss_layer], self.options.seed)
       self._pair_with_twin()
       self.steps = keras3_steps.Steps(
           self.loss_layer, make_optimizer(self.options),
@@ -271,10 +276,13 @@ class Keras3Backend(backend_lib.Backend):
       return contextlib.nullcontext()
     return self.mesh.distribution(self._task_loss()).scope()
 
-  def _twin_to_keras3(self):
-    """The tf_keras twin's weights into the Keras 3 run."""
+  def _twin_to_keras3(self, sources=None):
+    """The tf_keras twin's weights (of `sources`, if given: tf_keras
+    variables) into the Keras 3 run."""
+    wanted = None if sources is None else {v.ref() for v in sources}
     for source, target in self.pairs:
-      target.assign(source.numpy())
+      if wanted is None or source.ref() in wanted:
+        target.assign(source.numpy())
 
   def _keras3_to_twin(self):
     """The Keras 3 run's weights into the tf_keras twin (`_TwinStore`)."""
@@ -297,7 +305,10 @@ class Keras3Backend(backend_lib.Backend):
     self._reloaded()
 
   def initialize(self):
-    self._twin_to_keras3()  # the build's weights, or init_checkpoint's
+    """The drawn weights (`build`); with `--init_checkpoint`, its
+    backbone, which the driver restored into the twin's."""
+    if self.options.init_checkpoint:
+      self._twin_to_keras3(self.task.backbone.weights)
     self._reloaded()
 
   @property

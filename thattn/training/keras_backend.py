@@ -67,7 +67,8 @@ class KerasBackend(backend_lib.Backend):
     self.task = task
     optimizer, _ = self.devices.build(
         task, lambda **kwargs: optimizer_lib.make_optimizer(options,
-                                                            **kwargs))
+                                                            **kwargs),
+        seed=options.seed)
     # Trainer state, outside the strategy: one copy, not one per replica.
     self.initial_eval_variable = tf.Variable(float("nan"), trainable=False)
     checkpoint = tf.train.Checkpoint(

@@ -54,10 +54,11 @@ class RMSNorm(keras.layers.Layer):
   def __init__(self, epsilon=1e-6, **kwargs):
     super().__init__(**kwargs)
     self.epsilon = epsilon
+    self.scale_initializer = keras.initializers.get("ones")
 
   def build(self, input_shape):
     self.scale = self.add_weight(name="scale", shape=(input_shape[-1],),
-                                 initializer="ones")
+                                 initializer=self.scale_initializer)
 
   @property
   def logical_axes(self):

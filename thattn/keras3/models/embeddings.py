@@ -103,12 +103,14 @@ class PositionEmbedding(keras.layers.Layer):
   def __init__(self, max_length, initializer="uniform", **kwargs):
     super().__init__(**kwargs)
     self.max_length = max_length
-    self.initializer = keras.initializers.get(initializer)
+    # Keras's convention, weight `w` from `w_initializer`: the run's seeded
+    # initial weights (thattn.keras3.models.initial_weights) read it.
+    self.embeddings_initializer = keras.initializers.get(initializer)
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
         name="embeddings", shape=(self.max_length, input_shape[-1]),
-        initializer=initializers.fresh(self.initializer))
+        initializer=initializers.fresh(self.embeddings_initializer))
 
   @property
   def logical_axes(self):
@@ -127,7 +129,7 @@ class PositionEmbedding(keras.layers.Layer):
 
   def get_config(self):
     return dict(super().get_config(), max_length=self.max_length,
-                initializer=_serialize(self.initializer))
+                initializer=_serialize(self.embeddings_initializer))
 
 
 @keras.saving.register_keras_serializable(package="thattn")

@@ -87,9 +87,10 @@ class MaskedLMHead(keras.layers.Layer):
     input_shape = list(input_shape)
     _build_sublayer(self.transform, input_shape)
     _build_sublayer(self.norm, input_shape[:-1] + [self.embedding.width])
+    self.output_bias_initializer = keras.initializers.get("zeros")
     self.output_bias = self.add_weight(
         name="output_bias", shape=(self.embedding.vocab_size,),
-        initializer="zeros")
+        initializer=self.output_bias_initializer)
 
   @property
   def logical_axes(self):
