@@ -101,6 +101,71 @@ def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
                                err_msg=f"{framework}, step {step}")
 
 
+# thattn-train with every task's tf_keras build refused, saying at exit
+# whether tf_keras was imported: a keras3 run on JAX draws, trains, saves
+# and restores its Keras 3 model alone.
+_WITHOUT_THE_TWIN = """
+import atexit
+import sys
+atexit.register(lambda: print("tf_keras imported:", "tf_keras" in sys.modules))
+from thattn import tasks
+def refuse(self):
+  raise AssertionError("the keras3 run on JAX built the tf_keras model")
+for name in tasks.names():
+  tasks.get(name).build = refuse
+from thattn.bin import train
+sys.argv = ["thattn-train", *sys.argv[1:]]
+train.run()
+"""
+
+
+def _run_without_the_twin(flags):
+  """Its stdout. A process of its own, not the fork server's: that one has
+  imported tf_keras already."""
+  result = subprocess.run(
+      [sys.executable, "-c", _WITHOUT_THE_TWIN, *flags], env=_ENV,
+      capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert "tf_keras imported: False" in result.stdout, result.stdout[-2000:]
+  return result.stdout
+
+
+def _trained_line(stdout):
+  """What the run's description line says it trains, up to the devices
+  (which each backend counts in its own unit)."""
+  line = next(line for line in stdout.splitlines() if " trained: " in line)
+  return line.split(" trained: ")[1].rsplit("; ", 1)[0]
+
+
+def test_a_keras3_run_on_jax_never_imports_tf_keras(tiny_bert_flags,
+                                                    tmp_path):
+  """Nor builds a tf_keras model. The task's rule by name
+  (`Task.trains_weight`) leaves the frozen embeddings and the unused pooler
+  untrained, as the Keras backend does; the run resumes, and another
+  starts from its backbone (--init_checkpoint), without the twin."""
+  flags = [*tiny_bert_flags, "--freeze_embeddings"]
+  keras = _train(tmp_path / "keras", flags, "--backend=keras")
+  keras3_flags = _command(tmp_path / "keras3", flags, "--backend=keras3")[3:]
+  keras3 = _run_without_the_twin(keras3_flags)
+  assert "frozen or unused by the loss" in _trained_line(keras)
+  assert _trained_line(keras3) == _trained_line(keras)
+  want = local_cluster.train_losses(str(tmp_path / "keras"))
+  got = local_cluster.train_losses(str(tmp_path / "keras3"))
+  for step, loss in want.items():
+    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
+                               err_msg=f"step {step}")
+  # Resumed from its last checkpoint, still without the tf_keras model.
+  resumed = _run_without_the_twin([
+      flag if not flag.startswith("--train_steps") else
+      f"--train_steps={_STEPS + 2}" for flag in keras3_flags])
+  assert "Resumed from" in resumed and f"at step {_STEPS}." in resumed
+  # A new run's backbone from that run's Orbax step, by weight name.
+  started = _run_without_the_twin(
+      _command(tmp_path / "from_keras3", flags, "--backend=keras3",
+               f"--init_checkpoint={tmp_path / 'keras3'}")[3:])
+  assert f"Backbone initialized from {tmp_path / 'keras3'}" in started
+
+
 def test_both_backends_print_the_same_progress_lines(runs):
   formats = {backend: local_cluster.line_formats(stdout)
              for backend, (_, stdout) in runs.items()}

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from thattn import export as export_lib
 from thattn import models
+from thattn.io import checkpoint_reading
 from thattn.io import run_dir
 from thattn.io import staged_writes
 from thattn import tasks
@@ -264,7 +265,11 @@ class MtfBackend(backend_lib.Backend):
     session.restore(path)
     self._step = session.step
 
-  def initialize(self):
+  def initialize(self, init_checkpoint=None):
+    """The step graph from the tf_keras backbone's weights (drawn by
+    `build`, the backbone's from `init_checkpoint` if given)."""
+    if init_checkpoint:
+      checkpoint_reading.restore(init_checkpoint, backbone=self.task.backbone)
     (self.session or self._open()).initialize()
     self._step = 0
 

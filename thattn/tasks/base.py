@@ -187,6 +187,12 @@ def backbone_overrides(model, vocab_size, sequence_length, log=print):
   return overrides
 
 
+def is_frozen_embedding(name):
+  """Whether the weight `name` (a tf_keras name or a Keras 3 path) is in one
+  of the embedding layers --freeze_embeddings keeps fixed."""
+  return any(f"{layer}/" in name for layer in EMBEDDING_LAYERS)
+
+
 def trainable_variables(layers, freeze_embeddings):
   """The variables of layers, once each, minus frozen embeddings.
 
@@ -196,8 +202,8 @@ def trainable_variables(layers, freeze_embeddings):
   variables, seen = [], set()
   for layer in layers:
     for variable in layer.trainable_variables:
-      if variable.ref() in seen or (freeze_embeddings and any(
-          f"{name}/" in variable.name for name in EMBEDDING_LAYERS)):
+      if variable.ref() in seen or (freeze_embeddings and
+                                    is_frozen_embedding(variable.name)):
         continue
       seen.add(variable.ref())
       variables.append(variable)
@@ -304,9 +310,18 @@ class Task:
 
   @property
   def trainable_variables(self):
-    return trainable_variables(
+    """The tf_keras model's weights the run trains (`trains_weight`)."""
+    return [variable for variable in trainable_variables(
         [layer for layer in (self.backbone, self.head) if layer is not None],
-        self.model_options.freeze_embeddings)
+        freeze_embeddings=False) if self.trains_weight(variable.name)]
+
+  def trains_weight(self, name):
+    """Whether the run trains the weight `name` (a tf_keras name or a Keras
+    3 path: each backend asks of its own model's weights): all but the
+    frozen embeddings (--freeze_embeddings); a task leaves out what its
+    loss never reaches."""
+    return not (self.model_options.freeze_embeddings and
+                is_frozen_embedding(name))
 
   def eval_dataset(self, num_steps):
     return self._batches(seed=self.seed + EVAL_SEED_OFFSET, start_step=0,
@@ -336,9 +351,11 @@ class Task:
     total = sum(w.shape.num_elements() for w in unique.values())
     return total, self.backbone.count_params()
 
-  def describe(self):
-    """One line: the task and its model's parameters, head included."""
-    total, backbone = self.parameters()
+  def describe(self, parameters=None):
+    """One line: the task and its model's parameters, head included
+    (`parameters`, (total, backbone), where a backend's model gives them;
+    else the tf_keras model's, `parameters()`)."""
+    total, backbone = parameters or self.parameters()
     text = f"{self.name}: {total:,} model parameters"
     if total != backbone:
       text += f" (backbone {backbone:,}, head {total - backbone:,})"

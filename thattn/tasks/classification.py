@@ -123,11 +123,15 @@ class Classification(finetune.FinetuneTask):
       self.log(f"{path}: {report}.")
     return features, None
 
+  def head_keywords(self):
+    """The `ClassificationHead`'s keywords, on either front end."""
+    return {"num_classes": self.glue_task.num_classes,
+            "dropout_rate": self.model_config.dropout_rate}
+
   def build(self):
     self.backbone = models.build_model(self.model_config)
-    self.head = heads.ClassificationHead(
-        self.glue_task.num_classes,
-        dropout_rate=self.model_config.dropout_rate, name="classifier")
+    self.head = heads.ClassificationHead(name="classifier",
+                                         **self.head_keywords())
     # Built now, so the optimizer and a restore see all of its weights.
     self.head(self.backbone.output["pooled_output"])
 
@@ -169,10 +173,7 @@ class Classification(finetune.FinetuneTask):
                                                     False),)
 
   def keras3_options(self):
-    config = self.head.get_config()
-    return dict(super().keras3_options(), head_config={
-        key: config[key] for key in ("num_classes", "inner_dim",
-                                     "dropout_rate", "kernel_initializer")})
+    return dict(super().keras3_options(), head_config=self.head_keywords())
 
   def metrics_of(self, predict, num_steps):
     """The GLUE task's metrics over every held-out example."""

@@ -83,12 +83,10 @@ class MaskedLM(text.TextTask):
     self.head(self.backbone.output["sequence_output"],
               tf_keras.Input([None], dtype=tf.int32))
 
-  @property
-  def trainable_variables(self):
+  def trains_weight(self, name):
     # Masked LM alone never reaches the pooler: leave it out, so no variable
     # goes without a gradient.
-    return [v for v in super().trainable_variables
-            if "pooler/" not in v.name]
+    return super().trains_weight(name) and "pooler/" not in name
 
   def _batches(self, *, seed, start_step, num_steps, train):
     rows = self.train_rows if train else self.eval_rows

@@ -61,10 +61,14 @@ class Recall(base.Task):
       else:
         validation.positive_int(name, value, optional=True)
 
+  def backbone_keywords(self):
+    """The `RecallEncoder`'s keywords, on either front end."""
+    return dict(num_keys=self.config.num_keys,
+                num_values=self.config.num_values,
+                **self.model_options.overrides)
+
   def build(self):
-    self.backbone = models.RecallEncoder(
-        num_keys=self.config.num_keys, num_values=self.config.num_values,
-        **self.model_options.overrides)
+    self.backbone = models.RecallEncoder(**self.backbone_keywords())
     self.backbone(tf.zeros([1, self.config.sequence_length, 2], tf.int32))
 
   def _batches(self, *, seed, start_step, num_steps, train):
@@ -105,7 +109,7 @@ class Recall(base.Task):
     return (backbone(_recall_arrays(batch)[0], training=False),)
 
   def keras3_options(self):
-    return dict(super().keras3_options(), config=self.backbone.get_config())
+    return dict(super().keras3_options(), config=self.backbone_keywords())
 
   @property
   def tokens_per_step(self):

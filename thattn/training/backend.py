@@ -12,12 +12,14 @@ how one step runs. It is a `Backend` subclass, registered by name:
 | | `logical_devices(options)` | whether the binary must split the CPU for `options.mesh_shape` |
 | | `serve(model_dir, options, log)` | a process that only serves another's run: its result; else None |
 | | `processes(model_dir, options, log)` | context manager around the run: yields its `Place` (the folder this process writes, and what the backend's processes hold) |
+| | `framework_scope(options)` | context manager around the run: the framework's seed and dtype policy its model is made under (tf_keras's by default) |
+| | `schedule(options)` | the learning-rate schedule its optimizer follows, `step -> rate` (tf_keras's by default) |
 | | `model_dir_for_export(model_dir, temp_dir, log)` | a model_dir `thattn.export` reads (mtf: converted) |
 | one run | `Backend(model_dir=, place=, options=, log=)` | devices, before any data is read |
 | | `build(task)` | the model (and optimizer) for the built task |
 | | `checkpoints()` | the run's checkpoint paths, oldest first |
 | | `restore(path)` | every variable from `path` (raises on a damaged one) |
-| | `initialize()` | a fresh start, from the task's Keras backbone's weights |
+| | `initialize(init_checkpoint)` | a fresh start, from the weights `build` drew from the run's seed, with `init_checkpoint`'s backbone if given |
 | | `step` | steps trained, as the next checkpoint saves it |
 | | `initial_eval`, `set_initial_eval(value)` | the held-out loss at step 0, kept in the checkpoints |
 | | `train_batches(start_step)` | what `train_step` reads its batches from |
@@ -26,6 +28,7 @@ how one step runs. It is a `Backend` subclass, registered by name:
 | | `task_metrics(num_steps)` | the task's `extra_eval_metrics` on the trained weights |
 | | `save()` | a checkpoint at `step`; its path |
 | | `latest_checkpoint()` | the newest checkpoint's path, or None |
+| | `parameters()` | (model parameters, of which in the backbone), of the model it trains |
 | | `describe()` | one log line: model, optimizer, devices |
 | | `make_task(make)` | the run's task, `make(tokenizer_dir)`: across processes, every one takes the chief's tokenizer |
 | | `agree(settings, check)` | `check()` (run_config.json's), and across processes the refusal of differing `settings` (the run config) |
@@ -101,20 +104,25 @@ def get(name):
   return _REGISTRY[name]
 
 
-def describe_run(task, options, shapes, devices, engine=None):
+def describe_run(task, options, shapes, devices, engine=None,
+                 parameters=None):
   """The one log line every backend's `describe` gives: the task and its
-  model, what trains it (`engine`, if the backend names one), the trained
-  variables (`shapes`), the optimizer and `devices`.
+  model (`parameters`, (total, backbone), of the model the backend trains;
+  by default the task's tf_keras model's), what trains it (`engine`, if the
+  backend names one), the trained variables (`shapes`), the optimizer and
+  `devices`.
 
   The trained parameters can be fewer than the model's
   (`task.parameters()`): frozen embeddings and weights the loss never
   reaches (BERT's pooler in masked LM) are left out.
   """
   trained = sum(math.prod(shape) for shape in shapes)
-  untrained = task.parameters()[0] - trained
+  parameters = parameters or task.parameters()
+  untrained = parameters[0] - trained
   left_out = (f" ({untrained:,} frozen or unused by the loss)" if untrained
               else "")
-  return (f"{task.describe()}; {engine + ', ' if engine else ''}trained: "
+  engine = f"{engine}, " if engine else ""
+  return (f"{task.describe(parameters)}; {engine}trained: "
           f"{len(shapes)} tensors, {trained:,} parameters{left_out}; "
           f"{options.optimizer}, peak learning rate "
           f"{options.peak_learning_rate:g}; {devices}.")
@@ -150,6 +158,35 @@ class Backend(abc.ABC):
     return contextlib.nullcontext(Place(model_dir))
 
   @classmethod
+  @contextlib.contextmanager
+  def framework_scope(cls, options):
+    """Context manager around a run: the framework state its model is made
+    under. By default tf_keras's: its seed (`set_random_seed`, which also
+    seeds Python, NumPy and TensorFlow) and its global dtype policy,
+    `mixed_<dtype>` for `options.mixed_precision` (float32 weights, a
+    half-precision computation), restored afterwards. A backend whose
+    model is not tf_keras's sets its own."""
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    tf_keras.utils.set_random_seed(options.seed)
+    previous = tf_keras.mixed_precision.global_policy()
+    if options.mixed_precision != "off":
+      tf_keras.mixed_precision.set_global_policy(
+          f"mixed_{options.mixed_precision}")
+    try:
+      yield
+    finally:
+      tf_keras.mixed_precision.set_global_policy(previous)
+
+  @classmethod
+  def schedule(cls, options):
+    """The run's learning-rate schedule, `step -> rate`, the one the
+    backend's optimizer follows: the driver feeds it where
+    `feeds_learning_rate` and logs it always. By default tf_keras's
+    (`optimizer_lib.make_schedule`)."""
+    from thattn.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+    return optimizer_lib.make_schedule(options)
+
+  @classmethod
   def model_dir_for_export(cls, model_dir, temp_dir, log):
     """A model_dir that `thattn.export.export` reads, for a run of ours."""
     del temp_dir, log
@@ -173,8 +210,14 @@ class Backend(abc.ABC):
     """Restores every variable from `path`; raises if it cannot."""
 
   @abc.abstractmethod
-  def initialize(self):
-    """Starts from the task's Keras backbone's current weights."""
+  def initialize(self, init_checkpoint=None):
+    """Starts from the weights `build` drew from the run's seed, the
+    backbone's read from `init_checkpoint` (a checkpoint path) if given."""
+
+  def parameters(self):
+    """(model parameters, of which in the backbone) of the model the backend
+    trains, each weight once; by default the task's tf_keras model's."""
+    return self.task.parameters()
 
   @property
   @abc.abstractmethod

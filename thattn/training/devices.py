@@ -22,7 +22,11 @@ import abc
 import numpy as np
 import tensorflow as tf
 
-from thattn.models import initial_weights
+from thattn.core import requirements
+
+with requirements.lazy_imports("thattn.training.devices"):
+  # tf_keras, on first use: dtensor.py imports this module on every backend.
+  from thattn.models import initial_weights  # pylint: disable=g-import-not-at-top
 
 
 def build_task(task, seed):

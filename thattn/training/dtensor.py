@@ -63,7 +63,13 @@ import numbers
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
-import tf_keras
+
+from thattn.core import requirements
+
+# tf_keras loads on first use: the driver imports this module for its
+# option checks on every backend, a keras3 run's included.
+with requirements.lazy_imports("thattn.training.dtensor"):
+  import tf_keras  # pylint: disable=g-import-not-at-top
 
 from thattn import sharding
 from thattn.training import devices

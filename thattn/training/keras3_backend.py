@@ -17,35 +17,41 @@ What it shares with the Keras backend, so that the two agree step for step:
 - the initial weights: the Keras 3 model draws its own from the run's seed
   by weight name (`thattn.keras3.models.initial_weights`), the values the
   Keras backend's tf_keras model draws (`thattn.models.initial_weights`);
-  `--init_checkpoint` restores the tf_keras twin's backbone, whose weights
-  move into the Keras 3 backbone by name (`heads.pair_by_name`: the two
-  front ends' weights share names);
+  `--init_checkpoint`'s backbone is read into the Keras 3 backbone by
+  checkpoint key (`thattn.io.checkpoint_reading`; a `tf.train` checkpoint
+  through `thattn.keras3.models.loading`, which needs TensorFlow);
+- the weights left untrained (frozen embeddings, the pooler in masked LM),
+  named by the task's rule (`Task.trains_weight`);
 - the optimizer and schedule (`thattn.keras3.optimizers`: thattn's
   Adafactor and inverse-square-root schedule in keras.ops; or Keras's Adam),
   and the loss (`keras3_steps.TaskLoss`).
 
 Mixed precision (`--mixed_precision`): the Keras 3 model is made under
 Keras 3's dtype policy `mixed_<dtype>` (`keras3_steps.dtype_policy`),
-float32 weights and a bfloat16 or float16 computation, as run.py makes
-the twin under tf_keras's; float16 adds Keras 3's `LossScaleOptimizer`
+float32 weights and a bfloat16 or float16 computation, as the Keras
+backend makes its model under tf_keras's (`Backend.framework_scope`);
+float16 adds Keras 3's `LossScaleOptimizer`
 (`make_optimizer`; `keras3_steps` says how a step uses it).
 
 Checkpoints. On JAX, a save writes the Keras 3 values themselves with
-Orbax (`_OrbaxStore` over `thattn.io.orbax_checkpoints`): the weights under
-their tf_keras names (`thattn.core.weight_names.checkpoint_key`), the
+Orbax (`_OrbaxStore` over `thattn.io.orbax_checkpoints`), and the run
+builds no tf_keras model: the weights under their shared names
+(`thattn.core.weight_names.checkpoint_key`), the
 optimizer's variables (its `iteration` is the run's step), the random
 state (dropout's seed generators), and the held-out loss at step 0;
 `thattn.io.checkpoint_reading` reads them into tf_keras objects for
 `thattn-export`, `thattn.models.load`, `thattn-convert --to=mtf` and
-`--init_checkpoint`. On TensorFlow and PyTorch (`_TwinStore`), a save
-writes the Keras 3 weights into the tf_keras twin and saves it with
+`--init_checkpoint`. On TensorFlow and PyTorch (`_TwinStore`), the task
+also builds its tf_keras model, the twin, only to save through it: a save
+writes the Keras 3 weights into the twin (paired by name,
+`heads.pair_by_name`) and saves it with
 `tf.train.CheckpointManager` as the Keras backend does (`backbone`,
 `head`), with `keras3_state` (the optimizer's variables and the random
 state) and the held-out loss beside them. Nothing of tf_keras runs in a
 step, an evaluation or the task's metrics (the task's `metrics_of` reads
 the Keras 3 model's `TaskLoss.metric_outputs`; span corruption decodes
-with the Keras 3 model): the twin is touched at the start and in the
-TensorFlow and PyTorch saves.
+with the Keras 3 model): the twin is touched only in the TensorFlow and
+PyTorch saves and restores.
 
 Across processes (JAX): `processes` joins the JAX cluster the flags or
 the environment name (`thattn.training.jax_processes`); process 0 owns
@@ -82,8 +88,8 @@ from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
 from thattn.keras3.models import heads
 from thattn.keras3.models import initial_weights
+from thattn.keras3.models import loading
 from thattn.training import backend as backend_lib
-from thattn.training import devices
 from thattn.training import jax_processes
 from thattn.training import keras3_mesh
 from thattn.training import keras3_steps
@@ -92,12 +98,18 @@ from thattn.training import optimizer as optimizer_lib
 FRAMEWORKS = ("jax", "tensorflow", "torch")
 
 
+def make_schedule(options):
+  """The run's learning-rate schedule in `keras.ops`, as
+  `optimizer_lib.make_schedule` makes tf_keras's."""
+  return keras3_optimizers.InverseSqrtSchedule(
+      **optimizer_lib.schedule_arguments(options))
+
+
 def make_optimizer(options):
   """The Keras 3 optimizer of `options`, as `optimizer_lib.make_optimizer`
   makes the tf_keras one (float16: in Keras 3's `LossScaleOptimizer`, the
   dynamic loss scale that tf_keras's starts from too, 2**15)."""
-  schedule = keras3_optimizers.InverseSqrtSchedule(
-      **optimizer_lib.schedule_arguments(options))
+  schedule = make_schedule(options)
   if options.optimizer == "adafactor":
     optimizer = keras3_optimizers.Adafactor(schedule)
   else:
@@ -134,6 +146,10 @@ class Keras3Backend(backend_lib.Backend):
   feeds_learning_rate = False  # the optimizer's schedule, in the step
 
   @classmethod
+  def schedule(cls, options):
+    return make_schedule(options)
+
+  @classmethod
   def check_task(cls, task_class, model):
     del model
     if not task_class.trains_on_keras3():
@@ -142,6 +158,15 @@ class Keras3Backend(backend_lib.Backend):
       raise ValueError(f"--backend=keras3 trains the tasks "
                        f"{', '.join(trained)}; --task="
                        f"{task_class.name} trains with --backend=keras.")
+
+  @classmethod
+  def framework_scope(cls, options):
+    """None of tf_keras's: Keras 3's seed and dtype policy are set in
+    `build` (`keras.utils.set_random_seed`, `keras3_steps.dtype_policy`),
+    and the twin of TensorFlow and PyTorch runs only holds float32
+    weights."""
+    del options
+    return contextlib.nullcontext()
 
   @classmethod
   @contextlib.contextmanager
@@ -210,26 +235,28 @@ class Keras3Backend(backend_lib.Backend):
     return self.preemption.reached(self._step)
 
   def build(self, task):
-    """The task's tf_keras twin (what `--init_checkpoint` restores and, on
-    TensorFlow and PyTorch, the saves), the Keras 3 model with its weights
-    drawn from the run's seed, the optimizer with its slots, and the
-    checkpoint of them."""
+    """The Keras 3 model with its weights drawn from the run's seed (the
+    task's rule leaving some untrained), the optimizer with its slots, and
+    the checkpoint of them; on TensorFlow and PyTorch the tf_keras twin
+    they save through."""
     self.task = task
     # Keras 3's seed (its dropout layers' seed generators). Keras's
     # set_random_seed reseeds TensorFlow too, to the seed the driver set.
     keras.utils.set_random_seed(self.options.seed)
-    devices.build_task(task, self.options.seed)
     with keras3_steps.dtype_policy(self.options.mixed_precision), (
         self._layout()):
       self.loss_layer = self._task_loss()
       initial_weights.assign([self.loss_layer], self.options.seed)
-      self._pair_with_twin()
+      for weight in self.weights:
+        weight.trainable = task.trains_weight(weight.path)
       self.steps = keras3_steps.Steps(
           self.loss_layer, make_optimizer(self.options),
           batch_layout=self.mesh.batch_layout if self.mesh else None)
     self.state = self._state()
     # On JAX the run's values are saved as they are, by Orbax; elsewhere
     # through the tf_keras twin (see the module).
+    if self.framework != "jax":
+      self._pair_with_twin()
     store = _OrbaxStore if self.framework == "jax" else _TwinStore
     self.store = store(self, run_dir.path(self.model_dir, run_dir.CHECKPOINTS))
 
@@ -238,9 +265,9 @@ class Keras3Backend(backend_lib.Backend):
     weights: the optimizer's variables (its iteration is the step) and the
     random state (dropout's seed generators), so that a resumed run draws
     the uninterrupted run's dropout masks."""
-    paired = {id(target) for _, target in self.pairs}
+    weights = {id(weight) for weight in self.weights}
     randoms = [variable for variable in self.loss_layer.non_trainable_variables
-               if id(variable) not in paired]
+               if id(variable) not in weights]
     state = {}
     for kind, variables in (("optimizer", self.steps.optimizer.variables),
                             ("random", randoms)):
@@ -248,18 +275,24 @@ class Keras3Backend(backend_lib.Backend):
         state[_state_key(kind, index, variable)] = variable
     return state
 
+  @property
+  def weights(self):
+    """The Keras 3 model's and head's weights, each once (the masked-LM
+    head's table is the backbone's)."""
+    return list({id(weight): weight
+                 for weight in self.loss_layer.weights}.values())
+
   def _pair_with_twin(self):
-    """Pairs each Keras 3 weight with its tf_keras twin's, by name."""
+    """Builds the task's tf_keras twin (`_TwinStore` saves through it)
+    and pairs each Keras 3 weight with its twin's, by name. Its own initial
+    values never reach the run: a save writes the Keras 3 weights into it
+    first, and a restore reads the checkpoint's out of it."""
     task = self.task
+    task.build()
     twin = [layer for layer in (task.backbone, task.head) if layer]
     self.pairs = heads.pair_by_name(
         {v.ref(): v for layer in twin for v in layer.weights}.values(),
-        self.loss_layer.weights)
-    # What the Keras task leaves untrained (frozen embeddings, the pooler
-    # in masked LM) is left untrained here too.
-    trained = {v.ref() for v in task.trainable_variables}
-    for source, target in self.pairs:
-      target.trainable = source.ref() in trained
+        self.weights)
 
   def _task_loss(self):
     """The Keras 3 model, head and loss of the task, made as its
@@ -276,13 +309,10 @@ class Keras3Backend(backend_lib.Backend):
       return contextlib.nullcontext()
     return self.mesh.distribution(self._task_loss()).scope()
 
-  def _twin_to_keras3(self, sources=None):
-    """The tf_keras twin's weights (of `sources`, if given: tf_keras
-    variables) into the Keras 3 run."""
-    wanted = None if sources is None else {v.ref() for v in sources}
+  def _twin_to_keras3(self):
+    """The tf_keras twin's weights into the Keras 3 run (`_TwinStore`)."""
     for source, target in self.pairs:
-      if wanted is None or source.ref() in wanted:
-        target.assign(source.numpy())
+      target.assign(source.numpy())
 
   def _keras3_to_twin(self):
     """The Keras 3 run's weights into the tf_keras twin (`_TwinStore`)."""
@@ -304,12 +334,36 @@ class Keras3Backend(backend_lib.Backend):
     self.store.restore(path)
     self._reloaded()
 
-  def initialize(self):
-    """The drawn weights (`build`); with `--init_checkpoint`, its
-    backbone, which the driver restored into the twin's."""
-    if self.options.init_checkpoint:
-      self._twin_to_keras3(self.task.backbone.weights)
+  def initialize(self, init_checkpoint=None):
+    """The drawn weights (`build`), the backbone's from `init_checkpoint`
+    if given (by checkpoint key, `_read_backbone`)."""
+    if init_checkpoint:
+      self._read_backbone(init_checkpoint)
     self._reloaded()
+
+  def _read_backbone(self, checkpoint):
+    """The Keras 3 backbone's weights from `checkpoint`, by checkpoint key.
+
+    An Orbax step must hold every backbone weight (as `checkpoint_reading.
+    restore` asks on the Keras backend); a `tf.train` checkpoint (a Keras
+    run's, or a keras3 run's on TensorFlow or PyTorch) is read through its
+    run's tf_keras backbone (`loading.tf_train_values`), and a weight it
+    does not hold keeps its drawn value, as a `tf.train` restore leaves it
+    on the Keras backend."""
+    backbone = self.loss_layer.backbone
+    weights = list({id(w): w for w in backbone.weights}.values())
+    owner = f"the {self.task.model_options.preset} backbone"
+    if checkpoint_reading.is_orbax_step(checkpoint):
+      checkpoint_reading.assign_by_name(
+          checkpoint, checkpoint_reading.read_orbax_step(checkpoint), weights,
+          [weight.path for weight in weights], owner)
+      return
+    values = loading.tf_train_values(run_dir.run_dir_of(checkpoint),
+                                     checkpoint)
+    held = [weight for weight in weights
+            if weight_names.checkpoint_key(weight.path) in values]
+    checkpoint_reading.assign_by_name(checkpoint, values, held,
+                                      [weight.path for weight in held], owner)
 
   @property
   def step(self):
@@ -367,12 +421,19 @@ class Keras3Backend(backend_lib.Backend):
     if self.store is not None:
       self.store.close()
 
+  def parameters(self):
+    """(model parameters, of which in the backbone), of the Keras 3 model
+    and head, each weight once."""
+    total = sum(math.prod(weight.shape) for weight in self.weights)
+    return total, self.loss_layer.backbone.count_params()
+
   def describe(self):
     return backend_lib.describe_run(
         self.task, self.options,
         [tuple(v.shape) for v in self.loss_layer.trainable_variables],
         self.mesh.describe() if self.mesh else _devices(),
-        engine=f"Keras 3 on {self.framework}{_precision(self.loss_layer)}")
+        engine=f"Keras 3 on {self.framework}{_precision(self.loss_layer)}",
+        parameters=self.parameters())
 
 
 class _OrbaxStore:
@@ -398,8 +459,8 @@ class _OrbaxStore:
           f"{os.path.dirname(directory)} to go on from its weights (nothing "
           "was changed).")
     self.backend, self.directory = backend, directory
-    self.values = {weight_names.checkpoint_key(source.name): target
-                   for source, target in backend.pairs}
+    self.values = {weight_names.checkpoint_key(weight.path): weight
+                   for weight in backend.weights}
     self.values.update(backend.state)
     self.run = orbax_checkpoints.RunCheckpoints(
         directory, max_to_keep=backend.options.max_checkpoints)

@@ -72,7 +72,7 @@ class TaskLoss(keras.layers.Layer):
       `RecallEncoder`'s keywords (the task's `keras3_options` give them).
     pad_id: the tokenizer's padding id (span corruption scores the rest).
     head_config: the head's keywords (classification's: num_classes,
-      inner_dim, dropout_rate, kernel_initializer).
+      dropout_rate).
 
   Attributes:
     backbone: the Keras 3 model (`thattn.keras3.models.build_model`, or a

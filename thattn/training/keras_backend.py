@@ -19,6 +19,7 @@ import contextlib
 
 import tensorflow as tf
 
+from thattn.io import checkpoint_reading
 from thattn.io import run_dir
 from thattn.training import backend as backend_lib
 from thattn.training import cluster
@@ -95,8 +96,10 @@ class KerasBackend(backend_lib.Backend):
   def restore(self, path):
     self.manager.checkpoint.restore(path).assert_consumed()
 
-  def initialize(self):
-    pass  # the weights were made by build (or loaded into the backbone)
+  def initialize(self, init_checkpoint=None):
+    """The weights `build` drew; the backbone's from `init_checkpoint`."""
+    if init_checkpoint:
+      checkpoint_reading.restore(init_checkpoint, backbone=self.task.backbone)
 
   @property
   def step(self):

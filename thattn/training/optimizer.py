@@ -7,9 +7,13 @@ last `decay_fraction` of the steps falling linearly to zero.
 
 import math
 
-import tf_keras
+from thattn.core import requirements
 
-from thattn import optimizers
+# The tf_keras optimizers load on first use: a keras3 run takes only the
+# schedule's arguments from here (`schedule_arguments`).
+with requirements.lazy_imports("thattn.training.optimizer"):
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from thattn import optimizers  # pylint: disable=g-import-not-at-top
 
 OPTIMIZERS = ("adafactor", "adam")
 # The peak learning rate when none is given. T5's Adafactor peaks at 0.01

@@ -40,6 +40,7 @@ the uninterrupted run drew.
 import contextlib
 import math
 import os
+import random
 import time
 
 from thattn.core import requirements
@@ -48,8 +49,8 @@ from thattn.core import requirements
 requirements.require("thattn.training.run", requirements.TENSORFLOW)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
+import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from thattn.io import run_dir
 from thattn import tasks
@@ -57,7 +58,6 @@ from thattn.io import write_failures
 from thattn.training import backend as backend_lib
 from thattn.io import checkpoint_reading
 from thattn.training import cluster
-from thattn.training import optimizer as optimizer_lib
 from thattn.training import options as options_lib
 from thattn.training import progress as progress_lib
 from thattn.training import run_lock
@@ -122,12 +122,13 @@ def train(*, model_dir, task="mlm", model=None, data=None, options=None,
 
 def _train_locked(*, model_dir, place, backend_class, task_class, model,
                   data, options, log, guard):
-  tf_keras.utils.set_random_seed(options.seed)
-  previous_policy = tf_keras.mixed_precision.global_policy()
-  if options.mixed_precision != "off":
-    tf_keras.mixed_precision.set_global_policy(
-        f"mixed_{options.mixed_precision}")
-  try:
+  # Python's, NumPy's and TensorFlow's seeds, on every backend (its
+  # framework's own in `framework_scope`; the initial weights are drawn from
+  # the seed by name, apart).
+  random.seed(options.seed)
+  np.random.seed(options.seed)
+  tf.random.set_seed(options.seed)
+  with backend_class.framework_scope(options):
     with contextlib.ExitStack() as stack:
       try:
         backend = backend_class(model_dir=model_dir, place=place,
@@ -144,8 +145,6 @@ def _train_locked(*, model_dir, place, backend_class, task_class, model,
       if finished is not None:
         return finished
       return _train(backend, task, options, start_step, log)
-  finally:
-    tf_keras.mixed_precision.set_global_policy(previous_policy)
 
 
 def _start(backend, task_class, model, data, options, log):
@@ -175,11 +174,11 @@ def _resume(backend, task, options, log):
     path = _restore_latest(backend, paths, options.resume_from, log)
     log(f"Resumed from {path} at step {backend.step}.")
   else:
-    if options.init_checkpoint:
-      path = run_dir.find_checkpoint(options.init_checkpoint)
-      checkpoint_reading.restore(path, backbone=task.backbone)
+    path = (run_dir.find_checkpoint(options.init_checkpoint)
+            if options.init_checkpoint else None)
+    backend.initialize(init_checkpoint=path)
+    if path:
       log(f"Backbone initialized from {path}.")
-    backend.initialize()
   start_step = backend.step
   if start_step and start_step < options.train_steps:
     # Dropout's random state is not in the checkpoint (see the module).
@@ -265,7 +264,7 @@ def _train(backend, task, options, start_step, log):
       "task": task.name, "preset": task.model_options.preset,
       "backend": options.backend, "steps": backend.step,
       "resumed_from_step": start_step, "steps_this_run": steps_run,
-      "parameters": task.backbone.count_params(),
+      "parameters": backend.parameters()[1],
       f"held_out_{metric}_before": before,
       f"held_out_{metric}_after": after,
       **{f"held_out_{name}": value for name, value in extra.items()},
@@ -299,7 +298,7 @@ def _run_steps(backend, task, options, writers, eval_data, start_step, log):
   remaining = options.train_steps - start_step
   if remaining <= 0:
     return 0, 0.0
-  schedule = optimizer_lib.make_schedule(options)
+  schedule = backend.schedule(options)
   batches = backend.train_batches(start_step)
   progress = progress_lib.Progress(task, options, schedule, writers["train"],
                                    log)

@@ -58,7 +58,7 @@ def load(model_dir, *, checkpoint=None):
   if checkpoint_reading.is_orbax_step(checkpoint):
     values = checkpoint_reading.read_orbax_step(checkpoint)
   else:
-    values = _tf_keras_values(model_dir, checkpoint)
+    values = tf_train_values(model_dir, checkpoint)
   checkpoint_reading.assign_by_name(
       checkpoint, values, model.weights,
       [weight.path for weight in model.weights],
@@ -66,10 +66,11 @@ def load(model_dir, *, checkpoint=None):
   return model
 
 
-def _tf_keras_values(model_dir, checkpoint):
-  """{checkpoint key: NumPy array} of the tf_keras backbone a `tf.train`
-  checkpoint restores: such a checkpoint names its values by the objects
-  that saved them, not by weight name, so it is read through them."""
+def tf_train_values(model_dir, checkpoint):
+  """{checkpoint key: NumPy array} of the tf_keras backbone of `model_dir`'s
+  run that a `tf.train` checkpoint restores: such a checkpoint names its
+  values by the objects that saved them, not by weight name, so it is read
+  through them (`thattn.models.load`, with TensorFlow)."""
   requirements.require(f"thattn.keras3.models.load of {checkpoint} (a "
                        "tf.train checkpoint, which only TensorFlow reads)")
   # tf_keras, here only: the rest of this package never imports it.
