@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from thattn import export
 from thattn import models
 from thattn.io import staged_writes
@@ -204,8 +205,8 @@ def test_thattn_export_overwrite_into_a_run_or_its_parent_is_refused(
   export_dir = os.path.normpath(runs / where)
   with unchanged(runs):
     result = subprocess.run(
-        [sys.executable, "-m", "thattn.bin.export",
-         f"--model_dir={runs / 'run'}", f"--export_dir={export_dir}",
+        [*cli.command("export"), f"--model_dir={runs / 'run'}",
+         f"--export_dir={export_dir}",
          "--overwrite"], env=_ENV, capture_output=True, text=True,
         timeout=300, check=False)
   assert result.returncode == 1, result.stdout[-2000:]

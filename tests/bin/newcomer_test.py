@@ -8,10 +8,10 @@ imported (tests/forkserver.py).
 
 import os
 import subprocess
-import sys
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 
 
@@ -24,7 +24,7 @@ def _env(**extra):
 def _train(*flags, cwd=None, env=None, fresh=False):
   """The binary's run: in a fresh Python (`fresh`) or a forked one."""
   launcher = subprocess if fresh else forkserver
-  return launcher.run([sys.executable, "-m", "thattn.bin.train", *flags],
+  return launcher.run(cli.command("train", *flags),
                       capture_output=True, text=True, timeout=300,
                       check=False, cwd=cwd, env=env or _env())
 

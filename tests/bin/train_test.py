@@ -4,10 +4,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -23,8 +23,8 @@ def _command(model_dir, data_flags, **extra):
                train_steps=30, batch_size=8, sequence_length=32,
                warmup_steps=5, log_every=5, checkpoint_every=10,
                eval_every=0, eval_steps=2, **extra)
-  return ([sys.executable, "-m", "thattn.bin.train",
-           f"--model_dir={model_dir}", "--noexport"] + data_flags +
+  return (cli.command("train", f"--model_dir={model_dir}", "--noexport") +
+          data_flags +
           [f"--{name}={value}" for name, value in flags.items()])
 
 

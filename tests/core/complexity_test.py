@@ -3,10 +3,10 @@
 import dataclasses
 import os
 import re
-import sys
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 from thattn.core import complexity
 from thattn.core.complexity import AttentionShape
@@ -208,7 +208,7 @@ def test_format_count_prints_like_the_paper():
 
 def _run_cli(*flags):
   return forkserver.run(
-      [sys.executable, "-m", "thattn.bin.complexity", *flags],
+      cli.command("complexity", *flags),
       cwd=REPO_ROOT, capture_output=True, text=True, check=False)
 
 

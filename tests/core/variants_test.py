@@ -161,8 +161,8 @@ def test_thattn_train_trains_the_custom_variant_on_both_backends(
 def test_thattn_train_names_an_unknown_variant_and_module(tmp_path,
                                                           tiny_bert_flags):
   result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.train",
-       f"--model_dir={tmp_path / 'x'}", "--attention=grouped_talking_heads"] +
+      cli.command("train", f"--model_dir={tmp_path / 'x'}",
+                  "--attention=grouped_talking_heads") +
       list(tiny_bert_flags), env=_ENV, capture_output=True, text=True,
       timeout=300, check=False)
   assert result.returncode != 0

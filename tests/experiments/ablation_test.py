@@ -2,10 +2,10 @@
 
 import json
 import os
-import sys
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 from thattn import tasks
 from thattn.experiments import ablation
@@ -20,7 +20,7 @@ _GRID = ["--task=recall", "--heads=1,4", "--d_model=16", "--d_ff=32",
 
 def _ablate(out_dir, *flags):
   result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.ablate", *_GRID, *flags,
+      [*cli.command("ablate"), *_GRID, *flags,
        f"--out_dir={out_dir}"],
       capture_output=True, text=True, env=_ENV, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -2,12 +2,11 @@
 
 import os
 import shutil
-import sys
 
 import numpy as np
 import tensorflow as tf
 
-from tests import forkserver
+from tests import cli
 from thattn import models
 from thattn.mtf import models as mtf_models
 
@@ -18,10 +17,8 @@ except ImportError:  # Bazel runs the test as a top-level module
 
 
 def _convert(*flags):
-  return forkserver.run([sys.executable, "-m", "thattn.bin.convert", *flags],
-                        capture_output=True, text=True, timeout=300,
-                        check=False,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  return cli.run(cli.command("convert", *flags), timeout=300,
+                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def _assert_newest(folder, prefix):

@@ -4,11 +4,10 @@ written; and a killed conversion's staging folder removed by the next."""
 
 import json
 import os
-import sys
 
 import pytest
 
-from tests import forkserver
+from tests import cli
 from thattn import models
 from thattn.mtf import convert
 
@@ -37,10 +36,10 @@ def _refused(match, folder, unchanged, call=convert.mtf_to_thattn, **kwargs):
 def test_an_empty_mtf_model_dir_is_a_usage_error_naming_the_flag(
     tmp_path, unchanged):
   with unchanged(tmp_path):
-    result = forkserver.run(
-        [sys.executable, "-m", "thattn.bin.convert", "--mtf_model_dir=",
-         f"--model_dir={tmp_path / 'out'}"], capture_output=True, text=True,
-        timeout=300, check=False, cwd=tmp_path,
+    result = cli.run(
+        cli.command("convert", "--mtf_model_dir=",
+                    f"--model_dir={tmp_path / 'out'}"),
+        timeout=300, cwd=tmp_path,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   assert result.returncode == 1
   assert "--mtf_model_dir is empty; expected a folder" in result.stderr
@@ -162,10 +161,10 @@ def test_a_downloaded_gin_cannot_import_other_modules(mtf_dir, tmp_path):
       "import thattn_probe_imported\n"
       "from __gin__ import dynamic_registration\n"
       "import mesh_tensorflow.transformer.transformer_layers\n"))
-  result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.convert", f"--mtf_model_dir={source}",
-       f"--model_dir={tmp_path / 'out'}"], capture_output=True, text=True,
-      timeout=600, check=False, cwd=tmp_path,
+  result = cli.run(
+      cli.command("convert", f"--mtf_model_dir={source}",
+                  f"--model_dir={tmp_path / 'out'}"),
+      cwd=tmp_path,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(
                    [str(probe.parent), os.environ.get("PYTHONPATH", "")])))

@@ -11,12 +11,12 @@ mesh of two logical CPUs.
 import json
 import os
 import signal
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 from thattn.mtf import cluster as mtf_cluster
@@ -36,7 +36,7 @@ def _command(model_dir, data_flags, *extra):
   flags = dict(task="span_corruption", preset="t5_tiny", batch_size=4,
                sequence_length=32, train_steps=_STEPS, warmup_steps=1,
                log_every=1, checkpoint_every=1, eval_every=0, eval_steps=2)
-  return ([sys.executable, "-m", "thattn.bin.train", "--backend=mtf",
+  return ([*cli.command("train"), "--backend=mtf",
            "--noexport", "--deterministic", f"--model_dir={model_dir}"] +
           data_flags + [f"--{name}={value}" for name, value in flags.items()]
           + _MESH + list(extra))

@@ -11,14 +11,13 @@ scopes, dropout 0.1), built and saved by Mesh TensorFlow as T5 saves it.
 import io
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
 
-from tests import forkserver
+from tests import cli
 from tests.mtf import model_convert_test
 from tests.mtf import t5_layouts_convert_test as layouts
 from thattn import models
@@ -105,16 +104,13 @@ def test_fine_tunes_exports_and_serves_text(converted, tiny_bert_flags,
   _, thattn_dir, _ = converted
   train_files = tiny_bert_flags[0]
   run = tmp_path / "fine_tuned"
-  result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
-       f"--init_checkpoint={thattn_dir}", f"--model_dir={run}", train_files,
-       "--train_steps=2", "--batch_size=2", "--sequence_length=32",
-       "--eval_steps=1", "--warmup_steps=1", "--log_every=1"],
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
-      text=True, timeout=600, check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  assert "Backbone initialized from" in result.stdout
-  assert "the --init_checkpoint run's" in result.stdout  # its tokenizer
+  stdout = cli.run_ok(cli.command(
+      "train", "--task=span_corruption", f"--init_checkpoint={thattn_dir}",
+      f"--model_dir={run}", train_files, "--train_steps=2", "--batch_size=2",
+      "--sequence_length=32", "--eval_steps=1", "--warmup_steps=1",
+      "--log_every=1"), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert "Backbone initialized from" in stdout
+  assert "the --init_checkpoint run's" in stdout  # its tokenizer
   served = tf.saved_model.load(str(run / "export"))
   out = served.signatures["serving_default"](
       text=tf.constant(["Return a list of the names."]))
@@ -150,14 +146,12 @@ def test_thattns_own_vocabulary_on_padded_rows_fine_tunes(
                         sequence_length=32, log=lambda line: None)
   from_folder = tokenizers.load(str(tmp_path / "from_folder" / "tokenizer"))
   assert (from_folder.vocab_size, from_folder.token_count) == (1024, 1000)
-  result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.train", "--task=span_corruption",
-       f"--init_checkpoint={tmp_path / 'thattn'}",
-       f"--model_dir={tmp_path / 'fine_tuned'}", tiny_bert_flags[0],
-       "--train_steps=2", "--batch_size=2", "--sequence_length=32",
-       "--eval_steps=1", "--warmup_steps=1", "--log_every=1", "--noexport"],
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
-      text=True, timeout=600, check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  assert "Backbone initialized from" in result.stdout
-  assert "step      2/2" in result.stdout
+  stdout = cli.run_ok(cli.command(
+      "train", "--task=span_corruption",
+      f"--init_checkpoint={tmp_path / 'thattn'}",
+      f"--model_dir={tmp_path / 'fine_tuned'}", tiny_bert_flags[0],
+      "--train_steps=2", "--batch_size=2", "--sequence_length=32",
+      "--eval_steps=1", "--warmup_steps=1", "--log_every=1", "--noexport"),
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert "Backbone initialized from" in stdout
+  assert "step      2/2" in stdout

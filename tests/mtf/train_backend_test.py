@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -137,11 +136,8 @@ def test_masked_lm_on_a_t5_encoder_equals_the_keras_backend(mlm_runs):
 
 
 def test_thattn_export_serves_the_mtf_masked_lm(mlm_runs, tmp_path):
-  result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.export",
-       f"--model_dir={mlm_runs['mtf']}", f"--export_dir={tmp_path / 's'}"],
-      env=_ENV, capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
+  cli.run_ok(cli.command("export", f"--model_dir={mlm_runs['mtf']}",
+                         f"--export_dir={tmp_path / 's'}"), _ENV, timeout=300)
   served = tf.saved_model.load(str(tmp_path / "s"))
   out = served.signatures["serving_default"](
       text=tf.constant(["The function returns a list of names."]))
@@ -179,12 +175,10 @@ def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(
 
 def test_thattn_export_serves_text(runs, tmp_path):
   mtf_dir, _ = runs["mtf"]
-  result = forkserver.run(
-      [sys.executable, "-m", "thattn.bin.export", f"--model_dir={mtf_dir}",
-       f"--export_dir={tmp_path / 'served'}"], env=_ENV, capture_output=True,
-      text=True, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f"model.ckpt-{_STEPS} (step {_STEPS})" in result.stdout  # converted
+  stdout = cli.run_ok(cli.command("export", f"--model_dir={mtf_dir}",
+                                  f"--export_dir={tmp_path / 'served'}"),
+                      _ENV, timeout=300)
+  assert f"model.ckpt-{_STEPS} (step {_STEPS})" in stdout  # converted
   # The converted copy was staged beside the target, and is gone.
   assert os.listdir(tmp_path) == ["served"]
   served = tf.saved_model.load(str(tmp_path / "served"))

@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+from tests import cli
 from tests import forkserver
 from thattn.data import corpus
 from thattn.data import tokenizers
@@ -69,7 +70,7 @@ def _binary(model_dir, data_dir, **flags):
                   warmup_steps=1, log_every=1, eval_every=0, eval_steps=1,
                   train_files=data_dir / "train.txt",
                   tokenizer=data_dir / "tokenizer", model_dir=model_dir)
-  return [sys.executable, "-m", "thattn.bin.train"] + [
+  return cli.command("train") + [
       f"--{name}={value}" for name, value in dict(settings, **flags).items()]
 
 

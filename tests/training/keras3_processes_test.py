@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -39,7 +38,7 @@ _MESH = "--mesh_shape=batch:2,model:2"
 
 
 def _command(model_dir, flags, *extra):
-  return ([sys.executable, "-m", "thattn.bin.train", "--backend=keras3",
+  return ([*cli.command("train"), "--backend=keras3",
            f"--model_dir={model_dir}", "--deterministic",
            f"--train_steps={_STEPS}", "--checkpoint_every=3", _MESH] +
           list(flags) + list(extra))

@@ -10,16 +10,16 @@ checkpoint without losing or repeating a step.
 """
 
 import os
-import sys
 import time
 
 import numpy as np
 import pytest
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 
-_TRAIN = [sys.executable, "-m", "thattn.bin.train"]
+_TRAIN = cli.command("train")
 
 
 @pytest.fixture(scope="module")

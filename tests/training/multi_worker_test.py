@@ -7,15 +7,15 @@ process with the same global batch and seed.
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from tests import cli
 from tests import forkserver
 from tests.training import local_cluster
 
-_TRAIN = [sys.executable, "-m", "thattn.bin.train"]
+_TRAIN = cli.command("train")
 
 
 def _env(tmp_path):
