@@ -28,7 +28,10 @@ VERSION = re.search(r'^__version__ = "([^"]+)"',
 INSTALL_REQUIRES = ["absl-py", "numpy", "etils[epath,epy]"]
 
 # Keras 3: the layers follow keras.layers.MultiHeadAttention of 3.15.
-KERAS = ["keras>=3.15,<4"]
+# safetensors: a keras3 run's checkpoints on TensorFlow and PyTorch
+# (thattn.io.safetensors_checkpoints), and Hugging Face checkpoints
+# (thattn-convert --source).
+KERAS = ["keras>=3.15,<4", "safetensors"]
 
 # One pin per framework; every other version follows from these.
 TENSORFLOW = KERAS + [
@@ -37,8 +40,6 @@ TENSORFLOW = KERAS + [
     "tensorflow-text==2.21.*",
     # Trains SentencePiece models; tensorflow-text runs them in the graph.
     "sentencepiece",
-    # Reads Hugging Face checkpoints (thattn-convert --source).
-    "safetensors",
 ]
 
 EXTRAS_REQUIRE = {

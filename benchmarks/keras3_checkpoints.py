@@ -1,4 +1,4 @@
-"""Saving a keras3 run at BERT-base size: Orbax against the twin path.
+"""Saving a keras3 run at BERT-base size: Orbax and safetensors against the twin path.
 
 What a keras3 run saves is its weights, its optimizer's slots and a few
 scalars. Until issue 54, `--backend=keras3` saved them by copying every
@@ -6,7 +6,10 @@ Keras 3 value to the host (`keras.ops.convert_to_numpy`) into a tf_keras
 twin's TensorFlow variables and writing those with
 `tf.train.CheckpointManager`; the replacement writes the JAX arrays with
 Orbax (`thattn.io.orbax_checkpoints.RunCheckpoints`), synchronously
-or asynchronously. This measures, in one process, with rounds alternating:
+or asynchronously, and on Keras 3's TensorFlow and PyTorch backends (where
+Orbax cannot run) one safetensors file of the host copies
+(`thattn.io.safetensors_checkpoints.RunCheckpoints`). This measures, in
+one process, with rounds alternating:
 
 - the twin path's save (the host copy, the assign into tf.Variables of the
   same shapes, `CheckpointManager.save`) and its restore (read, then
@@ -14,6 +17,8 @@ or asynchronously. This measures, in one process, with rounds alternating:
 - Orbax's save, synchronous (until the files are final), and asynchronous
   (until `save` returns: the time a training step waits; then until the
   files are final), and its restore into the variables' shardings;
+- the safetensors save (the host copy, one file written in a staging
+  folder and renamed into place) and its restore (read, checked, assigned);
 - each checkpoint's size on disk;
 - whether the asynchronous write slows the compute it overlaps: a save
   followed by 4 forward passes of the model (batch 8 x 128), until both
@@ -117,6 +122,7 @@ def _timed(function):
 def _round(state, root, step, work):
   """One round's times (seconds) and sizes (bytes)."""
   from thattn.io import orbax_checkpoints  # pylint: disable=g-import-not-at-top
+  from thattn.io import safetensors_checkpoints  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   row = {}
   twin = TwinPath(state, os.path.join(root, f"twin{step}"))
@@ -124,6 +130,13 @@ def _round(state, root, step, work):
   row["twin restore"], _ = _timed(lambda: twin.restore(path))
   row["twin size"] = sum(_size(p) for p in (path + ".index",
                                             path + ".data-00000-of-00001"))
+  files = safetensors_checkpoints.RunCheckpoints(
+      os.path.join(root, f"safetensors{step}"))
+  row["safetensors save"], path = _timed(lambda: files.save(step, state))
+  row["safetensors restore"], _ = _timed(
+      lambda: (files.restore(step, state),
+               jax.block_until_ready([v.value for v in state.values()])))
+  row["safetensors size"] = _size(path)
   for mode in ("sync", "async"):
     directory = os.path.join(root, f"orbax_{mode}{step}")
     checkpoints = orbax_checkpoints.RunCheckpoints(
@@ -179,7 +192,7 @@ def main():
     if "size" in key:
       print(f"{key:28s} {value / 1e6:8.2f} MB")
       continue
-    # An Orbax save or restore against the twin path's.
+    # An Orbax or safetensors save or restore against the twin path's.
     anchor = None if key.startswith("twin") or "work" in key else (
         "twin restore" if key.endswith("restore") else "twin save")
     ratio = f"  ({value / medians[anchor]:.2f}x twin)" if anchor else ""

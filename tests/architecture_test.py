@@ -225,7 +225,7 @@ _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
 
 # What thattn.keras3.models.load reads a run with: the model_dir's layout
 # and the checkpoint readers, which import no framework (an Orbax step
-# reads on JAX alone), and, only inside the function that reads a
+# reads on JAX alone, a safetensors step with NumPy), and, only inside the function that reads a
 # tf.train checkpoint (TensorFlow's format, read through the tf_keras
 # backbone it was saved from), thattn.models.loading; tests/keras3/
 # loading_test.py loads a keras3 run with TensorFlow blocked.

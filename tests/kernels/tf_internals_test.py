@@ -1,7 +1,7 @@
 """The private TensorFlow symbols thattn relies on, and what it asks of them.
 
-`thattn.kernels.tf_internals` wraps two private APIs. When a TensorFlow or
-tf-keras upgrade moves one, the first test here names it; the others check
+`thattn.kernels.tf_internals` wraps two private TensorFlow APIs. When a
+TensorFlow upgrade moves one, the first test here names it; the others check
 that each question gets True inside the context it is about and False
 outside.
 """
@@ -14,7 +14,7 @@ from thattn.kernels import tf_internals
 
 PRIVATE_SYMBOLS = (
     ("tensorflow.python.saved_model.save_context", "in_save_context"),
-    ("tf_keras.src.utils.control_flow_util", "GraphOrParentsInXlaContext"),
+    ("tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext"),
 )
 
 
@@ -27,7 +27,7 @@ def test_the_private_symbols_still_exist():
           f"{module_name} no longer imports ({error}), so {module_name}."
           f"{symbol} moved: update thattn/kernels/tf_internals.py.") from error
     assert callable(getattr(module, symbol, None)), (
-        f"{module_name}.{symbol} is gone: TensorFlow or tf-keras moved it; "
+        f"{module_name}.{symbol} is gone: TensorFlow moved it; "
         "update thattn/kernels/tf_internals.py.")
 
 

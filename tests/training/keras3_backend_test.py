@@ -82,35 +82,16 @@ def test_keras3_equals_the_keras_backend_step_for_step(runs):
                                summaries["keras"][key], rtol=1e-4)
 
 
-@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
-def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
-    runs, tiny_bert_flags, tmp_path, framework):
-  """KERAS_BACKEND set by the user wins over the binary's JAX default."""
-  pytest.importorskip(framework)
-  result = forkserver.run(
-      _command(tmp_path / framework, tiny_bert_flags, "--backend=keras3"),
-      env=dict(_ENV, KERAS_BACKEND=framework), capture_output=True,
-      text=True, timeout=600, check=False)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  assert f"Keras 3 on {framework}" in result.stdout
-  want = local_cluster.train_losses(str(runs["keras"][0]))
-  got = local_cluster.train_losses(str(tmp_path / framework))
-  assert sorted(got) == sorted(want)
-  for step, loss in want.items():
-    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
-                               err_msg=f"{framework}, step {step}")
-
-
 # thattn-train with every task's tf_keras build refused, saying at exit
-# whether tf_keras was imported: a keras3 run on JAX draws, trains, saves
-# and restores its Keras 3 model alone.
+# whether tf_keras was imported: a keras3 run draws, trains, saves and
+# restores its Keras 3 model alone.
 _WITHOUT_THE_TWIN = """
 import atexit
 import sys
 atexit.register(lambda: print("tf_keras imported:", "tf_keras" in sys.modules))
 from thattn import tasks
 def refuse(self):
-  raise AssertionError("the keras3 run on JAX built the tf_keras model")
+  raise AssertionError("the keras3 run built the tf_keras model")
 for name in tasks.names():
   tasks.get(name).build = refuse
 from thattn.bin import train
@@ -119,11 +100,13 @@ train.run()
 """
 
 
-def _run_without_the_twin(flags):
-  """Its stdout. A process of its own, not the fork server's: that one has
+def _run_without_the_twin(flags, framework=None):
+  """Its stdout, on the binary's default framework (JAX) or on
+  `framework`. A process of its own, not the fork server's: that one has
   imported tf_keras already."""
+  env = dict(_ENV, KERAS_BACKEND=framework) if framework else _ENV
   result = subprocess.run(
-      [sys.executable, "-c", _WITHOUT_THE_TWIN, *flags], env=_ENV,
+      [sys.executable, "-c", _WITHOUT_THE_TWIN, *flags], env=env,
       capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   assert "tf_keras imported: False" in result.stdout, result.stdout[-2000:]
@@ -164,6 +147,83 @@ def test_a_keras3_run_on_jax_never_imports_tf_keras(tiny_bert_flags,
       _command(tmp_path / "from_keras3", flags, "--backend=keras3",
                f"--init_checkpoint={tmp_path / 'keras3'}")[3:])
   assert f"Backbone initialized from {tmp_path / 'keras3'}" in started
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
+def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
+    runs, tiny_bert_flags, tmp_path, framework):
+  """KERAS_BACKEND set by the user wins over the binary's JAX default; the
+  run builds no tf_keras model and imports no tf_keras there either, and
+  saves its Keras 3 values as safetensors steps 4 and 8."""
+  pytest.importorskip(framework)
+  model_dir = tmp_path / framework
+  stdout = _run_without_the_twin(
+      _command(model_dir, tiny_bert_flags, "--backend=keras3")[3:],
+      framework)
+  assert f"Keras 3 on {framework}" in stdout
+  want = local_cluster.train_losses(str(runs["keras"][0]))
+  got = local_cluster.train_losses(str(model_dir))
+  assert sorted(got) == sorted(want)
+  for step, loss in want.items():
+    np.testing.assert_allclose(got[step], loss, rtol=1e-4,
+                               err_msg=f"{framework}, step {step}")
+  assert sorted(os.listdir(model_dir / "checkpoints")) == ["4", "8"]
+  for step in (4, 8):
+    assert os.listdir(model_dir / "checkpoints" / str(step)) == [
+        "state.safetensors"]
+  # The same keys as the JAX run's Orbax step, and each weight's value to
+  # within 1e-3 (the initial weights' scale is 0.02; weights the loss
+  # barely reaches, the key biases that softmax cancels, take Adafactor's
+  # normalized steps from rounding-level gradients and agree only to
+  # ~1e-4 across frameworks).
+  want, got = _saved(runs["keras3"][0]), _saved(model_dir)
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    if key.startswith("weight."):
+      np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-3,
+                                 err_msg=key)
+
+
+def test_a_keras3_run_on_pytorch_resumes_and_loads_without_tensorflow(
+    runs, tiny_bert_flags, tmp_path):
+  """Its safetensors steps resume it (still without the twin), and
+  thattn.keras3.models.load reads them where TensorFlow cannot be imported
+  to the backbone thattn.models.load reads; a JAX run's Orbax steps are
+  not resumed on PyTorch, and nothing of them changes."""
+  pytest.importorskip("torch")
+  from thattn import models  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "torch"
+  flags = _command(model_dir, tiny_bert_flags, "--backend=keras3")[3:]
+  _run_without_the_twin(flags, "torch")
+  resumed = _run_without_the_twin(
+      [flag if not flag.startswith("--train_steps") else
+       f"--train_steps={_STEPS + 2}" for flag in flags], "torch")
+  assert "Resumed from" in resumed and f"at step {_STEPS}." in resumed
+  assert sorted(os.listdir(model_dir / "checkpoints")) == ["10", "4", "8"]
+  ids = np.random.default_rng(0).integers(5, 60, (2, 12)).astype(np.int32)
+  np.save(tmp_path / "ids.npy", ids)
+  result = _keras3_load(model_dir, tmp_path / "ids.npy", tmp_path / "out.npy",
+                        without_tensorflow=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "tensorflow imported: False" in result.stdout, result.stdout
+  want = models.load(str(model_dir))(
+      {"input_word_ids": ids, "input_mask": np.ones_like(ids),
+       "input_type_ids": np.zeros_like(ids)},
+      training=False)["sequence_output"].numpy()
+  np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=0,
+                             atol=1e-5 * np.abs(want).max())
+  jax_run = tmp_path / "jax_run"
+  shutil.copytree(runs["keras3"][0], jax_run)
+  before = conftest.snapshot(jax_run)
+  result = forkserver.run(
+      _command(jax_run, tiny_bert_flags, "--backend=keras3",
+               f"--train_steps={_STEPS + 1}"),
+      env=dict(_ENV, KERAS_BACKEND="torch"), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+  error = result.stderr.strip().splitlines()[-1]
+  assert "holds Orbax checkpoints of a keras3 run on JAX" in error, error
+  assert conftest.snapshot(jax_run) == before
 
 
 def test_both_backends_print_the_same_progress_lines(runs):
@@ -398,8 +458,8 @@ def _kill_after_step_6_and_rerun(model_dir, flags, *extra):
 
 
 def _saved(model_dir, step=_STEPS):
-  """{key: array} of a keras3 run's Orbax step."""
-  return checkpoint_reading.read_orbax_step(
+  """{key: array} of a keras3 run's step folder."""
+  return checkpoint_reading.read_step(
       str(model_dir / "checkpoints" / str(step)))
 
 

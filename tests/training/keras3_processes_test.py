@@ -76,7 +76,7 @@ def runs(tmp_path_factory, tiny_bert_flags):
 
 
 def _weights(model_dir, step=_STEPS):
-  return checkpoint_reading.read_orbax_step(
+  return checkpoint_reading.read_step(
       str(model_dir / "checkpoints" / str(step)))
 
 

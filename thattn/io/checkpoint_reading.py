@@ -1,19 +1,24 @@
 """Reading a run's checkpoint into tf_keras objects, whichever wrote it.
 
 A `--backend=keras` run (and a conversion) saves `tf.train.Checkpoint`s of
-its tf_keras objects: `checkpoints/ckpt-N.*`. A `--backend=keras3` run on
-JAX saves Orbax steps of its Keras 3 values (`thattn.io.orbax_checkpoints`):
-`checkpoints/N/`, each weight under
-`thattn.core.weight_names.checkpoint_key` of its name. The tools that read a
-run whole (`thattn-export`, `thattn.models.load`, `thattn-convert
---to=mtf`, `--init_checkpoint`) read either through `latest` and
-`restore`: an Orbax step is read into this process as NumPy arrays and
-each tf_keras weight takes its value by name at that moment.
+its tf_keras objects: `checkpoints/ckpt-N.*`. A `--backend=keras3` run
+saves step folders of its Keras 3 values, `checkpoints/N/`, each weight
+under `thattn.core.weight_names.checkpoint_key` of its name: Orbax steps
+on JAX (`thattn.io.orbax_checkpoints`), one safetensors file on
+TensorFlow and PyTorch (`thattn.io.safetensors_checkpoints`). The tools
+that read a run whole (`thattn-export`, `thattn.models.load`,
+`thattn-convert --to=mtf`, `--init_checkpoint`) read any of them through
+`latest` and `restore`: a step folder is read into this process as NumPy
+arrays (`read_step`) and each tf_keras weight takes its value by name at
+that moment.
 
 Importing this module imports no framework: finding checkpoints and
-reading an Orbax step (on JAX) need none, so the Keras 3 models load a
-keras3 run without TensorFlow (`thattn.keras3.models.load`); a
-`tf.train.Checkpoint` needs TensorFlow, loaded when one is read.
+reading a step folder (Orbax's on JAX, safetensors' with NumPy) need none,
+so the Keras 3 models load a keras3 run without TensorFlow
+(`thattn.keras3.models.load`); a `tf.train.Checkpoint` needs TensorFlow,
+loaded when one is read. (The keras3 runs of earlier thattn versions on
+TensorFlow and PyTorch saved `tf.train` checkpoints of a tf_keras twin;
+they are read as a Keras run's.)
 """
 
 import os
@@ -22,6 +27,7 @@ from etils import epath
 
 from thattn.core import requirements
 from thattn.core import weight_names
+from thattn.io import safetensors_checkpoints
 
 with requirements.lazy_imports("reading a tf.train checkpoint",
                                ("tensorflow",)):
@@ -40,21 +46,27 @@ def is_orbax_step(path):
           epath.Path(path, ORBAX_MARKER).exists())
 
 
-def orbax_steps(folder):
-  """The finished Orbax step folders of `folder`, oldest first."""
+def is_step(path):
+  """Whether `path` is a finished step folder of a keras3 run: Orbax's or
+  safetensors' (its values keyed by name, `read_step`)."""
+  return is_orbax_step(path) or safetensors_checkpoints.is_step(path)
+
+
+def steps(folder):
+  """The finished step folders of `folder` (`is_step`), oldest first."""
   if not epath.Path(folder).is_dir():
     return []
-  steps = sorted(int(entry.name) for entry in epath.Path(folder).iterdir()
-                 if entry.name.isdigit() and is_orbax_step(entry))
-  return [os.path.join(folder, str(step)) for step in steps]
+  numbers = sorted(int(entry.name) for entry in epath.Path(folder).iterdir()
+                   if entry.name.isdigit() and is_step(entry))
+  return [os.path.join(folder, str(number)) for number in numbers]
 
 
 def latest(folder):
-  """The newest checkpoint in `folder`: an Orbax step folder or a
+  """The newest checkpoint in `folder`: a step folder (`is_step`) or a
   `tf.train.Checkpoint` prefix; None if it holds neither."""
-  steps = orbax_steps(folder)
-  if steps:
-    return steps[-1]
+  found = steps(folder)
+  if found:
+    return found[-1]
   if not epath.Path(folder, TF_CHECKPOINT_STATE).exists():
     return None  # no tf.train checkpoint either: TensorFlow not needed
   return tf.train.latest_checkpoint(folder)
@@ -67,17 +79,23 @@ def step_of(checkpoint):
 
 
 def read_values(checkpoint):
-  """{name: NumPy array} of every value a checkpoint holds: an Orbax
-  step's keys, or a `tf.train.Checkpoint`'s variable names."""
-  if is_orbax_step(checkpoint):
-    return read_orbax_step(checkpoint)
+  """{name: NumPy array} of every value a checkpoint holds: a step
+  folder's keys, or a `tf.train.Checkpoint`'s variable names."""
+  if is_step(checkpoint):
+    return read_step(checkpoint)
   reader = tf.train.load_checkpoint(checkpoint)
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()}
 
 
-def read_orbax_step(path):
-  """{key: NumPy array} of an Orbax step folder, in this process."""
+def read_step(path):
+  """{key: NumPy array} of a step folder (`is_step`), in this process.
+
+  Raises:
+    ValueError naming the step and the cause when it cannot be read.
+  """
+  if safetensors_checkpoints.is_step(path):
+    return safetensors_checkpoints.read(path)[0]
   from thattn.io import orbax_checkpoints  # pylint: disable=g-import-not-at-top
   checkpoints = orbax_checkpoints.RunCheckpoints(os.path.dirname(path),
                                                  alone=True)
@@ -91,15 +109,15 @@ def restore(checkpoint, **objects):
   """Restores the tf_keras `objects` (backbone=, head=) from `checkpoint`.
 
   Raises:
-    ValueError (Orbax) naming the weights the checkpoint has no value for;
+    ValueError (a step folder) naming the weights the checkpoint has no value for;
     TensorFlow's errors for a `tf.train.Checkpoint` that does not match.
   """
-  if not is_orbax_step(checkpoint):
+  if not is_step(checkpoint):
     tf.train.Checkpoint(**objects).restore(
         checkpoint).expect_partial().assert_existing_objects_matched()
     return
   weights = [weight for obj in objects.values() for weight in obj.weights]
-  assign_by_name(checkpoint, read_orbax_step(checkpoint), weights,
+  assign_by_name(checkpoint, read_step(checkpoint), weights,
                  [weight.name for weight in weights], f"{sorted(objects)}")
 
 
@@ -122,3 +140,25 @@ def assign_by_name(checkpoint, values, weights, names, owner):
       raise ValueError(f"{checkpoint}: {key} is {values[key].shape}, the "
                        f"weight {name} {tuple(weight.shape)}.")
     weight.assign(values[key])
+
+
+def check_matches(checkpoint, saved, wanted):
+  """ValueError naming every key of `saved` ({key: shape} of what
+  `checkpoint` holds) without a variable in `wanted` ({key: shape} of a
+  run's state), every variable without a saved value, and every shape
+  that differs; a run restores its state only when all match."""
+  saved = {key: tuple(shape) for key, shape in saved.items()}
+  wanted = {key: tuple(shape) for key, shape in wanted.items()}
+  problems = []
+  unused = sorted(set(saved) - set(wanted))
+  missing = sorted(set(wanted) - set(saved))
+  if unused:
+    problems.append(f"saved values no variable takes: {unused}")
+  if missing:
+    problems.append(f"variables the checkpoint has no value for: {missing}")
+  problems += [f"{key}: saved {saved[key]}, variable {wanted[key]}"
+               for key in sorted(set(saved) & set(wanted))
+               if saved[key] != wanted[key]]
+  if problems:
+    raise ValueError(f"{checkpoint} does not match this run's state "
+                     "(nothing was restored): " + "; ".join(problems))

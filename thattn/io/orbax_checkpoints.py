@@ -155,33 +155,15 @@ class RunCheckpoints:
     return {key: tuple(value.shape)
             for key, value in self._metadata(step).items()}
 
-  def check_matches(self, step, variables):
-    """ValueError naming every key of `step` without a variable, every
-    variable without a saved value, and every shape that differs."""
-    saved = self.saved_shapes(step)
-    wanted = {key: tuple(variable.shape)
-              for key, variable in variables.items()}
-    problems = []
-    unused = sorted(set(saved) - set(wanted))
-    missing = sorted(set(wanted) - set(saved))
-    if unused:
-      problems.append(f"saved values no variable takes: {unused}")
-    if missing:
-      problems.append(f"variables the checkpoint has no value for: "
-                      f"{missing}")
-    problems += [f"{key}: saved {saved[key]}, variable {wanted[key]}"
-                 for key in sorted(set(saved) & set(wanted))
-                 if saved[key] != wanted[key]]
-    if problems:
-      raise ValueError(f"{self.path(step)} does not match this run's "
-                       f"state (nothing was restored): "
-                       + "; ".join(problems))
-
   def restore(self, step, variables):
     """Reads `step` into {key: variable}, each value in its variable's
     sharding; returns the saved `meta` dict. Checked first
-    (`check_matches`): nothing is assigned unless everything matches."""
-    self.check_matches(step, variables)
+    (`checkpoint_reading.check_matches`): nothing is assigned unless
+    everything matches."""
+    from thattn.io import checkpoint_reading  # pylint: disable=g-import-not-at-top
+    checkpoint_reading.check_matches(
+        self.path(step), self.saved_shapes(step),
+        {key: tuple(variable.shape) for key, variable in variables.items()})
     restored = self._restore(step, {key: _target(variable)
                                     for key, variable in variables.items()})
     for key, variable in variables.items():

@@ -5,7 +5,7 @@ What `thattn-train` leaves in a model_dir:
 | name                    | what                                              |
 |-------------------------|---------------------------------------------------|
 | `run_config.json`       | task, preset, overrides, sizes, the modules of a user's variants: what a rerun must match and what `thattn-export` rebuilds the model from |
-| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run on JAX: Orbax steps `N/` (`thattn.io.checkpoint_reading`) |
+| `checkpoints/`          | `tf.train.CheckpointManager` checkpoints; a keras3 run: step folders `N/`, Orbax's on JAX, safetensors' elsewhere (`thattn.io.checkpoint_reading`) |
 | `train/`, `eval/`       | TensorBoard summaries                             |
 | `tokenizer/`            | the run's tokenizer (none for recall)             |
 | `dtensor_layouts.json`  | --strategy=dtensor: each weight's and slot's layout |
@@ -13,11 +13,11 @@ What `thattn-train` leaves in a model_dir:
 | `export/`               | the SavedModel, unless --export_dir says elsewhere |
 | `.thattn.lock`          | held by the run using the model_dir (`run_lock`)  |
 
-A `--backend=keras3` run keeps the same files; on JAX its checkpoints are
-Orbax steps of the Keras 3 values, which `thattn.io.checkpoint_reading`
-reads into tf_keras objects by name, so everything that reads a Keras run
-reads it (on TensorFlow and PyTorch they hold the tf_keras twin's
-objects, as a Keras run's). A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
+A `--backend=keras3` run keeps the same files; its checkpoints are step
+folders of the Keras 3 values (Orbax steps on JAX, one safetensors file on
+TensorFlow and PyTorch), which `thattn.io.checkpoint_reading` reads into
+tf_keras objects by name, so everything that reads a Keras run reads it.
+A `--backend=mtf` run keeps Mesh TensorFlow's files instead of
 `checkpoints/`: `operative_config.gin` and `model.ckpt-N`
 (`thattn.mtf.training`); its run_config.json says `"backend": "mtf"`.
 
@@ -216,9 +216,9 @@ def latest_checkpoint(model_dir):
 
 
 def run_dir_of(checkpoint):
-  """The model_dir of a checkpoint prefix or Orbax step, or the folder
+  """The model_dir of a checkpoint prefix or step folder, or the folder
   itself."""
-  if epath.Path(checkpoint).is_dir() and not checkpoint_reading.is_orbax_step(
+  if epath.Path(checkpoint).is_dir() and not checkpoint_reading.is_step(
       checkpoint):
     return checkpoint
   parent = os.path.dirname(checkpoint.rstrip("/"))
@@ -228,7 +228,7 @@ def run_dir_of(checkpoint):
 
 def find_checkpoint(location):
   """A checkpoint prefix from a prefix, a checkpoints/ folder or a model_dir."""
-  if not epath.Path(location).is_dir() or checkpoint_reading.is_orbax_step(
+  if not epath.Path(location).is_dir() or checkpoint_reading.is_step(
       location):
     return location
   for folder in (path(location, CHECKPOINTS), location):

@@ -5,8 +5,9 @@ a SavedModel (which must load where thattn's kernel is not installed) and an
 XLA cluster (which cannot compile an op it does not know). Neither
 TensorFlow 2.21 nor tf-keras 2.21 has a public API that tells whether the
 current trace is either, so the two private imports live here, together,
-and nowhere else. tests/kernels/tf_internals_test.py fails, naming the
-symbol, when a TensorFlow or tf-keras upgrade moves one of them.
+and nowhere else. Both are TensorFlow's own, so the kernel runs under
+Keras 3 on TensorFlow without tf-keras. tests/kernels/tf_internals_test.py
+fails, naming the symbol, when a TensorFlow upgrade moves one of them.
 """
 
 import tensorflow as tf
@@ -15,11 +16,12 @@ import tensorflow as tf
 # what TensorFlow's own layers consult for the same purpose. The nearest
 # public API, `tf.saved_model.SaveOptions`, only configures a save.
 from tensorflow.python.saved_model import save_context
-# `control_flow_util.GraphOrParentsInXlaContext(graph)` is tf-keras's own
-# test for "traced under jit_compile" (it uses it to pick between its
-# kernels the same way). The public `tf.config.optimizer.get_jit()` reports
-# only the global auto-clustering switch, not a `jit_compile=True` function.
-from tf_keras.src.utils import control_flow_util
+# `control_flow_util.GraphOrParentsInXlaContext(graph)` is TensorFlow's
+# test for "traced under jit_compile" (tf-keras keeps a copy of it and picks
+# between its kernels with it the same way). The public
+# `tf.config.optimizer.get_jit()` reports only the global auto-clustering
+# switch, not a `jit_compile=True` function.
+from tensorflow.python.ops import control_flow_util
 
 
 def in_saved_model_tracing():

@@ -64,7 +64,7 @@ def restore(checkpoint, **objects):
   """Restores `objects` (backbone, head) from a training checkpoint.
 
   The checkpoint also holds the optimizer and trainer state, which serving
-  does not need; a keras3 run's Orbax step is read by name
+  does not need; a keras3 run's step folder is read by name
   (`thattn.io.checkpoint_reading`).
   """
   checkpoint_reading.restore(checkpoint, **objects)

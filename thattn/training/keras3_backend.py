@@ -19,7 +19,8 @@ What it shares with the Keras backend, so that the two agree step for step:
   Keras backend's tf_keras model draws (`thattn.models.initial_weights`);
   `--init_checkpoint`'s backbone is read into the Keras 3 backbone by
   checkpoint key (`thattn.io.checkpoint_reading`; a `tf.train` checkpoint
-  through `thattn.keras3.models.loading`, which needs TensorFlow);
+  through `thattn.keras3.models.loading`, which needs TensorFlow and
+  tf_keras);
 - the weights left untrained (frozen embeddings, the pooler in masked LM),
   named by the task's rule (`Task.trains_weight`);
 - the optimizer and schedule (`thattn.keras3.optimizers`: thattn's
@@ -33,25 +34,21 @@ backend makes its model under tf_keras's (`Backend.framework_scope`);
 float16 adds Keras 3's `LossScaleOptimizer`
 (`make_optimizer`; `keras3_steps` says how a step uses it).
 
-Checkpoints. On JAX, a save writes the Keras 3 values themselves with
-Orbax (`_OrbaxStore` over `thattn.io.orbax_checkpoints`), and the run
-builds no tf_keras model: the weights under their shared names
-(`thattn.core.weight_names.checkpoint_key`), the
-optimizer's variables (its `iteration` is the run's step), the random
-state (dropout's seed generators), and the held-out loss at step 0;
-`thattn.io.checkpoint_reading` reads them into tf_keras objects for
+Checkpoints. A save writes the Keras 3 values themselves (`_Store`), and
+the run builds no tf_keras model on any framework: the weights under their
+shared names (`thattn.core.weight_names.checkpoint_key`), the optimizer's
+variables (its `iteration` is the run's step), the random state (dropout's
+seed generators), and the held-out loss at step 0, as a step folder
+`checkpoints/N/`: with Orbax on JAX (`thattn.io.orbax_checkpoints`, whose
+sharded writes span processes), and elsewhere as one safetensors file
+(`thattn.io.safetensors_checkpoints`; Orbax needs JAX).
+`thattn.io.checkpoint_reading` reads either into tf_keras objects for
 `thattn-export`, `thattn.models.load`, `thattn-convert --to=mtf` and
-`--init_checkpoint`. On TensorFlow and PyTorch (`_TwinStore`), the task
-also builds its tf_keras model, the twin, only to save through it: a save
-writes the Keras 3 weights into the twin (paired by name,
-`heads.pair_by_name`) and saves it with
-`tf.train.CheckpointManager` as the Keras backend does (`backbone`,
-`head`), with `keras3_state` (the optimizer's variables and the random
-state) and the held-out loss beside them. Nothing of tf_keras runs in a
-step, an evaluation or the task's metrics (the task's `metrics_of` reads
-the Keras 3 model's `TaskLoss.metric_outputs`; span corruption decodes
-with the Keras 3 model): the twin is touched only in the TensorFlow and
-PyTorch saves and restores.
+`--init_checkpoint`, and `thattn.keras3.models.load` into Keras 3 without
+TensorFlow. Nothing of tf_keras runs in a step, an evaluation, a save or
+the task's metrics (the task's `metrics_of` reads the Keras 3 model's
+`TaskLoss.metric_outputs`; span corruption decodes with the Keras 3
+model).
 
 Across processes (JAX): `processes` joins the JAX cluster the flags or
 the environment name (`thattn.training.jax_processes`); process 0 owns
@@ -76,17 +73,17 @@ import math
 import os
 import tempfile
 
+from etils import epath
 import keras
-import tensorflow as tf
 
 from thattn import tasks
 from thattn.io import checkpoint_reading
 from thattn.io import orbax_checkpoints
 from thattn.io import run_dir
+from thattn.io import safetensors_checkpoints
 from thattn.core import weight_names
 from thattn.keras3 import optimizers as keras3_optimizers
 from thattn.keras3.models import generation
-from thattn.keras3.models import heads
 from thattn.keras3.models import initial_weights
 from thattn.keras3.models import loading
 from thattn.training import backend as backend_lib
@@ -162,9 +159,7 @@ class Keras3Backend(backend_lib.Backend):
   @classmethod
   def framework_scope(cls, options):
     """None of tf_keras's: Keras 3's seed and dtype policy are set in
-    `build` (`keras.utils.set_random_seed`, `keras3_steps.dtype_policy`),
-    and the twin of TensorFlow and PyTorch runs only holds float32
-    weights."""
+    `build` (`keras.utils.set_random_seed`, `keras3_steps.dtype_policy`)."""
     del options
     return contextlib.nullcontext()
 
@@ -201,14 +196,14 @@ class Keras3Backend(backend_lib.Backend):
                        f"{', '.join(FRAMEWORKS)}; got {self.framework!r}.")
     self.log(framework_line(self.framework))
     self.task = self.loss_layer = self.steps = self.store = None
-    self.pairs, self.state, self._step = [], {}, 0
+    self.state, self._step = {}, 0
     self.processes = self.place.state  # jax_processes.Processes, or None
     # Devices before any data is read: a mesh JAX cannot make fails here.
     self.mesh = (keras3_mesh.KerasMesh(self.options, self.processes)
                  if self.options.mesh_shape or self.processes else None)
     if self.mesh:
       self.mesh.check_batch_size(self.options.batch_size)
-    self.initial_eval_variable = tf.Variable(float("nan"), trainable=False)
+    self._initial_eval = float("nan")
     self.preemption = jax_processes.Preemption(self.processes)
 
   def make_task(self, make):
@@ -237,8 +232,7 @@ class Keras3Backend(backend_lib.Backend):
   def build(self, task):
     """The Keras 3 model with its weights drawn from the run's seed (the
     task's rule leaving some untrained), the optimizer with its slots, and
-    the checkpoint of them; on TensorFlow and PyTorch the tf_keras twin
-    they save through."""
+    the checkpoints of them."""
     self.task = task
     # Keras 3's seed (its dropout layers' seed generators). Keras's
     # set_random_seed reseeds TensorFlow too, to the seed the driver set.
@@ -253,12 +247,8 @@ class Keras3Backend(backend_lib.Backend):
           self.loss_layer, make_optimizer(self.options),
           batch_layout=self.mesh.batch_layout if self.mesh else None)
     self.state = self._state()
-    # On JAX the run's values are saved as they are, by Orbax; elsewhere
-    # through the tf_keras twin (see the module).
-    if self.framework != "jax":
-      self._pair_with_twin()
-    store = _OrbaxStore if self.framework == "jax" else _TwinStore
-    self.store = store(self, run_dir.path(self.model_dir, run_dir.CHECKPOINTS))
+    self.store = _Store(self, run_dir.path(self.model_dir,
+                                           run_dir.CHECKPOINTS))
 
   def _state(self):
     """{checkpoint key: Keras 3 variable} of what the run holds beside the
@@ -282,18 +272,6 @@ class Keras3Backend(backend_lib.Backend):
     return list({id(weight): weight
                  for weight in self.loss_layer.weights}.values())
 
-  def _pair_with_twin(self):
-    """Builds the task's tf_keras twin (`_TwinStore` saves through it)
-    and pairs each Keras 3 weight with its twin's, by name. Its own initial
-    values never reach the run: a save writes the Keras 3 weights into it
-    first, and a restore reads the checkpoint's out of it."""
-    task = self.task
-    task.build()
-    twin = [layer for layer in (task.backbone, task.head) if layer]
-    self.pairs = heads.pair_by_name(
-        {v.ref(): v for layer in twin for v in layer.weights}.values(),
-        self.weights)
-
   def _task_loss(self):
     """The Keras 3 model, head and loss of the task, made as its
     `keras3_options` say (the two front ends' classes take the same
@@ -308,17 +286,6 @@ class Keras3Backend(backend_lib.Backend):
     if self.mesh is None:
       return contextlib.nullcontext()
     return self.mesh.distribution(self._task_loss()).scope()
-
-  def _twin_to_keras3(self):
-    """The tf_keras twin's weights into the Keras 3 run (`_TwinStore`)."""
-    for source, target in self.pairs:
-      target.assign(source.numpy())
-
-  def _keras3_to_twin(self):
-    """The Keras 3 run's weights into the tf_keras twin (`_TwinStore`)."""
-    self.steps.sync()
-    for source, target in self.pairs:
-      source.assign(keras.ops.convert_to_numpy(target.value))
 
   def _reloaded(self):
     """After the Keras 3 variables changed: the compiled step reads them,
@@ -344,18 +311,19 @@ class Keras3Backend(backend_lib.Backend):
   def _read_backbone(self, checkpoint):
     """The Keras 3 backbone's weights from `checkpoint`, by checkpoint key.
 
-    An Orbax step must hold every backbone weight (as `checkpoint_reading.
-    restore` asks on the Keras backend); a `tf.train` checkpoint (a Keras
-    run's, or a keras3 run's on TensorFlow or PyTorch) is read through its
-    run's tf_keras backbone (`loading.tf_train_values`), and a weight it
-    does not hold keeps its drawn value, as a `tf.train` restore leaves it
-    on the Keras backend."""
+    A step folder (a keras3 run's) must hold every backbone weight (as
+    `checkpoint_reading.restore` asks on the Keras backend); a `tf.train`
+    checkpoint (a Keras run's, a conversion's, an earlier thattn's keras3
+    run on TensorFlow or PyTorch) is read through its run's tf_keras
+    backbone (`loading.tf_train_values`), and a weight it does not hold
+    keeps its drawn value, as a `tf.train` restore leaves it on the Keras
+    backend."""
     backbone = self.loss_layer.backbone
     weights = list({id(w): w for w in backbone.weights}.values())
     owner = f"the {self.task.model_options.preset} backbone"
-    if checkpoint_reading.is_orbax_step(checkpoint):
+    if checkpoint_reading.is_step(checkpoint):
       checkpoint_reading.assign_by_name(
-          checkpoint, checkpoint_reading.read_orbax_step(checkpoint), weights,
+          checkpoint, checkpoint_reading.read_step(checkpoint), weights,
           [weight.path for weight in weights], owner)
       return
     values = loading.tf_train_values(run_dir.run_dir_of(checkpoint),
@@ -371,10 +339,10 @@ class Keras3Backend(backend_lib.Backend):
 
   @property
   def initial_eval(self):
-    return float(self.initial_eval_variable)
+    return self._initial_eval
 
   def set_initial_eval(self, value):
-    self.initial_eval_variable.assign(value)
+    self._initial_eval = float(value)
 
   def train_batches(self, start_step):
     return self.task.train_dataset(start_step).as_numpy_iterator()
@@ -436,11 +404,12 @@ class Keras3Backend(backend_lib.Backend):
         parameters=self.parameters())
 
 
-class _OrbaxStore:
-  """A keras3 run's checkpoints on JAX: Orbax steps of its Keras 3 values
-  (`orbax_checkpoints.RunCheckpoints`), each weight under its
-  `weight_names.checkpoint_key`, beside the optimizer's and random state's
-  keys; the held-out loss at step 0 in the step's meta.
+class _Store:
+  """A keras3 run's checkpoints: step folders of its Keras 3 values, each
+  weight under its `weight_names.checkpoint_key`, beside the optimizer's
+  and random state's keys; the held-out loss at step 0 in the step's meta.
+  Orbax's on JAX (`orbax_checkpoints.RunCheckpoints`), safetensors'
+  elsewhere (`safetensors_checkpoints.RunCheckpoints`, the same methods).
 
   Saved synchronously: the driver prints a step's progress line after its
   save, as the promise that the step is kept (thattn.training.run), which
@@ -449,20 +418,14 @@ class _OrbaxStore:
   saves (benchmarks/RESULTS.md, "Saving a keras3 run")."""
 
   def __init__(self, backend, directory):
-    if tf.io.gfile.exists(os.path.join(directory, "checkpoint")):
-      raise ValueError(
-          f"{directory} holds TensorFlow checkpoints of a keras3 run made "
-          "by an earlier thattn, which saved through the tf_keras twin; "
-          "this one saves Orbax checkpoints on JAX and will not mix them. "
-          "thattn-export, thattn.models.load and --init_checkpoint still "
-          "read that run: start a new --model_dir with --init_checkpoint="
-          f"{os.path.dirname(directory)} to go on from its weights (nothing "
-          "was changed).")
+    on_jax = backend.framework == "jax"
+    _refuse_other_checkpoints(directory, on_jax)
     self.backend, self.directory = backend, directory
     self.values = {weight_names.checkpoint_key(weight.path): weight
                    for weight in backend.weights}
     self.values.update(backend.state)
-    self.run = orbax_checkpoints.RunCheckpoints(
+    writer = (orbax_checkpoints if on_jax else safetensors_checkpoints)
+    self.run = writer.RunCheckpoints(
         directory, max_to_keep=backend.options.max_checkpoints)
 
   def checkpoints(self):
@@ -487,47 +450,30 @@ class _OrbaxStore:
     self.run.close()  # an asynchronous save finishes first
 
 
-class _TwinStore:
-  """A keras3 run's checkpoints on TensorFlow and PyTorch: the Keras 3
-  weights copied into the tf_keras twin and saved with
-  `tf.train.CheckpointManager` as a Keras run's (`backbone`, `head`),
-  beside `keras3_state` (the optimizer's and random state's values) and
-  the held-out loss at step 0."""
-
-  def __init__(self, backend, directory):
-    self.backend = backend
-    checkpoint = tf.train.Checkpoint(
-        keras3_state=tf.Module(), initial_eval=backend.initial_eval_variable,
-        **backend.task.checkpoint_items())
-    checkpoint.keras3_state.by_key = {
-        key: tf.Variable(keras.ops.convert_to_numpy(variable.value),
-                         trainable=False)
-        for key, variable in backend.state.items()}
-    self.saved = checkpoint.keras3_state.by_key
-    self.manager = tf.train.CheckpointManager(
-        checkpoint, directory, max_to_keep=backend.options.max_checkpoints)
-    self.directory = self.manager.directory
-
-  def checkpoints(self):
-    return list(self.manager.checkpoints)
-
-  def latest(self):
-    return self.manager.latest_checkpoint
-
-  def save(self, step):
-    self.backend._keras3_to_twin()  # pylint: disable=protected-access
-    for key, variable in self.backend.state.items():
-      self.saved[key].assign(keras.ops.convert_to_numpy(variable.value))
-    return self.manager.save(checkpoint_number=step)
-
-  def restore(self, path):
-    self.manager.checkpoint.restore(path).assert_consumed()
-    self.backend._twin_to_keras3()  # pylint: disable=protected-access
-    for key, variable in self.backend.state.items():
-      variable.assign(self.saved[key].numpy())
-
-  def close(self):
-    pass
+def _refuse_other_checkpoints(directory, on_jax):
+  """ValueError, changing nothing, when `directory` holds checkpoints this
+  run's writer does not read: TensorFlow checkpoints (a keras3 run of an
+  earlier thattn, which saved through a tf_keras twin), or step folders
+  of the other writer (the run was made on another Keras 3 framework)."""
+  run = os.path.dirname(directory)
+  found = checkpoint_reading.steps(directory)
+  if epath.Path(directory, checkpoint_reading.TF_CHECKPOINT_STATE).exists():
+    made_by = ("TensorFlow checkpoints of a keras3 run made by an earlier "
+               "thattn, which saved through a tf_keras twin")
+  elif found and checkpoint_reading.is_orbax_step(found[-1]) != on_jax:
+    made_by = ("Orbax checkpoints of a keras3 run on JAX" if not on_jax else
+               "safetensors checkpoints of a keras3 run on TensorFlow or "
+               "PyTorch")
+  else:
+    return
+  here = ("Orbax checkpoints on JAX" if on_jax else
+          "safetensors checkpoints on TensorFlow and PyTorch")
+  raise ValueError(
+      f"{directory} holds {made_by}; this run saves {here} and will not mix "
+      f"them. Resume it on the framework that made it (KERAS_BACKEND), or "
+      f"start a new --model_dir with --init_checkpoint={run} to go on from "
+      "its weights (thattn-export, thattn.models.load and --init_checkpoint "
+      "read every kind; nothing was changed).")
 
 
 def _precision(loss_layer):

@@ -219,17 +219,17 @@ def _restore_latest(backend, paths, resume_from, log):
 
 def _checkpoint_files(path):
   """The names of a checkpoint's files, for a message: a prefix's
-  `ckpt-N.*`, an Orbax step's entries."""
-  if checkpoint_reading.is_orbax_step(path):
+  `ckpt-N.*`, a step folder's entries."""
+  if checkpoint_reading.is_step(path):
     return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(path))
   return sorted(os.path.basename(f) for f in tf.io.gfile.glob(path + ".*"))
 
 
 def _readable(path):
   """Whether every tensor of the checkpoint at `path` can be read."""
-  if checkpoint_reading.is_orbax_step(path):
+  if checkpoint_reading.is_step(path):
     try:
-      checkpoint_reading.read_orbax_step(path)
+      checkpoint_reading.read_step(path)
       return True
     except ValueError:  # RunCheckpoints names a step it cannot read so
       return False

@@ -1,50 +1,20 @@
-"""Task heads in Keras 3, and how a Keras 3 model's weights meet their
-tf_keras twins'.
+"""Task heads in Keras 3.
 
 `MaskedLMHead`, `ClassificationHead` and `SpanHead` are the heads of the
 tasks masked LM, classification and SQuAD (`thattn.tasks`), their
 computations written once for both front ends in `thattn.models.
-heads_and_losses`. They have the tf_keras
-heads' weights' names (`thattn.core.weight_names.shared_name`), so a tf_keras
-run's head moves into them by name (`pair_by_name`).
+heads_and_losses`. They have the tf_keras heads' weights' names
+(`thattn.core.weight_names.shared_name`), so a run's head moves between
+the fronts by name (`thattn.io.checkpoint_reading`).
 """
 
 import keras
 
 from thattn.core import dims
-from thattn.core import weight_names
 from thattn.keras3.models import blocks
 from thattn.keras3.models import embeddings
 from thattn.keras3.models import front_end
 from thattn.models import heads_and_losses
-
-
-def pair_by_name(sources, targets):
-  """[(source, target)] of two lists of weights with the same shared names.
-
-  Args:
-    sources: objects with `.name` and `.shape` (tf_keras variables).
-    targets: Keras 3 variables (their `.path` is the name).
-  Raises:
-    ValueError naming the weights one side has and the other lacks, or
-    whose shapes differ.
-  """
-  shared = weight_names.shared_name
-  by_name = {shared(source.name): source for source in sources}
-  targets_by_name = {shared(target.path): target for target in targets}
-  missing = sorted(set(by_name) ^ set(targets_by_name))
-  if missing:
-    raise ValueError(f"The two models' weights differ in name: "
-                     f"{', '.join(missing[:6])}"
-                     f"{' ...' if len(missing) > 6 else ''}.")
-  pairs = []
-  for name, target in targets_by_name.items():
-    source = by_name[name]
-    if tuple(source.shape) != tuple(target.shape):
-      raise ValueError(f"Weight {name}: shape {tuple(source.shape)} in the "
-                       f"tf_keras model, {tuple(target.shape)} in Keras 3.")
-    pairs.append((source, target))
-  return pairs
 
 
 def _build_sublayer(layer, input_shape):

@@ -10,11 +10,14 @@ names both front ends share):
 
 Which checkpoints need what:
 
-- a `--backend=keras3` run on JAX keeps Orbax steps of its values, which
-  are read as NumPy arrays with Orbax alone: no TensorFlow, on the JAX
-  backend or on PyTorch with JAX installed beside it (Orbax runs on JAX);
-- a `--backend=keras` run (or a keras3 run on TensorFlow or PyTorch, or a
-  conversion) keeps `tf.train.Checkpoint`s of tf_keras objects, which only
+- a `--backend=keras3` run keeps step folders of its values, read as NumPy
+  arrays without TensorFlow: on JAX Orbax steps, which Orbax reads (on the
+  JAX backend, or on PyTorch with JAX installed beside it: Orbax runs on
+  JAX); on TensorFlow and PyTorch one safetensors file, which NumPy and
+  safetensors read on any backend;
+- a `--backend=keras` run (or a conversion, or a keras3 run of an earlier
+  thattn on TensorFlow or PyTorch) keeps `tf.train.Checkpoint`s of
+  tf_keras objects, which only
   TensorFlow reads, and only through the objects they were saved from: the
   tf_keras backbone is restored (`thattn.models.load`) and its values move
   over by name. Without TensorFlow installed, the ImportError names the pip
@@ -36,7 +39,7 @@ def load(model_dir, *, checkpoint=None):
 
   Args:
     model_dir: a folder `thattn-train` or `thattn-convert` wrote.
-    checkpoint: a checkpoint (an Orbax step folder or a `tf.train`
+    checkpoint: a checkpoint (a step folder or a `tf.train`
       prefix) to read instead of the latest.
 
   Returns:
@@ -55,8 +58,8 @@ def load(model_dir, *, checkpoint=None):
   if checkpoint is None:
     checkpoint = run_dir.latest_checkpoint(model_dir)
   model = factory.create_model(config["preset"], **config.get("overrides", {}))
-  if checkpoint_reading.is_orbax_step(checkpoint):
-    values = checkpoint_reading.read_orbax_step(checkpoint)
+  if checkpoint_reading.is_step(checkpoint):
+    values = checkpoint_reading.read_step(checkpoint)
   else:
     values = tf_train_values(model_dir, checkpoint)
   checkpoint_reading.assign_by_name(
