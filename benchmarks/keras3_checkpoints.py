@@ -1,4 +1,4 @@
-"""Saving a keras3 run at BERT-base size: Orbax and safetensors against the twin path.
+"""Saving a keras3 run at BERT-base size: Orbax, safetensors, the twin path.
 
 What a keras3 run saves is its weights, its optimizer's slots and a few
 scalars. Until issue 54, `--backend=keras3` saved them by copying every

@@ -4,10 +4,11 @@ The binary runs for real, in subprocesses (Keras 3 fixes its framework when
 TensorFlow is imported, and a mesh needs JAX's host devices split before JAX
 starts). The same tiny masked-LM job with --backend=keras and with
 --backend=keras3 (no KERAS_BACKEND set: the binary picks JAX) starts from
-the same weights (the Keras 3 model takes the tf_keras twin's, by name) and
-reads the same batches, so the per-step losses must agree; then exact
-resume after SIGKILL, the export, a T5 on a batch:2,model:2 mesh of 4 JAX
-host devices, and its conversion to Mesh TensorFlow.
+the same weights (each draws them from the seed by weight name) and reads
+the same batches, so the per-step losses must agree; then the run without
+tf_keras on JAX, TensorFlow and PyTorch, exact resume after SIGKILL, the
+export, loading in Keras 3 without TensorFlow, a T5 on a batch:2,model:2
+mesh of 4 JAX host devices, and its conversion to Mesh TensorFlow.
 """
 
 import json

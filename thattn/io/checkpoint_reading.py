@@ -109,7 +109,8 @@ def restore(checkpoint, **objects):
   """Restores the tf_keras `objects` (backbone=, head=) from `checkpoint`.
 
   Raises:
-    ValueError (a step folder) naming the weights the checkpoint has no value for;
+    ValueError (a step folder) naming the weights the checkpoint has no
+    value for;
     TensorFlow's errors for a `tf.train.Checkpoint` that does not match.
   """
   if not is_step(checkpoint):

@@ -35,6 +35,8 @@ import sys
 import keras
 import numpy as np
 
+from thattn.io import checkpoint_reading
+
 STATE = "state"
 META = "meta"
 
@@ -160,7 +162,6 @@ class RunCheckpoints:
     sharding; returns the saved `meta` dict. Checked first
     (`checkpoint_reading.check_matches`): nothing is assigned unless
     everything matches."""
-    from thattn.io import checkpoint_reading  # pylint: disable=g-import-not-at-top
     checkpoint_reading.check_matches(
         self.path(step), self.saved_shapes(step),
         {key: tuple(variable.shape) for key, variable in variables.items()})

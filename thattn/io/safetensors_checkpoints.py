@@ -49,8 +49,11 @@ def _safetensors():
   try:
     from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError("keras3 checkpoints on TensorFlow and PyTorch need "
-                      "safetensors: pip install safetensors") from None
+    raise ImportError(
+        "keras3 checkpoints on TensorFlow and PyTorch need safetensors, "
+        "which every Keras 3 extra brings: pip install -e '.[torch]' (or "
+        "'.[tensorflow]', '.[jax]') in a thattn checkout, or pip install "
+        "safetensors") from None
   return safetensors_numpy
 
 
@@ -85,8 +88,8 @@ def read(path):
 
 def saved_shapes(path):
   """{key: shape} of what the step folder `path` holds, from its header."""
+  _safetensors()  # without it, the ImportError that says how to install it
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  _safetensors()
   with safe_open(os.path.join(path, STATE_FILE), framework="numpy") as opened:
     return {key: tuple(opened.get_slice(key).get_shape())
             for key in opened.keys()}
@@ -162,6 +165,7 @@ class RunCheckpoints:
     """Reads `step` into {key: variable}; returns the saved `meta` dict.
     Checked first (`checkpoint_reading.check_matches`): nothing is
     assigned unless everything matches."""
+    # Here, not at the top: checkpoint_reading imports this module.
     from thattn.io import checkpoint_reading  # pylint: disable=g-import-not-at-top
     values, meta = read(self.path(step))
     checkpoint_reading.check_matches(

@@ -1,6 +1,6 @@
-"""Safetensors checkpoints of Keras 3 values (thattn.io.safetensors_checkpoints),
-the store of keras3 runs on TensorFlow and PyTorch, on this process's Keras
-3 backend."""
+"""Safetensors checkpoints of Keras 3 values
+(thattn.io.safetensors_checkpoints), the store of keras3 runs on TensorFlow
+and PyTorch, on this process's Keras 3 backend."""
 
 import json
 import os
