@@ -150,17 +150,32 @@ def test_a_keras3_run_on_jax_never_imports_tf_keras(tiny_bert_flags,
   assert f"Backbone initialized from {tmp_path / 'keras3'}" in started
 
 
+@pytest.fixture(scope="module")
+def framework_run(tmp_path_factory, tiny_bert_flags):
+  """framework -> (model_dir, stdout) of the masked-LM job on that Keras 3
+  framework (KERAS_BACKEND), without the twin; each trained once, on first
+  use, and skipped where the framework is not installed."""
+  root = tmp_path_factory.mktemp("keras3_frameworks")
+  made = {}
+
+  def run(framework):
+    pytest.importorskip(framework)
+    if framework not in made:
+      model_dir = root / framework
+      made[framework] = (model_dir, _run_without_the_twin(
+          _command(model_dir, tiny_bert_flags, "--backend=keras3")[3:],
+          framework))
+    return made[framework]
+  return run
+
+
 @pytest.mark.parametrize("framework", ["tensorflow", "torch"])
 def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
-    runs, tiny_bert_flags, tmp_path, framework):
+    runs, framework_run, framework):
   """KERAS_BACKEND set by the user wins over the binary's JAX default; the
   run builds no tf_keras model and imports no tf_keras there either, and
   saves its Keras 3 values as safetensors steps 4 and 8."""
-  pytest.importorskip(framework)
-  model_dir = tmp_path / framework
-  stdout = _run_without_the_twin(
-      _command(model_dir, tiny_bert_flags, "--backend=keras3")[3:],
-      framework)
+  model_dir, stdout = framework_run(framework)
   assert f"Keras 3 on {framework}" in stdout
   want = local_cluster.train_losses(str(runs["keras"][0]))
   got = local_cluster.train_losses(str(model_dir))
@@ -186,16 +201,15 @@ def test_keras3_on_tensorflow_and_pytorch_trains_the_same_steps(
 
 
 def test_a_keras3_run_on_pytorch_resumes_and_loads_without_tensorflow(
-    runs, tiny_bert_flags, tmp_path):
+    runs, framework_run, tiny_bert_flags, tmp_path):
   """Its safetensors steps resume it (still without the twin), and
   thattn.keras3.models.load reads them where TensorFlow cannot be imported
   to the backbone thattn.models.load reads; a JAX run's Orbax steps are
   not resumed on PyTorch, and nothing of them changes."""
-  pytest.importorskip("torch")
   from thattn import models  # pylint: disable=g-import-not-at-top
   model_dir = tmp_path / "torch"
+  shutil.copytree(framework_run("torch")[0], model_dir)  # resumed below
   flags = _command(model_dir, tiny_bert_flags, "--backend=keras3")[3:]
-  _run_without_the_twin(flags, "torch")
   resumed = _run_without_the_twin(
       [flag if not flag.startswith("--train_steps") else
        f"--train_steps={_STEPS + 2}" for flag in flags], "torch")
