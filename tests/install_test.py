@@ -187,22 +187,6 @@ def test_the_jax_extra_names_what_is_missing(jax_venv, tmp_path):
   assert "| talking_heads | 24 | 24 | 24 | 32 | 32 |" in result.stdout
 
 
-# In the `[jax]` venv: thattn.keras3.models.load of a keras3 run, its
-# sequence output for the ids given saved (argv model_dir, ids.npy,
-# out.npy), and TensorFlow never imported.
-_KERAS3_LOAD = """
-import sys
-import numpy as np
-from thattn.keras3 import models
-ids = np.load(sys.argv[2])
-model = models.load(sys.argv[1])
-outputs = model({"input_word_ids": ids, "input_mask": np.ones_like(ids),
-                 "input_type_ids": np.zeros_like(ids)}, training=False)
-np.save(sys.argv[3], np.asarray(outputs["sequence_output"]))
-assert "tensorflow" not in sys.modules
-"""
-
-
 def test_the_jax_extra_loads_a_keras3_run_as_thattn_models_loads_it(
     jax_venv, tmp_path, tiny_bert_flags):
   """A keras3 run made on PyTorch (safetensors steps), read in a venv of
@@ -217,11 +201,13 @@ def test_the_jax_extra_loads_a_keras3_run_as_thattn_models_loads_it(
              env=_env(KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="2"))
   ids = np.random.default_rng(0).integers(5, 60, (2, 12)).astype(np.int32)
   np.save(tmp_path / "ids.npy", ids)
-  result = _run([str(jax_venv / "bin" / "python"), "-c", _KERAS3_LOAD,
+  result = _run([str(jax_venv / "bin" / "python"),
+                 str(ROOT / "tests" / "keras3" / "load_backbone.py"),
                  str(run), str(tmp_path / "ids.npy"),
                  str(tmp_path / "out.npy")], cwd=tmp_path,
                 env=_env(KERAS_BACKEND="jax", THATTN_FUSED_KERNELS="0"))
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "tensorflow imported: False" in result.stdout, result.stdout
   want = models.load(str(run))(
       {"input_word_ids": ids, "input_mask": np.ones_like(ids),
        "input_type_ids": np.zeros_like(ids)},

@@ -284,33 +284,20 @@ def test_the_keras3_export_serves_text_as_the_keras_one(runs):
                              rtol=0, atol=1e-3 * scale)
 
 
-# Loads a run's backbone with thattn.keras3.models.load on JAX and saves its
-# sequence output for the ids given: argv model_dir, ids.npy, out.npy.
-_KERAS3_LOAD = """
-import sys
-import numpy as np
-from thattn.keras3 import models
-ids = np.load(sys.argv[2])
-model = models.load(sys.argv[1])
-outputs = model({"input_word_ids": ids, "input_mask": np.ones_like(ids),
-                 "input_type_ids": np.zeros_like(ids)}, training=False)
-np.save(sys.argv[3], np.asarray(outputs["sequence_output"]))
-print("tensorflow imported:", sys.modules.get("tensorflow") is not None)
-"""
-
-
 def _keras3_load(model_dir, ids_path, out_path, without_tensorflow):
-  """`_KERAS3_LOAD` in a fresh Python on JAX; where `without_tensorflow`,
-  one in which TensorFlow cannot be imported (tests/gpu_machine)."""
+  """tests/keras3/load_backbone.py in a fresh Python on JAX; where
+  `without_tensorflow`, one in which TensorFlow cannot be imported
+  (tests/gpu_machine)."""
   env = dict(_ENV, KERAS_BACKEND="jax")
   if without_tensorflow:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [
         os.path.join(_ROOT, "tests", "gpu_machine"),
         env.get("PYTHONPATH")]))
+  script = os.path.join(_ROOT, "tests", "keras3", "load_backbone.py")
   return subprocess.run(
-      [sys.executable, "-c", _KERAS3_LOAD, str(model_dir), str(ids_path),
-       str(out_path)], capture_output=True, text=True, timeout=300,
-      check=False, env=env, cwd=_ROOT)
+      [sys.executable, script, str(model_dir), str(ids_path), str(out_path)],
+      capture_output=True, text=True, timeout=300, check=False, env=env,
+      cwd=_ROOT)
 
 
 def test_keras3_models_load_reads_either_run_as_thattn_models_load(
