@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from thattn import keras3
+from thattn.ops import rotary
 from tests.layers import numpy_reference as ref
 
 BACKEND = keras.backend.backend()
@@ -304,3 +305,24 @@ def test_the_jax_kernel_names_what_it_cannot_do(kwargs, reason):
   x = RNG.normal(size=(1, 3, 8)).astype("float32")
   with pytest.raises(ValueError, match=f"the JAX kernel {reason}"):
     layer(x, x)
+
+
+@pytest.mark.parametrize("key_dim, rotary_pct, base, llama3", [
+    (16, 1.0, 500000.0, (32.0, 1.0, 4.0, 8192)), (12, 0.5, 10000.0, None)],
+                         ids=["llama_3_2", "pythia"])
+def test_rotary_positions_as_the_numpy_reference(key_dim, rotary_pct, base,
+                                                 llama3):
+  """thattn.ops.rotary in this backend's keras.ops: the float64 rotation
+  matrices' result (tests/ops/rotary_test.py holds tf_keras's namespace and
+  both against transformers)."""
+  rotated = rotary.rotated_size(key_dim, rotary_pct)
+  scaling = rotary.Llama3Scaling(*llama3) if llama3 else None
+  theta = rotary.frequencies(rotated, base=base, scaling=scaling)
+  x = RNG.normal(size=(2, 4, 3, key_dim)).astype("float32")
+  positions = np.array([[0, 1, 2, 3], [500, 501, 502, 503]], "int32")
+  got = _numpy(rotary.apply(ops, ops.convert_to_tensor(x),
+                            ops.convert_to_tensor(positions), theta))
+  want = ref.rotary(x, positions,
+                    ref.rotary_frequencies(rotated, base, llama3))
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
+  np.testing.assert_array_equal(got[..., rotated:], x[..., rotated:])

@@ -498,3 +498,56 @@ def make_masks(rng, kind, batch, n, m):
     tri = causal_mask(batch, n, m)
     ref_mask = tri if ref_mask is None else (ref_mask & tri)
   return layer_mask, use_causal, ref_mask
+
+
+# ---- Rotary position embeddings (Su et al., 2021, "RoFormer") --------------
+# Not the talking-heads paper's: the decoder-only families rotate queries
+# and keys by position before the logits. Written from RoFormer's Section
+# 3.4 as a rotation matrix per position, with the "half" pairing of
+# transformers' Llama and GPT-NeoX code (entry r turns with entry r + R,
+# R = rotated / 2), and from Meta's description of the Llama 3.1
+# frequency scaling.
+
+
+def rotary_frequencies(rotated, base, llama3=None):
+  """float64 theta[r] = base^(-2r / rotated); `llama3`: (factor,
+  low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+  theta = base ** (-np.arange(0, rotated, 2, dtype=np.float64) / rotated)
+  if llama3 is None:
+    return theta
+  factor, low, high, original = llama3
+  wavelength = 2 * np.pi / theta
+  out = theta.copy()
+  for r, w in enumerate(wavelength):
+    if w < original / high:  # high frequency: kept
+      continue
+    if w > original / low:  # low frequency: slowed by the factor
+      out[r] = theta[r] / factor
+      continue
+    smooth = (original / w - low) / (high - low)
+    out[r] = (1 - smooth) * theta[r] / factor + smooth * theta[r]
+  return out
+
+
+def rotary_matrix(position, theta, size):
+  """The [size, size] rotation of one position: pairs (r, r + R) turned by
+  position * theta[r], R = len(theta); entries from 2R on kept."""
+  half = len(theta)
+  matrix = np.eye(size)
+  for r, frequency in enumerate(theta):
+    angle = position * frequency
+    matrix[r, r] = matrix[r + half, r + half] = np.cos(angle)
+    matrix[r, r + half] = -np.sin(angle)
+    matrix[r + half, r] = np.sin(angle)
+  return matrix
+
+
+def rotary(x, positions, theta):
+  """x [b, n, heads, k] rotated by positions [b, n] (float64)."""
+  x = np.asarray(x, np.float64)
+  out = np.empty_like(x)
+  for b in range(x.shape[0]):
+    for n in range(x.shape[1]):
+      matrix = rotary_matrix(positions[b, n], theta, x.shape[-1])
+      out[b, n] = x[b, n] @ matrix.T
+  return out

@@ -23,6 +23,7 @@ letters, so a reader can translate any line back to the paper's notation:
 | p      | (masked)   | masked positions gathered for a prediction head     |
 | s      | (steps)    | decoding steps written into a cache in one call     |
 | x      | (features) | a tensor's trailing dimensions, flattened into one  |
+| r      | (rotary)   | rotary frequencies: half the rotated size per head  |
 
 Grouped talking heads (`TalkingHeadsAttention(num_head_groups=G)`) splits
 each heads dimension into [G, heads / G], group-major: group g holds key

@@ -9,7 +9,8 @@ axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
 calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
 abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
-gelu.
+gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin and
+concatenate.
 """
 
 import types
@@ -33,6 +34,10 @@ def _softmax(x, axis=-1):
   return tf.nn.softmax(x, axis=axis)
 
 
+def _concatenate(xs, axis=0):
+  return tf.concat(xs, axis=axis)
+
+
 def _gelu(x, approximate=True):  # keras.ops.gelu's default form
   return tf.nn.gelu(x, approximate=approximate)
 
@@ -44,4 +49,5 @@ TF_OPS = types.SimpleNamespace(
     matmul=tf.matmul, softmax=_softmax, sigmoid=tf.sigmoid, tanh=tf.tanh,
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
-    zeros_like=tf.zeros_like, relu=tf.nn.relu, gelu=_gelu)
+    zeros_like=tf.zeros_like, relu=tf.nn.relu, gelu=_gelu, cos=tf.cos,
+    sin=tf.sin, concatenate=_concatenate)
