@@ -326,3 +326,60 @@ def test_rotary_positions_as_the_numpy_reference(key_dim, rotary_pct, base,
                     ref.rotary_frequencies(rotated, base, llama3))
   np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
   np.testing.assert_array_equal(got[..., rotated:], x[..., rotated:])
+
+
+def test_grouped_query_attention_equals_keras_group_query_attention():
+  """num_key_value_heads=h_kv: Keras's GroupQueryAttention with the same
+  weights (its query kernel times d_k**-0.5, which thattn folds into P_q),
+  causal and not; decoding caches hold the h_kv projected heads."""
+  theirs = keras.layers.GroupQueryAttention(
+      head_dim=4, num_query_heads=6, num_key_value_heads=2, use_bias=False)
+  ours = keras3.MultiHeadAttention(6, 4, num_key_value_heads=2)
+  x = RNG.normal(size=(2, 5, 12)).astype("float32")
+  memory = RNG.normal(size=(2, 7, 12)).astype("float32")
+  theirs(x, memory)
+  ours(x, memory)
+  for name, scale in (("query", 4 ** -0.5), ("key", 1), ("value", 1),
+                      ("output", 1)):
+    kernel = getattr(theirs, f"_{name}_dense" if name != "output" else
+                     "_output_dense").kernel
+    getattr(ours, f"{name}_dense").kernel.assign(_numpy(kernel) * scale)
+  assert tuple(ours.key_dense.kernel.shape) == (12, 2, 4)
+  for causal in (False, True):
+    np.testing.assert_allclose(
+        _numpy(ours(x, memory, use_causal_mask=causal)),
+        _numpy(theirs(x, memory, use_causal_mask=causal)), rtol=1e-5,
+        atol=1e-5)
+  whole = _numpy(ours(x, x, use_causal_mask=True))
+  cache = ours.initial_cache(2, 5)
+  assert tuple(cache["key"].shape) == (2, 5, 2, 4)
+  steps = []
+  for t in range(5):
+    y, cache = ours(x[:, t:t + 1], x[:, t:t + 1], cache=cache, decode_step=t)
+    steps.append(_numpy(y))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
+                             atol=1e-5)
+  with pytest.raises(ValueError, match="keras.layers.GroupQueryAttention"):
+    keras3.to_keras(ours)
+
+
+def test_talking_heads_over_shared_key_value_heads_is_the_paper():
+  """Talking heads with h_kv = 2 shared by h_k = 4 key heads and h_v = 6
+  value heads: the paper's layer whose P_k and P_v repeat each projected
+  head (key head i reads K head i // 2, value head j V head j // 3)."""
+  layer = keras3.TalkingHeadsAttention(3, 4, num_key_heads=4,
+                                       num_value_heads=6,
+                                       num_key_value_heads=2)
+  x = RNG.normal(size=(2, 5, 12)).astype("float32")
+  memory = RNG.normal(size=(2, 7, 12)).astype("float32")
+  layer(x, memory)
+  weights = _reference_weights(layer, RNG)
+  assert weights["P_v"].shape == (12, 2, 4)
+  want = ref.talking_heads_attention(
+      x, memory, **dict(weights, P_k=np.repeat(weights["P_k"], 2, axis=1),
+                        P_v=np.repeat(weights["P_v"], 3, axis=1)))
+  ref.assert_close(_numpy(layer(x, memory)), want)
+  config = layer.get_config()
+  assert config["num_key_value_heads"] == 2
+  assert keras3.TalkingHeadsAttention.from_config(
+      config).num_key_value_heads == 2

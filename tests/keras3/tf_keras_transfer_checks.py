@@ -28,6 +28,10 @@ PAIRS = {
         4, 4, num_key_heads=2, num_value_heads=6, num_head_groups=2,
         dynamic_projections=["x2l", "m2l", "m2w"]),
     "general_bilinear": lambda module: module.GeneralBilinearAttention(2),
+    # Grouped-query: P_k and P_v project to 2 heads, shared.
+    "shared_key_value_heads": lambda module: module.TalkingHeadsAttention(
+        3, 4, num_key_heads=4, num_value_heads=6, num_key_value_heads=2,
+        use_bias=True, bias_initializer="random_normal"),
 }
 
 

@@ -45,6 +45,10 @@ _NUM_HEAD_GROUPS = flags.DEFINE_integer(
     "num_head_groups", 1,
     "talking_heads: G diagonal blocks in P_l, P_w and the dynamic "
     "projections (heads mix only within their group).")
+_NUM_KEY_VALUE_HEADS = flags.DEFINE_integer(
+    "num_key_value_heads", None,
+    "h_kv: P_k and P_v project to h_kv heads, shared by the key and value "
+    "heads (grouped-query attention); default none shared.")
 _USE_BIAS = flags.DEFINE_boolean("use_bias", False,
                                  "Count the biases of P_q, P_k, P_v, P_o.")
 _D_MODEL = flags.DEFINE_integer("d_model", 768, "d_X = d_M.")
@@ -57,7 +61,7 @@ _MEMORY_LENGTH = flags.DEFINE_integer("memory_length", None,
 _SHAPE_FLAGS = (_NUM_HEADS, _KEY_DIM, _VALUE_DIM, _NUM_KEY_HEADS,
                 _NUM_VALUE_HEADS, _PROJECT_LOGITS, _PROJECT_WEIGHTS,
                 _DYNAMIC_PROJECTIONS, _NUM_HEAD_GROUPS, _USE_BIAS,
-                _OUTPUT_DIM)
+                _OUTPUT_DIM, _NUM_KEY_VALUE_HEADS)
 
 
 def main(argv):

@@ -201,6 +201,28 @@ def checked_groups(num_head_groups, num_key_heads, num_heads,
   return num_head_groups
 
 
+def checked_key_value_heads(owner, num_key_value_heads, num_key_heads,
+                            num_value_heads):
+  """h_kv, the heads P_k and P_v project to (grouped-query attention, as in
+  `keras.layers.GroupQueryAttention` and Llama), if it divides h_k and
+  h_v: key head i reads K head i // (h_k / h_kv), value head j V head
+  j // (h_v / h_kv). None: as many as h_k and h_v (no sharing)."""
+  if num_key_value_heads is None:
+    return None
+  validation.layer_int("num_key_value_heads", num_key_value_heads)
+  sizes = {"num_key_heads": num_key_heads, "num_value_heads": num_value_heads}
+  indivisible = [name for name, size in sizes.items()
+                 if size % num_key_value_heads]
+  if indivisible:
+    raise ValueError(
+        f"{owner}: num_key_value_heads={num_key_value_heads} must divide "
+        + " and ".join(f"{name}={size}" for name, size in sizes.items())
+        + f" (each of those heads reads one of the {num_key_value_heads} "
+        f"projected key and value heads); not a multiple of "
+        f"{num_key_value_heads}: " + ", ".join(indivisible) + ".")
+  return num_key_value_heads
+
+
 def generate_dynamic(generators, **inputs):
   """{name: R} from `generators` ({name: callable}) whose source is given.
 

@@ -11,6 +11,7 @@ numbers of Tables 1, 2, 3, 8 and 9 so that tests can hold the two together.
 import dataclasses
 from typing import Optional, Tuple
 
+from thattn.core import attention_spec
 from thattn.core import validation
 from thattn.core import variants
 
@@ -43,8 +44,13 @@ class AttentionShape:
   Self-attention and the T5 encoder-decoder attention both have
   d_X = d_M = `d_model`; `output_dim` is d_Y and defaults to `d_model`.
 
+  `num_key_value_heads` (h_kv, grouped-query attention: the layers'
+  argument of that name) makes P_k and P_v project to h_kv heads, shared
+  by the h_k key heads and the h_v value heads.
+
   The properties `h_k`, `h`, `h_v`, `d_k`, `d_v` and `d_y` give the sizes in
-  the paper's notation, with defaults resolved.
+  the paper's notation, with defaults resolved; `key_projection_heads` and
+  `value_projection_heads` the heads of P_k and P_v.
   """
   variant: str
   num_heads: int
@@ -57,6 +63,7 @@ class AttentionShape:
   dynamic_projections: Tuple[str, ...] = ()
   num_head_groups: int = 1
   use_bias: bool = False
+  num_key_value_heads: Optional[int] = None
   d_model: int = 768
   output_dim: Optional[int] = None
   query_length: int = 512
@@ -82,6 +89,16 @@ class AttentionShape:
   @property
   def h_v(self) -> int:
     return self.num_value_heads or self.num_heads
+
+  @property
+  def key_projection_heads(self) -> int:
+    """The heads P_k projects to: h_kv where shared, else h_k."""
+    return self.num_key_value_heads or self.h_k
+
+  @property
+  def value_projection_heads(self) -> int:
+    """The heads P_v projects to: h_kv where shared, else h_v."""
+    return self.num_key_value_heads or self.h_v
 
   @property
   def d_k(self) -> int:
@@ -116,7 +133,8 @@ class AttentionShape:
 # Sizes that may be None, meaning "use the default" (key_dim is checked per
 # variant below).
 _OPTIONAL = frozenset(("key_dim", "value_dim", "num_key_heads",
-                       "num_value_heads", "output_dim"))
+                       "num_value_heads", "output_dim",
+                       "num_key_value_heads"))
 
 
 def _validate(shape: AttentionShape) -> None:
@@ -124,10 +142,16 @@ def _validate(shape: AttentionShape) -> None:
   validation.one_of("variant", shape.variant, COUNTED_LAYERS)
   sizes = ["num_heads", "key_dim", "value_dim", "num_key_heads",
            "num_value_heads", "num_head_groups", "d_model", "output_dim",
-           "query_length", "memory_length"]
+           "query_length", "memory_length", "num_key_value_heads"]
   for name in sizes:
     validation.positive_int(name, getattr(shape, name),
                             optional=name in _OPTIONAL)
+  if shape.num_key_value_heads is not None:
+    if shape.variant == "general_bilinear":
+      raise ValueError("general_bilinear has no P_k or P_v to share, got "
+                       f"num_key_value_heads={shape.num_key_value_heads}")
+    attention_spec.checked_key_value_heads(
+        "AttentionShape", shape.num_key_value_heads, shape.h_k, shape.h_v)
   if shape.variant == "general_bilinear":
     _validate_general_bilinear(shape)
   elif shape.key_dim is None:
@@ -195,7 +219,9 @@ def parameters(shape: AttentionShape) -> int:
 
   Multi-head and talking heads: P_q[d_X, d_k, h_k] + P_k[d_M, d_k, h_k]
   + P_v[d_M, d_v, h_v] + P_o[d_Y, d_v, h_v], which is
-  d_model * (2*d_k*h_k + 2*d_v*h_v) when d_Y = d_model. Talking heads adds
+  d_model * (2*d_k*h_k + 2*d_v*h_v) when d_Y = d_model; with shared key
+  and value heads P_k and P_v have h_kv heads in place of h_k and h_v (and
+  their biases likewise). Talking heads adds
   P_l[h_k, h] and P_w[h, h_v], and for its dynamic projections
   P_Xl[d_X, h_k, h], P_Ml[d_M, h_k, h], P_Xw[d_X, h, h_v], P_Mw[d_M, h, h_v];
   each of these is divided by G. Biases add 2*h_k*d_k + h_v*d_v + d_Y.
@@ -205,9 +231,11 @@ def parameters(shape: AttentionShape) -> int:
   s, d = shape, shape.d_model
   if s.variant == "general_bilinear":
     return d * d * s.h + d * s.d_y * s.h
-  total = 2 * d * s.d_k * s.h_k + (d + s.d_y) * s.d_v * s.h_v
+  key_heads, value_heads = s.key_projection_heads, s.value_projection_heads
+  total = (d * s.d_k * (s.h_k + key_heads) + d * s.d_v * value_heads +
+           s.d_y * s.d_v * s.h_v)
   if s.use_bias:
-    total += 2 * s.h_k * s.d_k + s.h_v * s.d_v + s.d_y
+    total += (s.h_k + key_heads) * s.d_k + value_heads * s.d_v + s.d_y
   # P_l is [h_k, h] and each dynamic generator [d_model, h_k, h]; likewise
   # for P_w. Block-diagonal grouping keeps 1/G of every one of them.
   if s.mixes_logits:
@@ -229,6 +257,9 @@ def multiplies(shape: AttentionShape) -> int:
     + n*m*h_k*h/G + n*m*h*h_v/G                     (P_l, P_w if present)
   For d_X = d_Y this is Section 5's
     (d_k*h_k + d_v*h_v) * (n*d_X + m*d_M + n*m) + n*m*h*(h_k + h_v).
+  Shared key and value heads project K and V to h_kv heads: m*d_M*d_k*h_kv
+  and m*d_M*d_v*h_kv in place of the K and V terms (the repeats multiply
+  nothing).
   Each dynamic projection adds the cost of generating it (Appendix A):
   n*d_X*h_k*h (x2l), m*d_M*h_k*h (m2l), n*d_X*h*h_v (x2w), m*d_M*h*h_v (m2w),
   each divided by G. Applying it adds no multiplies when it is summed with
@@ -242,8 +273,10 @@ def multiplies(shape: AttentionShape) -> int:
   n, m = s.query_length, s.memory_length
   if s.variant == "general_bilinear":
     return _general_bilinear_multiplies(n, m, d, s.d_y, s.h)
-  total = ((n * d + m * d + n * m) * s.d_k * s.h_k
-           + (m * d + n * m + n * s.d_y) * s.d_v * s.h_v)
+  total = ((n * d + n * m) * s.d_k * s.h_k + m * d * s.d_k *
+           s.key_projection_heads
+           + (n * m + n * s.d_y) * s.d_v * s.h_v + m * d * s.d_v *
+           s.value_projection_heads)
   generate = {"x2l": n * d, "m2l": m * d, "x2w": n * d, "m2w": m * d}
   if s.mixes_logits:
     rows = n * m + sum(generate[p] for p in s.dynamic_projections
@@ -310,6 +343,8 @@ def describe(shape: AttentionShape) -> str:
     notes += shape.dynamic_projections
     if shape.num_head_groups != 1:
       notes.append(f"G={shape.num_head_groups}")
+  if shape.num_key_value_heads is not None:
+    notes.append(f"h_kv={shape.num_key_value_heads}")
   return f"{shape.variant} ({', '.join(notes)})" if notes else shape.variant
 
 

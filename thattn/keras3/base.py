@@ -101,6 +101,12 @@ class AttentionLayer(keras.layers.Layer):
   def project_memory(self, key, value):
     raise NotImplementedError
 
+  def repeat_shared_heads(self, memory_state):
+    """The memory state `attend` reads, from the one `project_memory` made
+    (and a decoding cache holds): the same here; layers whose K and V heads
+    are shared by several query heads repeat them."""
+    return memory_state
+
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
     """(O[b, n, heads, d], scores) before the output projection;
@@ -310,17 +316,21 @@ class AttentionLayer(keras.layers.Layer):
         masks.implicit_attention_mask(query_mask, value_mask, key_mask),
         window)
     causal_offset = query_offset if use_causal_mask else None
+    # The core reads K and V with every head it attends with (a cache keeps
+    # them as projected), as Keras's GroupQueryAttention hands them to
+    # its `_compute_attention`.
+    attended = self.repeat_shared_heads(memory_state)
     if conventions.overrides_compute_attention(self, AttentionLayer):
       context, scores = conventions.override_call(
-          self, query_state, memory_state, mask, position_bias, training,
+          self, query_state, attended, mask, position_bias, training,
           causal_offset, return_attention_scores)
     else:
       context, scores = self._compute_attention(
-          query_state["query"], memory_state["key"], memory_state["value"],
+          query_state["query"], attended["key"], attended["value"],
           mask, training, return_attention_scores,
           causal_offset=causal_offset, position_bias=position_bias,
           dynamic_projections=conventions.dynamic_tensors(query_state,
-                                                          memory_state))
+                                                          attended))
     if gate is not None:
       context = context * ops.cast(gate, context.dtype)
     output = self.project_output(context)

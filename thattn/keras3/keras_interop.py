@@ -85,6 +85,11 @@ def to_keras(layer):
   if not layer.built:
     raise ValueError(f"{layer.name}: build or call the layer first, so its "
                      "weights exist.")
+  if layer.num_key_value_heads is not None:
+    raise ValueError(
+        f"{layer.name}: num_key_value_heads={layer.num_key_value_heads} "
+        "shares key and value heads, which keras.layers.MultiHeadAttention "
+        "has not (keras.layers.GroupQueryAttention computes it).")
   result = keras.layers.MultiHeadAttention(
       layer.num_heads, layer.key_dim, value_dim=layer.value_dim,
       dropout=layer.dropout, use_bias=layer.use_bias,

@@ -13,6 +13,11 @@ Computation (per example; letters as in `thattn.core.dims`; the equations are
     O[n, h_v, d_v] = einsum(dropout(U[h_v, n, m]), V[m, h_v, d_v])
     Y[n, d_Y]      = einsum(O[n, h_v, d_v], P_o[h_v, d_v, d_Y])
 
+With `num_key_value_heads=h_kv` (grouped-query attention), P_k and P_v
+project to h_kv heads (what a decoding cache then holds), and each is
+repeated before J, as `keras.layers.GroupQueryAttention` repeats them: key
+head i reads K head i // (h_k / h_kv), value head j V head j // (h_v / h_kv).
+
 Multi-head attention is the case without P_l and P_w (h_k = h = h_v). The
 1/sqrt(d_k) of scaled dot products is folded into P_q's initializer, never
 applied at run time. Each class documents its arguments; they are
@@ -49,7 +54,7 @@ class ProjectedAttention(base.AttentionLayer):
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
-               **kwargs):
+               num_key_value_heads=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -61,6 +66,9 @@ class ProjectedAttention(base.AttentionLayer):
         "value_dim", key_dim if value_dim is None else value_dim)
     self.use_bias = use_bias
     self.bias_initializer = keras.initializers.get(bias_initializer)
+    self.num_key_value_heads = attention_spec.checked_key_value_heads(
+        self.name, num_key_value_heads, self.num_key_heads,
+        self.num_value_heads)
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -70,6 +78,9 @@ class ProjectedAttention(base.AttentionLayer):
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
     d_k, d_v = self.key_dim, self.value_dim
+    # The heads P_k and P_v project to: h_kv of them where shared.
+    key_heads = self.num_key_value_heads or h_k
+    value_heads = self.num_key_value_heads or h_v
     query_init = initializers.ScaledInitializer(self.kernel_initializer,
                                                 d_k ** -0.5)
     self._query_dense = self.einsum_dense(
@@ -77,11 +88,11 @@ class ProjectedAttention(base.AttentionLayer):
         (None, None, query_width), initializer=query_init,
         bias_axes=self._bias_axes("ik"))
     self._key_dense = self.einsum_dense(
-        "key", attention_spec.KEY_PROJECTION, (None, h_k, d_k),
+        "key", attention_spec.KEY_PROJECTION, (None, key_heads, d_k),
         (None, None, key_width), initializer=self.kernel_initializer,
         bias_axes=self._bias_axes("ik"))
     self._value_dense = self.einsum_dense(
-        "value", attention_spec.VALUE_PROJECTION, (None, h_v, d_v),
+        "value", attention_spec.VALUE_PROJECTION, (None, value_heads, d_v),
         (None, None, value_width), initializer=self.kernel_initializer,
         bias_axes=self._bias_axes("jv"))
     self._output_dense = self.einsum_dense(
@@ -91,6 +102,15 @@ class ProjectedAttention(base.AttentionLayer):
 
   def _bias_axes(self, axes):
     return axes if self.use_bias else None
+
+  def repeat_shared_heads(self, memory_state):
+    if self.num_key_value_heads is None:
+      return memory_state
+    return dict(memory_state, **{
+        name: ops.repeat(memory_state[name],
+                         heads // self.num_key_value_heads, axis=2)
+        for name, heads in (("key", self.num_key_heads),
+                            ("value", self.num_value_heads))})
 
   def project_query(self, query):
     state = {"query": self._query_dense(query)}
@@ -190,7 +210,10 @@ class ProjectedAttention(base.AttentionLayer):
     return dict(super().get_config(), key_dim=self.key_dim,
                 value_dim=self.value_dim, use_bias=self.use_bias,
                 bias_initializer=keras.saving.serialize_keras_object(
-                    self.bias_initializer))
+                    self.bias_initializer),
+                # Only where set, as in thattn.layers.
+                **({} if self.num_key_value_heads is None else
+                   {"num_key_value_heads": self.num_key_value_heads}))
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -223,6 +246,10 @@ class MultiHeadAttention(ProjectedAttention):
       kernel, or an error saying why not) or False (the keras.ops core,
       which also returns the scores and applies dropout);
       `thattn.kernels.dispatch` chooses, `thattn.keras3.flash` runs it.
+    num_key_value_heads: h_kv, the heads P_k and P_v project to, shared
+      by groups of the key and value heads (grouped-query attention, as
+      `keras.layers.GroupQueryAttention`'s and Llama's); must divide
+      h. Defaults to h (none shared).
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
   """
 
@@ -307,6 +334,10 @@ class TalkingHeadsAttention(ProjectedAttention):
     flash_attention: Keras 3's name for fused_kernel (talking heads is not
       a dot-product attention, so no backend flash kernel computes it);
       give one or the other.
+    num_key_value_heads: h_kv, the heads P_k and P_v project to, shared
+      by groups of the key and value heads (grouped-query attention, as
+      `keras.layers.GroupQueryAttention`'s and Llama's); must divide
+      h_k and h_v. Defaults to h_k for K and h_v for V (none shared).
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
     kernel_regularizer, bias_regularizer, activity_regularizer: as in
       Keras; the kernel regularizer also applies to P_l, P_w and the

@@ -59,6 +59,7 @@ class AttentionLayer(tf_keras.layers.Layer):
     create_weights(query_width, key_width, value_width)
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
+    repeat_shared_heads(memory_state) -> memory_state as `attend` reads it
     attend(query_state, memory_state, mask, position_bias, training,
            causal_offset, need_scores=True)
         -> (O[b, n, heads, d], scores[b, heads, n, m] or None)
@@ -166,6 +167,12 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   def project_memory(self, key, value):
     raise NotImplementedError
+
+  def repeat_shared_heads(self, memory_state):
+    """The memory state `attend` reads, from the one `project_memory` made
+    (and a decoding cache holds): the same here; layers whose K and V heads
+    are shared by several query heads repeat them."""
+    return memory_state
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
@@ -347,8 +354,10 @@ class AttentionLayer(tf_keras.layers.Layer):
     mask = self._combined_mask(query, implicit_masks, attention_mask,
                                memory_length)
     causal_offset = query_offset if use_causal_mask else None
-    context, scores = self.attend(query_state, memory_state, mask,
-                                  position_bias, training, causal_offset,
+    context, scores = self.attend(query_state,
+                                  self.repeat_shared_heads(memory_state),
+                                  mask, position_bias, training,
+                                  causal_offset,
                                   need_scores=return_attention_scores)
     output = keras_arguments.reragged(self.project_output(context),
                                       query_lengths)

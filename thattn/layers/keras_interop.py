@@ -161,6 +161,11 @@ def to_keras(layer, **kwargs):
   if shapes is None:
     raise ValueError(f"{layer.name}: build the layer (call it once) before "
                      "to_keras, so that its weights exist.")
+  if layer.num_key_value_heads is not None:
+    raise ValueError(
+        f"{layer.name}: num_key_value_heads={layer.num_key_value_heads} "
+        "shares key and value heads, which neither tf_keras's "
+        "MultiHeadAttention nor Model Garden's TalkingHeadsAttention has.")
   target_class, mixing = _keras_counterpart(layer)
   config = layer.get_config()
   arguments = {name: config[name] for name in _SHARED_ARGUMENTS}

@@ -48,6 +48,10 @@ class MultiHeadAttention(projected.ProjectedAttention):
     kernel_regularizer, bias_regularizer, activity_regularizer: as in
       tf_keras (the activity regularizer applies to the layer's output).
     kernel_constraint, bias_constraint: as in tf_keras.
+    num_key_value_heads: h_kv, the heads P_k and P_v project to, shared
+      by groups of the key and value heads (grouped-query attention, as
+      `keras.layers.GroupQueryAttention`'s and Llama's); must divide
+      h. Defaults to h (none shared).
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries with recomputation in the backward pass (see
       `TalkingHeadsAttention`).

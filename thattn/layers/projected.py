@@ -20,6 +20,7 @@ all queries at once or in query chunks (`query_chunk_size`), with
 TensorFlow ops or the fused talking-heads kernel (`fused_kernel`).
 """
 
+import tensorflow as tf
 import tf_keras
 
 from thattn.core import attention_spec
@@ -41,6 +42,13 @@ class ProjectedAttention(base.AttentionLayer):
     K[m, h_k, d_k] = einsum(M[m, d_M], P_k[d_M, h_k, d_k])
     V[m, h_v, d_v] = einsum(M[m, d_M], P_v[d_M, h_v, d_v])
     J[h_k, n, m]   = einsum(Q[n, h_k, d_k], K[m, h_k, d_k])
+
+  With `num_key_value_heads=h_kv` (grouped-query attention), P_k and P_v
+  project to h_kv heads, P_k[d_M, h_kv, d_k] and P_v[d_M, h_kv, d_v] (what
+  a decoding cache then holds), and each is repeated before J: key head i
+  reads K head i // (h_k / h_kv), value head j V head j // (h_v / h_kv).
+  The rest is unchanged::
+
     L[h, n, m]     = mix_logits(J)
     W[h, n, m]     = softmax(L + bias, masked, reduced_dim=m)   # float32
     U[h_v, n, m]   = dropout(mix_weights(W))
@@ -57,7 +65,7 @@ class ProjectedAttention(base.AttentionLayer):
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
-               query_chunk_size=None, **kwargs):
+               query_chunk_size=None, num_key_value_heads=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -71,6 +79,9 @@ class ProjectedAttention(base.AttentionLayer):
     self.bias_initializer = tf_keras.initializers.get(bias_initializer)
     self.query_chunk_size = validation.positive_int(
         "query_chunk_size", query_chunk_size, optional=True)
+    self.num_key_value_heads = attention_spec.checked_key_value_heads(
+        self.name, num_key_value_heads, self.num_key_heads,
+        self.num_value_heads)
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -95,6 +106,9 @@ class ProjectedAttention(base.AttentionLayer):
   def create_weights(self, query_width, key_width, value_width):
     h_k, h_v = self.num_key_heads, self.num_value_heads
     d_k, d_v = self.key_dim, self.value_dim
+    # The heads P_k and P_v project to: h_kv of them where shared.
+    key_heads = self.num_key_value_heads or h_k
+    value_heads = self.num_key_value_heads or h_v
     output_dim = self.output_dim or query_width
     query_init = initializers.ScaledInitializer(self.kernel_initializer,
                                                 d_k ** -0.5)
@@ -105,12 +119,14 @@ class ProjectedAttention(base.AttentionLayer):
         attention_spec.PROJECTION_AXES["query"])
     self._key_dense = self.add_axes_sublayer(
         self._einsum_dense("key", attention_spec.KEY_PROJECTION,
-                           (None, h_k, d_k), "ik", self.kernel_initializer),
+                           (None, key_heads, d_k), "ik",
+                           self.kernel_initializer),
         [None, None, key_width],
         attention_spec.PROJECTION_AXES["key"])
     self._value_dense = self.add_axes_sublayer(
         self._einsum_dense("value", attention_spec.VALUE_PROJECTION,
-                           (None, h_v, d_v), "jv", self.kernel_initializer),
+                           (None, value_heads, d_v), "jv",
+                           self.kernel_initializer),
         [None, None, value_width],
         attention_spec.PROJECTION_AXES["value"])
     self._output_dense = self.add_axes_sublayer(
@@ -130,6 +146,15 @@ class ProjectedAttention(base.AttentionLayer):
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  key=key, value=value))
     return state
+
+  def repeat_shared_heads(self, memory_state):
+    if self.num_key_value_heads is None:
+      return memory_state
+    return dict(memory_state, **{
+        name: tf.repeat(memory_state[name],
+                        heads // self.num_key_value_heads, axis=2)
+        for name, heads in (("key", self.num_key_heads),
+                            ("value", self.num_value_heads))})
 
   def project_output(self, context):
     return self._output_dense(context)
@@ -185,4 +210,8 @@ class ProjectedAttention(base.AttentionLayer):
                 value_dim=self.value_dim, use_bias=self.use_bias,
                 bias_initializer=tf_keras.initializers.serialize(
                     self.bias_initializer),
-                query_chunk_size=self.query_chunk_size)
+                query_chunk_size=self.query_chunk_size,
+                # Only where set, so that other layers' configs are as they
+                # were (and load in an earlier thattn).
+                **({} if self.num_key_value_heads is None else
+                   {"num_key_value_heads": self.num_key_value_heads}))

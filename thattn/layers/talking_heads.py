@@ -69,6 +69,10 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
     value_dim: d_v; defaults to key_dim.
     num_key_heads: h_k, heads of the queries and keys; defaults to h.
     num_value_heads: h_v, heads of the values; defaults to h.
+    num_key_value_heads: h_kv, the heads P_k and P_v project to, shared
+      by groups of the key and value heads (grouped-query attention, as
+      `keras.layers.GroupQueryAttention`'s and Llama's); must divide
+      h_k and h_v. Defaults to h_k for K and h_v for V (none shared).
     project_logits: learn P_l[h_k, h]. False needs h_k == h.
     project_weights: learn P_w[h, h_v]. False needs h == h_v.
       With both False the layer is multi-head attention.
