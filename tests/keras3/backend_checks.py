@@ -383,3 +383,33 @@ def test_talking_heads_over_shared_key_value_heads_is_the_paper():
   assert config["num_key_value_heads"] == 2
   assert keras3.TalkingHeadsAttention.from_config(
       config).num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("make", [
+    lambda: keras3.MultiHeadAttention(4, 8, num_key_value_heads=2,
+                                      rotary_base=10000.0, rotary_pct=0.5),
+    lambda: keras3.TalkingHeadsAttention(
+        3, 8, num_key_heads=4, num_value_heads=2, rotary_base=500000.0,
+        rotary_scaling={"factor": 8.0}),
+], ids=["multi_head_partial", "talking_heads_llama3"])
+def test_rotary_attention_decodes_each_step_at_its_position(make):
+  """Queries and keys turn by position (tests/layers/rotary_attention_test
+  holds the tf_keras layer against transformers' Llama attention, and
+  tf_keras_transfer_checks.py this front's equal to it): cached steps,
+  two a call, equal the whole causal pass, and the config round trips."""
+  layer = make()
+  x = RNG.normal(size=(2, 6, 16)).astype("float32")
+  whole = _numpy(layer(x, x, use_causal_mask=True))
+  cache = layer.initial_cache(2, 6)
+  steps = []
+  for t in range(0, 6, 2):
+    y, cache = layer(x[:, t:t + 2], x[:, t:t + 2], cache=cache,
+                     decode_step=t)
+    steps.append(_numpy(y))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
+                             atol=1e-5)
+  again = type(layer).from_config(layer.get_config())
+  again(x, x)
+  again.set_weights(layer.get_weights())
+  np.testing.assert_allclose(_numpy(again(x, x, use_causal_mask=True)),
+                             whole, rtol=1e-6, atol=1e-6)

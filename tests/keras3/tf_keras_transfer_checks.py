@@ -32,6 +32,10 @@ PAIRS = {
     "shared_key_value_heads": lambda module: module.TalkingHeadsAttention(
         3, 4, num_key_heads=4, num_value_heads=6, num_key_value_heads=2,
         use_bias=True, bias_initializer="random_normal"),
+    # Rotary positions with Llama 3's scaling, over shared heads.
+    "rotary": lambda module: module.MultiHeadAttention(
+        4, 4, num_key_value_heads=2, rotary_base=500000.0,
+        rotary_scaling={"factor": 8.0, "original_max_position_embeddings": 4}),
 }
 
 

@@ -101,6 +101,14 @@ class AttentionLayer(keras.layers.Layer):
   def project_memory(self, key, value):
     raise NotImplementedError
 
+  def with_positions(self, state, offset):
+    """A query or memory state with its positions applied, those of its
+    rows being offset + [0, length) (a decoding step's offset; a cache
+    holds the memory so): the same here; layers with rotary position
+    embeddings turn the queries and keys."""
+    del offset  # no positions here
+    return state
+
   def repeat_shared_heads(self, memory_state):
     """The memory state `attend` reads, from the one `project_memory` made
     (and a decoding cache holds): the same here; layers whose K and V heads
@@ -277,7 +285,8 @@ class AttentionLayer(keras.layers.Layer):
   def memory_cache(self, value, key=None):
     """The projected memory for cross-attention decoding, computed once."""
     key = value if key is None else key
-    return self.project_memory(self._cast(key), self._cast(value))
+    return self.with_positions(
+        self.project_memory(self._cast(key), self._cast(value)), 0)
 
   # ---- call ---------------------------------------------------------------
   def call(self, query, value=None, key=None, attention_mask=None,
@@ -293,18 +302,20 @@ class AttentionLayer(keras.layers.Layer):
     key = value if key is None else self._cast(key)
     self._check_inputs(query, key, value)
     gate = None if self._gate_dense is None else self._gate_dense(query)
-    query_state = self.project_query(query)
-    query_offset = 0
+    decoding = cache is not None and decode_step is not None
+    query_offset = decode_step if decoding else 0
+    query_state = self.with_positions(self.project_query(query),
+                                      query_offset)
     if cache is None:
-      memory_state = self.project_memory(key, value)
+      memory_state = self.with_positions(self.project_memory(key, value), 0)
     elif decode_step is None:
       memory_state = cache  # cross-attention: the memory was projected once
       value_mask = key_mask = None
     else:
-      new_state = self.project_memory(key, value)
+      new_state = self.with_positions(self.project_memory(key, value),
+                                      decode_step)
       memory_state = {name: attention_math.write_positions(
           cache[name], new_state[name], decode_step) for name in cache}
-      query_offset = decode_step
       use_causal_mask = True  # later cache slots are still empty
       value_mask = key_mask = None
     window = masks.positions_band(

@@ -90,6 +90,10 @@ def to_keras(layer):
         f"{layer.name}: num_key_value_heads={layer.num_key_value_heads} "
         "shares key and value heads, which keras.layers.MultiHeadAttention "
         "has not (keras.layers.GroupQueryAttention computes it).")
+  if layer.rotary_base is not None:
+    raise ValueError(
+        f"{layer.name}: rotary_base={layer.rotary_base} turns queries and "
+        "keys by position, which keras.layers.MultiHeadAttention does not.")
   result = keras.layers.MultiHeadAttention(
       layer.num_heads, layer.key_dim, value_dim=layer.value_dim,
       dropout=layer.dropout, use_bias=layer.use_bias,

@@ -17,6 +17,8 @@ With `num_key_value_heads=h_kv` (grouped-query attention), P_k and P_v
 project to h_kv heads (what a decoding cache then holds), and each is
 repeated before J, as `keras.layers.GroupQueryAttention` repeats them: key
 head i reads K head i // (h_k / h_kv), value head j V head j // (h_v / h_kv).
+With `rotary_base`, Q and K are turned by position before J (rotary position
+embeddings, `thattn.ops.rotary`; a cache holds the turned K).
 
 Multi-head attention is the case without P_l and P_w (h_k = h = h_v). The
 1/sqrt(d_k) of scaled dot products is folded into P_q's initializer, never
@@ -37,6 +39,7 @@ from thattn.keras3 import base
 from thattn.keras3 import flash
 from thattn.keras3 import fused
 from thattn.keras3 import initializers
+from thattn.ops import rotary
 
 
 class ProjectedAttention(base.AttentionLayer):
@@ -54,7 +57,8 @@ class ProjectedAttention(base.AttentionLayer):
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
-               num_key_value_heads=None, **kwargs):
+               num_key_value_heads=None, rotary_base=None, rotary_pct=1.0,
+               rotary_scaling=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -69,6 +73,14 @@ class ProjectedAttention(base.AttentionLayer):
     self.num_key_value_heads = attention_spec.checked_key_value_heads(
         self.name, num_key_value_heads, self.num_key_heads,
         self.num_value_heads)
+    # theta[r] of the rotary position embeddings, or None (thattn.ops.
+    # rotary): the queries and keys turned by position before J.
+    self._rotary_frequencies = rotary.layer_frequencies(
+        self.name, self.key_dim, rotary_base, rotary_pct, rotary_scaling)
+    self.rotary_base = rotary_base
+    self.rotary_pct = rotary_pct
+    self.rotary_scaling = rotary.scaling_config(
+        rotary.llama3_scaling(rotary_scaling))
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -102,6 +114,14 @@ class ProjectedAttention(base.AttentionLayer):
 
   def _bias_axes(self, axes):
     return axes if self.use_bias else None
+
+  def with_positions(self, state, offset):
+    if self._rotary_frequencies is None:
+      return state
+    return dict(state, **{
+        name: rotary.apply(ops, state[name], rotary.positions_from(
+            ops, state[name], offset), self._rotary_frequencies)
+        for name in ("query", "key") if name in state})
 
   def repeat_shared_heads(self, memory_state):
     if self.num_key_value_heads is None:
@@ -213,7 +233,11 @@ class ProjectedAttention(base.AttentionLayer):
                     self.bias_initializer),
                 # Only where set, as in thattn.layers.
                 **({} if self.num_key_value_heads is None else
-                   {"num_key_value_heads": self.num_key_value_heads}))
+                   {"num_key_value_heads": self.num_key_value_heads}),
+                **({} if self.rotary_base is None else
+                   {"rotary_base": self.rotary_base,
+                    "rotary_pct": self.rotary_pct,
+                    "rotary_scaling": self.rotary_scaling}))
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -250,6 +274,17 @@ class MultiHeadAttention(ProjectedAttention):
       by groups of the key and value heads (grouped-query attention, as
       `keras.layers.GroupQueryAttention`'s and Llama's); must divide
       h. Defaults to h (none shared).
+    rotary_base: turns on rotary position embeddings (RoFormer; Llama's
+      and GPT-NeoX's): Q and K turned by position before the logits, the
+      queries at offset + [0, n) (a decoding step's offset), the keys at
+      [0, m), with frequencies base^(-2r / rotated) (10000.0 in RoFormer
+      and GPT-NeoX, 500000.0 in Llama 3; `thattn.ops.rotary`). None (the
+      default): no positions here.
+    rotary_pct: the leading fraction of each head that turns (GPT-NeoX's
+      rotary_pct; Pythia 0.25); 1.0 by default.
+    rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
+      of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
+      `rope_scaling` of rope_type "llama3" reads as is).
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
   """
 
@@ -338,6 +373,17 @@ class TalkingHeadsAttention(ProjectedAttention):
       by groups of the key and value heads (grouped-query attention, as
       `keras.layers.GroupQueryAttention`'s and Llama's); must divide
       h_k and h_v. Defaults to h_k for K and h_v for V (none shared).
+    rotary_base: turns on rotary position embeddings (RoFormer; Llama's
+      and GPT-NeoX's): Q and K turned by position before the logits, the
+      queries at offset + [0, n) (a decoding step's offset), the keys at
+      [0, m), with frequencies base^(-2r / rotated) (10000.0 in RoFormer
+      and GPT-NeoX, 500000.0 in Llama 3; `thattn.ops.rotary`). None (the
+      default): no positions here.
+    rotary_pct: the leading fraction of each head that turns (GPT-NeoX's
+      rotary_pct; Pythia 0.25); 1.0 by default.
+    rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
+      of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
+      `rope_scaling` of rope_type "llama3" reads as is).
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
     kernel_regularizer, bias_regularizer, activity_regularizer: as in
       Keras; the kernel regularizer also applies to P_l, P_w and the

@@ -59,6 +59,7 @@ class AttentionLayer(tf_keras.layers.Layer):
     create_weights(query_width, key_width, value_width)
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
+    with_positions(state, offset) -> the state, its Q or K turned by position
     repeat_shared_heads(memory_state) -> memory_state as `attend` reads it
     attend(query_state, memory_state, mask, position_bias, training,
            causal_offset, need_scores=True)
@@ -167,6 +168,14 @@ class AttentionLayer(tf_keras.layers.Layer):
 
   def project_memory(self, key, value):
     raise NotImplementedError
+
+  def with_positions(self, state, offset):
+    """A query or memory state with its positions applied, those of its
+    rows being offset + [0, length) (a decoding step's offset; a cache
+    holds the memory so): the same here; layers with rotary position
+    embeddings turn the queries and keys."""
+    del offset  # no positions here
+    return state
 
   def repeat_shared_heads(self, memory_state):
     """The memory state `attend` reads, from the one `project_memory` made
@@ -297,8 +306,9 @@ class AttentionLayer(tf_keras.layers.Layer):
     if self._build_shapes_json is None:
       raise ValueError(f"{self.name}: call or build the layer before asking "
                        "for a cache, so its query width is known.")
-    return self.project_memory(self._to_compute_dtype(key),
-                               self._to_compute_dtype(value))
+    return self.with_positions(
+        self.project_memory(self._to_compute_dtype(key),
+                            self._to_compute_dtype(value)), 0)
 
   # ---- call ----------------------------------------------------------------
   @autograph.unconverted
@@ -336,18 +346,20 @@ class AttentionLayer(tf_keras.layers.Layer):
     keras_arguments.check_lengths(self.name, query=query, key=key,
                                   value=value)
 
-    query_state = self.project_query(query)
-    query_offset = 0
+    decoding = cache is not None and decode_step is not None
+    query_offset = decode_step if decoding else 0
+    query_state = self.with_positions(self.project_query(query),
+                                      query_offset)
     if cache is None:
-      memory_state = self.project_memory(key, value)
+      memory_state = self.with_positions(self.project_memory(key, value), 0)
     elif decode_step is None:
       memory_state = cache  # cross-attention: the memory was projected once
     else:
-      new_state = self.project_memory(key, value)
+      new_state = self.with_positions(self.project_memory(key, value),
+                                      decode_step)
       memory_state = {name: _write_positions(cache[name], new_state[name],
                                              decode_step)
                       for name in cache}
-      query_offset = decode_step
       use_causal_mask = True  # later cache slots are still empty
     memory_length = tf.shape(next(iter(memory_state.values())))[1]
 

@@ -166,6 +166,11 @@ def to_keras(layer, **kwargs):
         f"{layer.name}: num_key_value_heads={layer.num_key_value_heads} "
         "shares key and value heads, which neither tf_keras's "
         "MultiHeadAttention nor Model Garden's TalkingHeadsAttention has.")
+  if layer.rotary_base is not None:
+    raise ValueError(
+        f"{layer.name}: rotary_base={layer.rotary_base} turns queries and "
+        "keys by position, which neither tf_keras's MultiHeadAttention nor "
+        "Model Garden's TalkingHeadsAttention does.")
   target_class, mixing = _keras_counterpart(layer)
   config = layer.get_config()
   arguments = {name: config[name] for name in _SHARED_ARGUMENTS}

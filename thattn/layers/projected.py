@@ -30,6 +30,8 @@ from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import core
 from thattn.layers import initializers
+from thattn.ops import rotary
+from thattn.ops import tf_ops
 
 
 class ProjectedAttention(base.AttentionLayer):
@@ -47,6 +49,8 @@ class ProjectedAttention(base.AttentionLayer):
   project to h_kv heads, P_k[d_M, h_kv, d_k] and P_v[d_M, h_kv, d_v] (what
   a decoding cache then holds), and each is repeated before J: key head i
   reads K head i // (h_k / h_kv), value head j V head j // (h_v / h_kv).
+  With `rotary_base`, Q and K are turned by position before J (rotary
+  position embeddings, `thattn.ops.rotary`; a cache holds the turned K).
   The rest is unchanged::
 
     L[h, n, m]     = mix_logits(J)
@@ -65,7 +69,9 @@ class ProjectedAttention(base.AttentionLayer):
 
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
-               query_chunk_size=None, num_key_value_heads=None, **kwargs):
+               query_chunk_size=None, num_key_value_heads=None,
+               rotary_base=None, rotary_pct=1.0, rotary_scaling=None,
+               **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -82,6 +88,14 @@ class ProjectedAttention(base.AttentionLayer):
     self.num_key_value_heads = attention_spec.checked_key_value_heads(
         self.name, num_key_value_heads, self.num_key_heads,
         self.num_value_heads)
+    # theta[r] of the rotary position embeddings, or None (thattn.ops.
+    # rotary): the queries and keys turned by position before J.
+    self._rotary_frequencies = rotary.layer_frequencies(
+        self.name, self.key_dim, rotary_base, rotary_pct, rotary_scaling)
+    self.rotary_base = rotary_base
+    self.rotary_pct = rotary_pct
+    self.rotary_scaling = rotary.scaling_config(
+        rotary.llama3_scaling(rotary_scaling))
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -146,6 +160,14 @@ class ProjectedAttention(base.AttentionLayer):
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  key=key, value=value))
     return state
+
+  def with_positions(self, state, offset):
+    if self._rotary_frequencies is None:
+      return state
+    return dict(state, **{
+        name: rotary.apply(tf_ops.TF_OPS, state[name], rotary.positions_from(
+            tf_ops.TF_OPS, state[name], offset), self._rotary_frequencies)
+        for name in ("query", "key") if name in state})
 
   def repeat_shared_heads(self, memory_state):
     if self.num_key_value_heads is None:
@@ -214,4 +236,8 @@ class ProjectedAttention(base.AttentionLayer):
                 # Only where set, so that other layers' configs are as they
                 # were (and load in an earlier thattn).
                 **({} if self.num_key_value_heads is None else
-                   {"num_key_value_heads": self.num_key_value_heads}))
+                   {"num_key_value_heads": self.num_key_value_heads}),
+                **({} if self.rotary_base is None else
+                   {"rotary_base": self.rotary_base,
+                    "rotary_pct": self.rotary_pct,
+                    "rotary_scaling": self.rotary_scaling}))

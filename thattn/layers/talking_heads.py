@@ -73,6 +73,17 @@ class TalkingHeadsAttention(projected.ProjectedAttention):
       by groups of the key and value heads (grouped-query attention, as
       `keras.layers.GroupQueryAttention`'s and Llama's); must divide
       h_k and h_v. Defaults to h_k for K and h_v for V (none shared).
+    rotary_base: turns on rotary position embeddings (RoFormer; Llama's
+      and GPT-NeoX's): Q and K turned by position before the logits, the
+      queries at offset + [0, n) (a decoding step's offset), the keys at
+      [0, m), with frequencies base^(-2r / rotated) (10000.0 in RoFormer
+      and GPT-NeoX, 500000.0 in Llama 3; `thattn.ops.rotary`). None (the
+      default): no positions here.
+    rotary_pct: the leading fraction of each head that turns (GPT-NeoX's
+      rotary_pct; Pythia 0.25); 1.0 by default.
+    rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
+      of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
+      `rope_scaling` of rope_type "llama3" reads as is).
     project_logits: learn P_l[h_k, h]. False needs h_k == h.
     project_weights: learn P_w[h, h_v]. False needs h == h_v.
       With both False the layer is multi-head attention.

@@ -64,6 +64,33 @@ class Llama3Scaling:
                             owner=owner)
 
 
+def llama3_scaling(config):
+  """A `Llama3Scaling` from its fields as a dict (a layer's config, a
+  Hugging Face `rope_scaling` with "rope_type": "llama3"); None stays
+  None. Other rope types and unknown fields are refused by name."""
+  if config is None or isinstance(config, Llama3Scaling):
+    return config
+  if not isinstance(config, dict):
+    raise ValueError(f"rotary: rotary_scaling={config!r}; expected None or "
+                     "a dict of Llama3Scaling's fields.")
+  fields = dict(config)
+  rope_type = fields.pop("rope_type", "llama3")
+  if rope_type != "llama3":
+    raise ValueError(f"rotary: rope_type={rope_type!r} is not supported; "
+                     "thattn has the \"llama3\" scaling only.")
+  known = {field.name for field in dataclasses.fields(Llama3Scaling)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f"rotary: rotary_scaling has {unknown}; expected only "
+                     f"{sorted(known)} (and rope_type).")
+  return Llama3Scaling(**fields)
+
+
+def scaling_config(scaling):
+  """The dict `llama3_scaling` reads back: None or Llama3Scaling's fields."""
+  return None if scaling is None else dataclasses.asdict(scaling)
+
+
 def rotated_size(key_dim, rotary_pct=1.0):
   """How many leading entries of each head are rotated: int(d_k *
   rotary_pct), as GPT-NeoX truncates it; it must be even and positive."""
@@ -107,6 +134,32 @@ def frequencies(rotated, base=10000.0, scaling=None):
   between = (1 - smooth) * scaled / factor + smooth * scaled
   medium = ~(wavelength < original / high) & ~(wavelength > original / low)
   return np.where(medium, between, scaled).astype(np.float32)
+
+
+def layer_frequencies(owner, key_dim, base, rotary_pct=1.0, scaling=None):
+  """theta for an attention layer's `rotary_base`, `rotary_pct` and
+  `rotary_scaling` arguments (None: no rotary position embeddings, and
+  then the other two must keep their defaults)."""
+  if base is None:
+    given = {name: value for name, value in (("rotary_pct", rotary_pct),
+                                             ("rotary_scaling", scaling))
+             if value != {"rotary_pct": 1.0}.get(name)}
+    if given:
+      raise ValueError(
+          f"{owner}: " + ", ".join(f"{name}={value!r}" for name, value in
+                                   given.items())
+          + " needs rotary_base (the rotary embeddings' base, 10000.0 in "
+          "RoFormer and GPT-NeoX, 500000.0 in Llama 3).")
+    return None
+  return frequencies(rotated_size(key_dim, rotary_pct), base=base,
+                     scaling=llama3_scaling(scaling))
+
+
+def positions_from(ops, x, offset):
+  """int32 positions [b, n] of x [b, n, ...]'s rows: offset + [0, n)."""
+  rows = ops.zeros_like(x[:, :, 0, 0], dtype="int32")
+  return rows + ops.expand_dims(
+      ops.arange(ops.shape(x)[1], dtype="int32"), 0) + offset
 
 
 def apply(ops, x, positions, theta):

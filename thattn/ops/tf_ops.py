@@ -9,8 +9,8 @@ axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
 calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
 abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
-gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin and
-concatenate.
+gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
+concatenate, arange and shape.
 """
 
 import types
@@ -38,6 +38,18 @@ def _concatenate(xs, axis=0):
   return tf.concat(xs, axis=axis)
 
 
+def _zeros_like(x, dtype=None):
+  return tf.zeros_like(x, dtype=dtype)
+
+
+def _arange(stop, dtype=None):
+  return tf.range(stop, dtype=dtype)
+
+
+def _shape(x):
+  return tf.shape(x)
+
+
 def _gelu(x, approximate=True):  # keras.ops.gelu's default form
   return tf.nn.gelu(x, approximate=approximate)
 
@@ -49,5 +61,5 @@ TF_OPS = types.SimpleNamespace(
     matmul=tf.matmul, softmax=_softmax, sigmoid=tf.sigmoid, tanh=tf.tanh,
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
-    zeros_like=tf.zeros_like, relu=tf.nn.relu, gelu=_gelu, cos=tf.cos,
-    sin=tf.sin, concatenate=_concatenate)
+    zeros_like=_zeros_like, relu=tf.nn.relu, gelu=_gelu, cos=tf.cos,
+    sin=tf.sin, concatenate=_concatenate, arange=_arange, shape=_shape)
