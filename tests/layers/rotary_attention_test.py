@@ -1,9 +1,11 @@
 """Attention with rotary position embeddings (`rotary_base`, `rotary_pct`,
-`rotary_scaling`) in thattn.layers, against transformers' Llama attention.
+`rotary_scaling`) in thattn.layers, against transformers' Llama and
+GPT-NeoX attention.
 
 A Llama 3.2-style layer (32 query heads are too many for a test: 4 over 2
-KV heads, the `llama3` scaling) with transformers' weights gives
-transformers' output; queries and keys turn by position before the
+KV heads, the `llama3` scaling) and a Pythia-style one (a quarter of each
+head turned, biases) with transformers' weights give transformers'
+outputs; queries and keys turn by position before the
 logits, cached keys as they were written, so cached decoding equals the
 whole sequence; and talking heads takes the same rotations.
 """
@@ -140,3 +142,47 @@ def test_to_keras_refuses_rotary_positions():
   layer(tf.zeros([1, 3, 8]), tf.zeros([1, 3, 8]))
   with pytest.raises(ValueError, match="turns queries and keys by position"):
     layers.to_keras(layer)
+
+
+def test_a_pythia_layer_gives_transformers_output():
+  """GPT-NeoX's attention: a quarter of each head turned, biases, the
+  fused query_key_value rows laid out [heads, 3, d_k]."""
+  from transformers.models.gpt_neox import modeling_gpt_neox  # pylint: disable=g-import-not-at-top
+  config = transformers.GPTNeoXConfig(
+      hidden_size=WIDTH, num_attention_heads=2, max_position_embeddings=64,
+      attention_bias=True,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                       "partial_rotary_factor": 0.25})
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  torch.manual_seed(1)
+  attention = modeling_gpt_neox.GPTNeoXAttention(config, layer_idx=0).eval()
+  for weight in attention.parameters():
+    torch.nn.init.normal_(weight, std=0.3)
+  heads, head_dim = 2, WIDTH // 2
+  layer = layers.MultiHeadAttention(heads, head_dim, use_bias=True,
+                                    rotary_base=10000.0, rotary_pct=0.25)
+  probe = tf.zeros([1, 2, WIDTH])
+  layer(probe, probe)
+  fused = attention.query_key_value
+  kernel = fused.weight.detach().numpy().T.reshape(WIDTH, heads, 3, head_dim)
+  bias = fused.bias.detach().numpy().reshape(heads, 3, head_dim)
+  scale = head_dim ** -0.5
+  values = {"query/kernel": kernel[:, :, 0] * scale,
+            "query/bias": bias[:, 0] * scale,
+            "key/kernel": kernel[:, :, 1], "key/bias": bias[:, 1],
+            "value/kernel": kernel[:, :, 2], "value/bias": bias[:, 2],
+            "output/kernel": attention.dense.weight.detach().numpy().T.reshape(
+                heads, head_dim, WIDTH),
+            "output/bias": attention.dense.bias.detach().numpy()}
+  for weight in layer.weights:
+    weight.assign(values["/".join(weight.name.split(":")[0].split("/")[-2:])])
+  x = np.random.default_rng(3).normal(size=(2, 6, WIDTH)).astype(np.float32)
+  hidden = torch.from_numpy(x)
+  rotary_embedding = modeling_gpt_neox.GPTNeoXRotaryEmbedding(config)
+  causal = torch.full((6, 6), torch.finfo(torch.float32).min).triu(1)
+  with torch.no_grad():
+    want = attention(hidden, causal[None, None], position_embeddings=(
+        rotary_embedding(hidden, torch.arange(6)[None].repeat(2, 1))))[0]
+  got = layer(tf.constant(x), tf.constant(x), use_causal_mask=True).numpy()
+  np.testing.assert_allclose(got, want.numpy(), rtol=0,
+                             atol=2e-5 * np.abs(want.numpy()).max())
