@@ -359,8 +359,25 @@ def test_grouped_query_attention_equals_keras_group_query_attention():
     steps.append(_numpy(y))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
                              atol=1e-5)
-  with pytest.raises(ValueError, match="keras.layers.GroupQueryAttention"):
-    keras3.to_keras(ours)
+  # from_keras and to_keras carry a GroupQueryAttention's weights, with
+  # its biases and gate, both ways.
+  gated = keras.layers.GroupQueryAttention(
+      head_dim=4, num_query_heads=6, num_key_value_heads=3, use_gate=True,
+      bias_initializer="random_normal")
+  want = _numpy(gated(x, memory, use_causal_mask=True))
+  converted = keras3.from_keras(gated)
+  assert converted.num_key_value_heads == 3 and converted.use_gate
+  np.testing.assert_allclose(
+      _numpy(converted(x, memory, use_causal_mask=True)), want, rtol=1e-5,
+      atol=1e-5)
+  back = keras3.to_keras(converted)
+  assert isinstance(back, keras.layers.GroupQueryAttention)
+  np.testing.assert_allclose(_numpy(back(x, memory, use_causal_mask=True)),
+                             want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="one head_dim"):
+    odd = keras3.MultiHeadAttention(6, 4, value_dim=2, num_key_value_heads=2)
+    odd(x, memory)
+    keras3.to_keras(odd)
 
 
 def test_talking_heads_over_shared_key_value_heads_is_the_paper():
