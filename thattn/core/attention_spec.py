@@ -311,6 +311,19 @@ def talking_heads_config(layer):
   }
 
 
+def shared_heads_and_rotary_config(layer):
+  """`num_key_value_heads` and the rotary arguments of a projected layer's
+  config, as both front ends write them: only those set, so that other
+  layers' configs stay as they were (and load in an earlier thattn)."""
+  config = {}
+  if layer.num_key_value_heads is not None:
+    config["num_key_value_heads"] = layer.num_key_value_heads
+  if layer.rotary_base is not None:
+    config.update(rotary_base=layer.rotary_base, rotary_pct=layer.rotary_pct,
+                  rotary_scaling=layer.rotary_scaling)
+  return config
+
+
 class MixingShapes:
   """Shapes, logical axes and fan-in of the P_l-like and P_w-like weights.
 

@@ -231,13 +231,7 @@ class ProjectedAttention(base.AttentionLayer):
                 value_dim=self.value_dim, use_bias=self.use_bias,
                 bias_initializer=keras.saving.serialize_keras_object(
                     self.bias_initializer),
-                # Only where set, as in thattn.layers.
-                **({} if self.num_key_value_heads is None else
-                   {"num_key_value_heads": self.num_key_value_heads}),
-                **({} if self.rotary_base is None else
-                   {"rotary_base": self.rotary_base,
-                    "rotary_pct": self.rotary_pct,
-                    "rotary_scaling": self.rotary_scaling}))
+                **attention_spec.shared_heads_and_rotary_config(self))
 
 
 @keras.saving.register_keras_serializable(package="thattn")

@@ -233,11 +233,4 @@ class ProjectedAttention(base.AttentionLayer):
                 bias_initializer=tf_keras.initializers.serialize(
                     self.bias_initializer),
                 query_chunk_size=self.query_chunk_size,
-                # Only where set, so that other layers' configs are as they
-                # were (and load in an earlier thattn).
-                **({} if self.num_key_value_heads is None else
-                   {"num_key_value_heads": self.num_key_value_heads}),
-                **({} if self.rotary_base is None else
-                   {"rotary_base": self.rotary_base,
-                    "rotary_pct": self.rotary_pct,
-                    "rotary_scaling": self.rotary_scaling}))
+                **attention_spec.shared_heads_and_rotary_config(self))
