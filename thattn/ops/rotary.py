@@ -141,15 +141,16 @@ def layer_frequencies(owner, key_dim, base, rotary_pct=1.0, scaling=None):
   `rotary_scaling` arguments (None: no rotary position embeddings, and
   then the other two must keep their defaults)."""
   if base is None:
-    given = {name: value for name, value in (("rotary_pct", rotary_pct),
-                                             ("rotary_scaling", scaling))
-             if value != {"rotary_pct": 1.0}.get(name)}
+    given = []
+    if rotary_pct != 1.0:
+      given.append(f"rotary_pct={rotary_pct!r}")
+    if scaling is not None:
+      given.append(f"rotary_scaling={scaling!r}")
     if given:
       raise ValueError(
-          f"{owner}: " + ", ".join(f"{name}={value!r}" for name, value in
-                                   given.items())
-          + " needs rotary_base (the rotary embeddings' base, 10000.0 in "
-          "RoFormer and GPT-NeoX, 500000.0 in Llama 3).")
+          f"{owner}: {', '.join(given)} needs rotary_base (the rotary "
+          "embeddings' base, 10000.0 in RoFormer and GPT-NeoX, 500000.0 in "
+          "Llama 3).")
     return None
   return frequencies(rotated_size(key_dim, rotary_pct), base=base,
                      scaling=llama3_scaling(scaling))
@@ -159,7 +160,8 @@ def positions_from(ops, x, offset):
   """int32 positions [b, n] of x [b, n, ...]'s rows: offset + [0, n)."""
   rows = ops.zeros_like(x[:, :, 0, 0], dtype="int32")
   return rows + ops.expand_dims(
-      ops.arange(ops.shape(x)[1], dtype="int32"), 0) + offset
+      ops.arange(ops.shape(x)[1], dtype="int32"), 0) + ops.cast(offset,
+                                                                "int32")
 
 
 def apply(ops, x, positions, theta):
