@@ -374,9 +374,9 @@ def test_grouped_query_attention_equals_keras_group_query_attention():
   assert isinstance(back, keras.layers.GroupQueryAttention)
   np.testing.assert_allclose(_numpy(back(x, memory, use_causal_mask=True)),
                              want, rtol=1e-5, atol=1e-5)
+  odd = keras3.MultiHeadAttention(6, 4, value_dim=2, num_key_value_heads=2)
+  odd(x, memory)
   with pytest.raises(ValueError, match="one head_dim"):
-    odd = keras3.MultiHeadAttention(6, 4, value_dim=2, num_key_value_heads=2)
-    odd(x, memory)
     keras3.to_keras(odd)
 
 

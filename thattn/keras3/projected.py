@@ -75,12 +75,12 @@ class ProjectedAttention(base.AttentionLayer):
         self.num_value_heads)
     # theta[r] of the rotary position embeddings, or None (thattn.ops.
     # rotary): the queries and keys turned by position before J.
+    scaling = rotary.llama3_scaling(rotary_scaling)
     self._rotary_frequencies = rotary.layer_frequencies(
-        self.name, self.key_dim, rotary_base, rotary_pct, rotary_scaling)
+        self.name, self.key_dim, rotary_base, rotary_pct, scaling)
     self.rotary_base = rotary_base
     self.rotary_pct = rotary_pct
-    self.rotary_scaling = rotary.scaling_config(
-        rotary.llama3_scaling(rotary_scaling))
+    self.rotary_scaling = rotary.scaling_config(scaling)  # as configs hold it
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -269,11 +269,11 @@ class MultiHeadAttention(ProjectedAttention):
       `keras.layers.GroupQueryAttention`'s and Llama's); must divide
       h. Defaults to h (none shared).
     rotary_base: turns on rotary position embeddings (RoFormer; Llama's
-      and GPT-NeoX's): Q and K turned by position before the logits, the
-      queries at offset + [0, n) (a decoding step's offset), the keys at
-      [0, m), with frequencies base^(-2r / rotated) (10000.0 in RoFormer
-      and GPT-NeoX, 500000.0 in Llama 3; `thattn.ops.rotary`). None (the
-      default): no positions here.
+      and GPT-NeoX's): Q and K turned by position before the logits, a
+      call's rows at [0, n) and [0, m), or from the decoding step on (the
+      cache keeps the turned keys), with frequencies base^(-2r / rotated)
+      (10000.0 in RoFormer and GPT-NeoX, 500000.0 in Llama 3;
+      `thattn.ops.rotary`). None (the default): no positions here.
     rotary_pct: the leading fraction of each head that turns (GPT-NeoX's
       rotary_pct; Pythia 0.25); 1.0 by default.
     rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
@@ -368,11 +368,11 @@ class TalkingHeadsAttention(ProjectedAttention):
       `keras.layers.GroupQueryAttention`'s and Llama's); must divide
       h_k and h_v. Defaults to h_k for K and h_v for V (none shared).
     rotary_base: turns on rotary position embeddings (RoFormer; Llama's
-      and GPT-NeoX's): Q and K turned by position before the logits, the
-      queries at offset + [0, n) (a decoding step's offset), the keys at
-      [0, m), with frequencies base^(-2r / rotated) (10000.0 in RoFormer
-      and GPT-NeoX, 500000.0 in Llama 3; `thattn.ops.rotary`). None (the
-      default): no positions here.
+      and GPT-NeoX's): Q and K turned by position before the logits, a
+      call's rows at [0, n) and [0, m), or from the decoding step on (the
+      cache keeps the turned keys), with frequencies base^(-2r / rotated)
+      (10000.0 in RoFormer and GPT-NeoX, 500000.0 in Llama 3;
+      `thattn.ops.rotary`). None (the default): no positions here.
     rotary_pct: the leading fraction of each head that turns (GPT-NeoX's
       rotary_pct; Pythia 0.25); 1.0 by default.
     rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict

@@ -90,12 +90,12 @@ class ProjectedAttention(base.AttentionLayer):
         self.num_value_heads)
     # theta[r] of the rotary position embeddings, or None (thattn.ops.
     # rotary): the queries and keys turned by position before J.
+    scaling = rotary.llama3_scaling(rotary_scaling)
     self._rotary_frequencies = rotary.layer_frequencies(
-        self.name, self.key_dim, rotary_base, rotary_pct, rotary_scaling)
+        self.name, self.key_dim, rotary_base, rotary_pct, scaling)
     self.rotary_base = rotary_base
     self.rotary_pct = rotary_pct
-    self.rotary_scaling = rotary.scaling_config(
-        rotary.llama3_scaling(rotary_scaling))
+    self.rotary_scaling = rotary.scaling_config(scaling)  # as configs hold it
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None

@@ -138,8 +138,9 @@ def frequencies(rotated, base=10000.0, scaling=None):
 
 def layer_frequencies(owner, key_dim, base, rotary_pct=1.0, scaling=None):
   """theta for an attention layer's `rotary_base`, `rotary_pct` and
-  `rotary_scaling` arguments (None: no rotary position embeddings, and
-  then the other two must keep their defaults)."""
+  `rotary_scaling` arguments, the last as `llama3_scaling` read it (base
+  None: no rotary position embeddings, and then the other two must keep
+  their defaults)."""
   if base is None:
     given = []
     if rotary_pct != 1.0:
@@ -153,7 +154,7 @@ def layer_frequencies(owner, key_dim, base, rotary_pct=1.0, scaling=None):
           "Llama 3).")
     return None
   return frequencies(rotated_size(key_dim, rotary_pct), base=base,
-                     scaling=llama3_scaling(scaling))
+                     scaling=scaling)
 
 
 def positions_from(ops, x, offset):
