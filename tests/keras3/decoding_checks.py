@@ -7,7 +7,8 @@ case, a tf_keras T5's weights, encoder inputs and its greedy decode
 (`thattn.models.generate`). Each check builds the Keras 3 model of the same
 preset, sets those weights and decodes with `thattn.keras3.models.
 generation.T5Generator`: the same tokens, and scores within float32
-rounding.
+rounding. The decoder-only LMs' cached decoding (`run_decoder` with the
+caches) equals their whole pass on the backend.
 """
 
 import os
@@ -61,3 +62,27 @@ def test_a_model_without_an_encoder_is_refused_by_name():
   model = models.create_model("t5_tiny", stacks="decoder")
   with pytest.raises(ValueError, match="encoder and a decoder"):
     generation.T5Generator(model, max_length=3)
+
+
+@pytest.mark.parametrize("preset", ["lm_tiny", "gpt2_tiny", "pythia_tiny"])
+def test_a_decoder_lm_decodes_with_its_caches_as_the_whole_pass(preset):
+  """Two tokens a call at their offsets: the learned or rotary positions
+  and the shared key and value heads read the caches as the whole pass
+  reads the sequence."""
+  from thattn.models import wiring  # pylint: disable=g-import-not-at-top
+  model = models.create_model(preset, attention="talking_heads")
+  rng = np.random.default_rng(0)
+  model.set_weights([rng.normal(0.0, 0.3, w.shape).astype("float32")
+                     for w in model.get_weights()])
+  tokens = rng.integers(0, 128, size=(2, 6)).astype("int32")
+  whole = ops.convert_to_numpy(model({"decoder_input_tokens": tokens}))
+  parts = wiring.decoder_layers(model)
+  caches = [block.initial_cache(2, 6) for block in parts.blocks]
+  steps = []
+  for step in range(0, 6, 2):
+    logits, caches = wiring.run_decoder(
+        parts, tokens[:, step:step + 2], None, None, training=False,
+        caches=caches, decode_step=step, max_length=6)
+    steps.append(ops.convert_to_numpy(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=0,
+                             atol=1e-5 * np.abs(whole).max())

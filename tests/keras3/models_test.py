@@ -1,4 +1,5 @@
-"""BERT, ALBERT and T5 in Keras 3 hold the tf_keras models' weights.
+"""BERT, ALBERT, T5 and the decoder-only LMs in Keras 3 hold the tf_keras
+models' weights.
 
 For each preset family, with multi-head and talking-heads attention, a
 tf_keras model (thattn.models) with random weights is run here; each Keras
@@ -20,11 +21,18 @@ from tests.keras3.models_checks import DRAW_SEED
 from tests.keras3.models_checks import normalized_name
 
 CASES = {f"{preset}-{attention}": (preset, attention)
-         for preset in ("bert_tiny", "albert_tiny", "t5_tiny")
+         for preset in ("bert_tiny", "albert_tiny", "t5_tiny", "lm_tiny")
          for attention in ("multi_head", "talking_heads")}
+# The other decoder-only shapes: learned positions, and the parallel
+# residual with partial rotation.
+CASES.update({"gpt2_tiny-multi_head": ("gpt2_tiny", "multi_head"),
+              "pythia_tiny-talking_heads": ("pythia_tiny", "talking_heads")})
 
 
 def _inputs(preset, rng):
+  if preset in ("lm_tiny", "gpt2_tiny", "pythia_tiny"):
+    return {"decoder_input_tokens":
+                rng.integers(0, 128, size=(2, 7)).astype("int32")}
   if preset.startswith("t5"):
     encoder = rng.integers(2, 64, size=(2, 7)).astype("int32")
     encoder[1, 5:] = 0  # padding

@@ -13,7 +13,8 @@ def test_every_preset_cites_its_source_and_is_a_valid_config():
   assert len(models.PRESETS) > 40
   for name, preset in models.PRESETS.items():
     assert preset.source, name
-    assert isinstance(preset.config, (models.BertConfig, models.T5Config))
+    assert isinstance(preset.config, (models.BertConfig, models.T5Config,
+                                      models.DecoderConfig))
     # A frozen config re-validates as itself.
     assert dataclasses.replace(preset.config) == preset.config
 

@@ -1,4 +1,5 @@
-"""count_params() of the base presets equals the published parameter counts.
+"""count_params() of the base presets equals the published parameter counts
+(BERT, ALBERT, T5, and the decoder-only GPT-2, Pythia and Llama 3.2).
 
 Each published number is also derived here term by term (the `*_count`
 functions), so a mismatch shows which part of the architecture is off.
@@ -140,3 +141,79 @@ def test_fixed_head_size_preset_matches_bhojanapalli_table_3a():
   assert round((measured["total"] + masked_lm_head) / 1e6) == 214
   # P_q, P_k, P_v: [768, 8, 128] and biases; P_o: [8, 128, 768] and bias.
   assert measured["per_attention_layer"] == {4 * 768 * 1024 + 3 * 1024 + 768}
+
+
+# ---- decoder-only LMs -------------------------------------------------------
+# transformers 5.24's count of each released model (GPT2LMHeadModel,
+# GPTNeoXForCausalLM, LlamaForCausalLM built from its config.json on the
+# meta device; a tied table once).
+DECODER_PUBLISHED = {
+    "gpt2": 124_439_808,
+    "pythia_160m": 162_322_944,
+    "pythia_410m": 405_334_016,
+    "llama_3_2_1b": 1_235_814_400,
+}
+
+
+def decoder_count(vocab, d, d_ff, layers, heads, d_k, kv_heads=None,
+                  positions=0, biases=True, gated=False, norm_weights=2,
+                  tied=True):
+  """A decoder-only LM's parameters: the tables (tokens, learned positions,
+  an untied output), per layer P_q and P_o over h heads and P_k and P_v
+  over h_kv, the feed-forward network, two norms (LayerNorm: scale and
+  bias, `norm_weights`=2; RMSNorm: 1), and the final norm."""
+  kv_heads = kv_heads or heads
+  attention = 2 * d * heads * d_k + 2 * d * kv_heads * d_k
+  if biases:  # P_q's [h, d_k], P_k's and P_v's [h_kv, d_k], P_o's [d]
+    attention += heads * d_k + 2 * kv_heads * d_k + d
+  feed_forward = (3 if gated else 2) * d * d_ff
+  if biases:
+    feed_forward += d_ff + d
+  layer = attention + feed_forward + 2 * norm_weights * d
+  tables = vocab * d * (1 if tied else 2) + positions * d
+  return tables + layers * layer + norm_weights * d
+
+
+def test_the_decoder_derivations_give_the_published_numbers():
+  assert decoder_count(50257, 768, 3072, 12, 12, 64,
+                       positions=1024) == DECODER_PUBLISHED["gpt2"]
+  assert decoder_count(50304, 768, 3072, 12, 12, 64,
+                       tied=False) == DECODER_PUBLISHED["pythia_160m"]
+  assert decoder_count(50304, 1024, 4096, 24, 16, 64,
+                       tied=False) == DECODER_PUBLISHED["pythia_410m"]
+  assert decoder_count(128256, 2048, 8192, 16, 32, 64, kv_heads=8,
+                       biases=False, gated=True,
+                       norm_weights=1) == DECODER_PUBLISHED["llama_3_2_1b"]
+
+
+def _count(preset, **overrides):
+  model = models.create_model(preset, **overrides)
+  total = model.count_params()
+  del model
+  tf_keras.backend.clear_session()
+  gc.collect()
+  return total
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "pythia_160m"])
+def test_the_small_decoder_presets_have_the_published_count(preset):
+  assert _count(preset) == DECODER_PUBLISHED[preset]
+
+
+@pytest.mark.parametrize("preset, layers", [("pythia_410m", 24),
+                                            ("llama_3_2_1b", 16)])
+def test_the_large_decoder_presets_count_layer_by_layer(preset, layers):
+  """Built with one and with two of their layers (the whole tables, every
+  layer alike): what is fixed plus `layers` times one layer is the
+  published count, as a whole build would give it."""
+  one, two = _count(preset, num_layers=1), _count(preset, num_layers=2)
+  assert one + (layers - 1) * (two - one) == DECODER_PUBLISHED[preset]
+
+
+def test_talking_heads_on_llama_adds_two_h_squared_a_layer():
+  """P_l[h_k, h] and P_w[h, h_v] mix all 32 query heads, over the 8
+  shared key and value heads: 2 * 32^2 per layer."""
+  multi_head = _count("llama_3_2_1b", num_layers=1, vocab_size=8)
+  talking = _count("llama_3_2_1b", num_layers=1, vocab_size=8,
+                   attention="talking_heads")
+  assert talking - multi_head == 2 * 32 * 32

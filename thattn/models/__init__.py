@@ -1,4 +1,5 @@
-"""BERT, ALBERT and T5 builders, presets, T5 generation, the recall encoder.
+"""BERT, ALBERT, T5 and decoder-only LM builders, presets, T5 generation,
+the recall encoder.
 
 The names below load their module on first use (PEP 562), so importing
 `thattn.models.config` or `thattn.models.presets` (plain Python) imports
@@ -16,7 +17,7 @@ _EXPORTS = {
     "PreNormBlock": "blocks", "RMSNorm": "blocks",
     "apply_overrides": "config", "ATTENTION_TYPES": "config",
     "AttentionConfig": "config", "BertConfig": "config",
-    "T5Config": "config",
+    "T5Config": "config", "DecoderConfig": "config",
     "PaddingMask": "embeddings", "Pooler": "embeddings",
     "PositionEmbedding": "embeddings", "StackPositionBias": "embeddings",
     "TokenEmbedding": "embeddings",

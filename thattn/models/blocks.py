@@ -23,6 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 from thattn.core import dims
+from thattn.core import validation
 from thattn.layers import base
 from thattn.layers import initializers
 from thattn.ops import autograph
@@ -227,8 +228,8 @@ class PostNormBlock(tf_keras.layers.Layer):
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class PreNormBlock(tf_keras.layers.Layer):
-  """T5's Transformer layer: RMSNorm, sublayer, dropout, residual
-  (`thattn.ops.blocks.pre_norm_block`).
+  """T5's Transformer layer, and the decoder-only LMs': norm, sublayer,
+  dropout, residual (`thattn.ops.blocks.pre_norm_block`).
 
   Args:
     self_attention: an attention layer (any `thattn.layers` variant).
@@ -236,7 +237,11 @@ class PreNormBlock(tf_keras.layers.Layer):
     cross_attention: for decoder blocks, the attention over the encoder.
     causal: decoder self-attention, each position seeing only the past.
     dropout_rate: on every sublayer's output, before the residual add.
-    epsilon: of the RMSNorms.
+    epsilon: of the norms.
+    norm: "rms_norm" (T5, Llama) or "layer_norm" (LayerNorm with its bias:
+      GPT-2, GPT-NeoX), before each sublayer.
+    parallel_residual: GPT-NeoX's block, the feed-forward network reading
+      the block's input beside the attention (no cross-attention then).
 
   Call::
 
@@ -252,15 +257,28 @@ class PreNormBlock(tf_keras.layers.Layer):
   _SUBLAYERS = ("self_attention", "feed_forward", "cross_attention")
 
   def __init__(self, self_attention, feed_forward, cross_attention=None,
-               causal=False, dropout_rate=0.0, epsilon=1e-6, **kwargs):
+               causal=False, dropout_rate=0.0, epsilon=1e-6, norm="rms_norm",
+               parallel_residual=False, **kwargs):
     super().__init__(**kwargs)
+    validation.one_of("norm", norm, ("rms_norm", "layer_norm"),
+                      owner=self.name)
+    if parallel_residual and cross_attention is not None:
+      raise ValueError(f"{self.name}: parallel_residual=True is GPT-NeoX's "
+                       "decoder-only block; a block with cross_attention has "
+                       "none.")
     self.self_attention = self_attention
     self.feed_forward = feed_forward
     self.cross_attention = cross_attention
     self.causal = causal
     self.dropout_rate = dropout_rate
     self.epsilon = epsilon
-    norm = lambda name: RMSNorm(epsilon, dtype=self.dtype_policy, name=name)
+    self.norm = norm
+    self.parallel_residual = parallel_residual
+    if norm == "rms_norm":
+      norm = lambda name: RMSNorm(epsilon, dtype=self.dtype_policy, name=name)
+    else:
+      norm = lambda name: tf_keras.layers.LayerNormalization(
+          epsilon=epsilon, dtype=self.dtype_policy, name=name)
     self.self_attention_norm = norm("self_attention_norm")
     self.cross_attention_norm = (norm("cross_attention_norm")
                                  if cross_attention is not None else None)
@@ -294,11 +312,12 @@ class PreNormBlock(tf_keras.layers.Layer):
         inputs, sublayers, self._dropout, self.causal, memory=memory,
         attention_mask=attention_mask, memory_mask=memory_mask,
         position_bias=position_bias, training=training, cache=cache,
-        decode_step=decode_step)
+        decode_step=decode_step, parallel_residual=self.parallel_residual)
 
   def get_config(self):
     config = dict(super().get_config(), causal=self.causal,
-                  dropout_rate=self.dropout_rate, epsilon=self.epsilon)
+                  dropout_rate=self.dropout_rate, epsilon=self.epsilon,
+                  norm=self.norm, parallel_residual=self.parallel_residual)
     config.update({name: serialize_sublayer(getattr(self, name))
                    for name in self._SUBLAYERS})
     return config

@@ -4,10 +4,13 @@ One dataclass per model family:
 
 - `BertConfig`: BERT, and ALBERT (`embedding_size` and `share_layers`).
 - `T5Config`: T5's encoder-decoder.
+- `DecoderConfig`: a decoder-only language model in the GPT-2, Llama and
+  GPT-NeoX (Pythia) shapes.
 
-Both hold their attention layers as `AttentionConfig` objects: BERT one,
-T5 one per attention type (encoder self, decoder self, encoder-decoder), so
-the experiments of the paper's Table 4 are a config, not a code change.
+They hold their attention layers as `AttentionConfig` objects: BERT and
+the decoder-only LM one, T5 one per attention type (encoder self, decoder
+self, encoder-decoder), so the experiments of the paper's Table 4 are a
+config, not a code change.
 
 `apply_overrides(config, **overrides)` is what `create_model(preset,
 **overrides)` uses. Besides the dataclass fields, it understands:
@@ -16,12 +19,15 @@ the experiments of the paper's Table 4 are a config, not a code change.
   `AttentionConfig` fields, or an `AttentionConfig`, for every attention
   layer of the model;
 - `num_heads`, `key_dim`, `value_dim`, `num_key_heads`, `num_value_heads`,
-  `dynamic_projections`: the same field on every attention layer;
+  `num_key_value_heads`, `dynamic_projections`: the same field on every
+  attention layer;
 - for T5, `encoder_self_attention=`, `decoder_self_attention=` and
   `encoder_decoder_attention=`, which take the same forms as `attention=` and
   apply after it. A variant name keeps the other fields, except that a
   variant without P_l and P_w ("multi_head", "general_bilinear") drops h_k,
-  h_v and dynamic projections, which it does not have. A list of those
+  h_v and dynamic projections, which it does not have, and one whose heads
+  read the whole width ("general_bilinear") drops shared key and value
+  heads too. A list of those
   forms, one per layer of the stack,
   gives each layer its own config (as a converted Mesh TensorFlow model may
   need: `thattn.mtf`); the self-attention layers of one stack share its
@@ -36,6 +42,7 @@ from typing import Optional, Tuple, Union
 from thattn.core import attention_spec
 from thattn.core import validation
 from thattn.core import variants
+from thattn.ops import rotary
 
 ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
                    "encoder_decoder_attention")
@@ -46,11 +53,19 @@ T5_STACKS = ("encoder_decoder", "decoder", "encoder")
 # Overrides that set one AttentionConfig field on every attention layer.
 SHARED_ATTENTION_FIELDS = ("num_heads", "key_dim", "value_dim",
                            "num_key_heads", "num_value_heads",
-                           "dynamic_projections")
-# Feed-forward activations. "gelu" is the exact (erf) form of BERT;
-# "gelu_approximate" the tanh form of ALBERT v2 and T5.1.1.
-ACTIVATIONS = ("relu", "gelu", "gelu_approximate")
+                           "num_key_value_heads", "dynamic_projections")
+# Feed-forward activations. "gelu" is the exact (erf) form of BERT and
+# GPT-NeoX; "gelu_approximate" the tanh form of ALBERT v2, T5.1.1 and GPT-2;
+# "silu" (x sigmoid(x)) Llama's, in its gated SwiGLU.
+ACTIVATIONS = ("relu", "gelu", "gelu_approximate", "silu")
 POSITION_EMBEDDINGS = ("absolute", "relative")
+# A decoder-only LM's positions: a learned table added to the token
+# embeddings (GPT-2), or rotary embeddings in every attention layer (Llama,
+# GPT-NeoX).
+DECODER_POSITIONS = ("learned", "rotary")
+# The norm before each sublayer: LayerNorm with its bias (GPT-2, GPT-NeoX)
+# or RMSNorm (Llama, T5).
+DECODER_NORMS = ("layer_norm", "rms_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +80,11 @@ class AttentionConfig:
       value gives a fixed head size (Bhojanapalli et al., 2020).
     value_dim: d_v; None means the key dim.
     num_key_heads, num_value_heads: h_k and h_v of talking heads; None means h.
+    num_key_value_heads: h_kv, the heads P_k and P_v project to, shared by
+      groups of the h_k key heads and h_v value heads (grouped-query
+      attention, as in Llama); None means no sharing. It must divide h_k and
+      h_v; P_l and P_w still mix all h_k and h of the logits and h and h_v
+      of the weights.
     dynamic_projections: Appendix A's projections for "talking_heads" (and
       the logits or weights half for "project_logits" / "project_weights");
       "dynamic" always has all four (a variant whose options set them).
@@ -76,14 +96,25 @@ class AttentionConfig:
   num_key_heads: Optional[int] = None
   num_value_heads: Optional[int] = None
   dynamic_projections: Tuple[str, ...] = ()
+  num_key_value_heads: Optional[int] = None
 
   def __post_init__(self):
     owner = "AttentionConfig"
     record = variants.get(self.variant, owner=owner)
     validation.positive_int("num_heads", self.num_heads, owner=owner)
-    for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads"):
+    for name in ("key_dim", "value_dim", "num_key_heads", "num_value_heads",
+                 "num_key_value_heads"):
       validation.positive_int(name, getattr(self, name), owner=owner,
                               optional=True)
+    if self.num_key_value_heads is not None:
+      if record.reads_memory_width:
+        raise ValueError(
+            f"{owner}: variant {self.variant!r} reads the whole width in "
+            "every head and has no key or value heads to share; "
+            f"num_key_value_heads={self.num_key_value_heads} needs a "
+            "projected variant.")
+      attention_spec.checked_key_value_heads(
+          owner, self.num_key_value_heads, self.key_heads, self.value_heads)
     # The layer's own check, with the static projections the variant has.
     attention_spec.checked_dynamic_projections(
         self.dynamic_projections, owner=f"{owner}: variant {self.variant!r}",
@@ -117,18 +148,29 @@ class AttentionConfig:
     return key_dim, self.value_dim or key_dim
 
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
-                 kernel_initializer=None, front_end="tf_keras"):
+                 kernel_initializer=None, front_end="tf_keras",
+                 rotary=None):
     """The attention layer this config describes, from `front_end`'s
-    layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3)."""
+    layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3).
+    `rotary`: the layer's rotary arguments (`rotary_base`, `rotary_pct`,
+    `rotary_scaling`), which a model's positions decide, or None."""
     record = variants.get(self.variant)
     if record.reads_memory_width:
+      if rotary:
+        raise ValueError(
+            f"{name}: variant {self.variant!r} reads the whole width in "
+            "every head, so it has no queries and keys to turn by rotary "
+            "position embeddings; use learned positions or a projected "
+            "variant.")
       # Its heads read the whole memory: no d_k, no biases. Its own
       # initializer keeps the logits at unit scale.
       return variants.make_attention(front_end, self.variant, self.num_heads,
                                      None, dropout=dropout_rate, name=name)
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
-                  dropout=dropout_rate, name=name)
+                  dropout=dropout_rate, name=name, **(rotary or {}))
+    if self.num_key_value_heads is not None:
+      kwargs["num_key_value_heads"] = self.num_key_value_heads
     if kernel_initializer is not None:
       kwargs["kernel_initializer"] = kernel_initializer
     if record.takes_head_counts:
@@ -297,8 +339,113 @@ class T5Config:
     return attention[index] if isinstance(attention, tuple) else attention
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """A decoder-only language model: pre-norm causal blocks over token
+  embeddings, and logits for the next token at every position.
+
+  Three published shapes are settings of it (the presets cite each):
+
+  - GPT-2 (Radford et al., 2019): learned positions, LayerNorm, the tanh
+    GELU, biases everywhere, the output tied to the token embedding;
+  - Llama (Touvron et al., 2023; Llama 3, 2024): rotary positions, RMSNorm,
+    a gated SiLU feed-forward (SwiGLU), no biases, shared key and value
+    heads (`attention.num_key_value_heads`), the `llama3` rotary scaling of
+    the 3.1 and 3.2 releases, tied or untied output;
+  - GPT-NeoX / Pythia (Black et al., 2022; Biderman et al., 2023): a
+    parallel residual, rotary positions on a part of each head
+    (`rotary_pct`), the exact GELU, biases, an untied output.
+
+  Each block is
+      h = x + dropout(attention(norm(x), causal))
+      y = h + dropout(feed_forward(norm(h)))
+  or, with `parallel_residual`, both sublayers read x:
+      y = x + dropout(attention(norm_1(x))) + dropout(feed_forward(norm_2(x)))
+  and the logits are final_norm(y) E^T (tied) or final_norm(y) W_lm.
+
+  Attributes:
+    position_embedding: "learned" (a table of `max_position_embeddings`
+      rows added to the token embeddings) or "rotary" (`rotary_base`,
+      `rotary_pct`, `rotary_scaling` in every attention layer; then
+      `max_position_embeddings` is the length the model was trained on).
+    rotary_scaling: None, or the `llama3` scaling's fields as a dict
+      (`thattn.ops.rotary.Llama3Scaling`).
+    norm: "layer_norm" (with a bias) or "rms_norm", before every sublayer
+      and at the end.
+    use_bias: biases in the attention projections and the feed-forward
+      layers.
+    initializer_range: the standard deviation of every kernel and table at
+      the start, as transformers starts Llama and GPT-NeoX (P_q also takes
+      d_k**-0.5, which thattn folds into it; GPT-2's smaller residual
+      projections are not reproduced).
+  """
+  vocab_size: int = 50257
+  d_model: int = 768
+  num_layers: int = 12
+  d_ff: int = 3072
+  attention: AttentionConfig = dataclasses.field(
+      default_factory=AttentionConfig)
+  position_embedding: str = "learned"
+  max_position_embeddings: int = 1024
+  rotary_base: float = 10000.0
+  rotary_pct: float = 1.0
+  rotary_scaling: Optional[dict] = None
+  norm: str = "layer_norm"
+  activation: str = "gelu_approximate"
+  gated_feed_forward: bool = False
+  parallel_residual: bool = False
+  use_bias: bool = True
+  tie_embeddings: bool = True
+  dropout_rate: float = 0.1
+  layer_norm_epsilon: float = 1e-5
+  initializer_range: float = 0.02
+
+  def __post_init__(self):
+    owner = type(self).__name__
+    _check_sizes(self, ("vocab_size", "d_model", "num_layers", "d_ff",
+                        "max_position_embeddings"))
+    validation.one_of("position_embedding", self.position_embedding,
+                      DECODER_POSITIONS, owner=owner)
+    validation.one_of("norm", self.norm, DECODER_NORMS, owner=owner)
+    validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
+    validation.rate("dropout_rate", self.dropout_rate, owner=owner)
+    if not isinstance(self.attention, AttentionConfig):
+      raise ValueError(f"{owner}: attention must be an AttentionConfig, got "
+                       f"{self.attention!r}.")
+    key_dim, _ = self.attention.head_dims(self.d_model, owner)
+    if self.position_embedding == "rotary":
+      if variants.get(self.attention.variant).reads_memory_width:
+        raise ValueError(
+            f"{owner}: variant {self.attention.variant!r} reads the whole "
+            "width in every head, so it has no queries and keys to turn by "
+            "rotary position embeddings; give position_embedding='learned' "
+            "or a projected variant.")
+      # The layers' own checks, before any layer is built.
+      rotary.layer_frequencies(owner, key_dim, self.rotary_base,
+                               self.rotary_pct,
+                               rotary.llama3_scaling(self.rotary_scaling))
+    elif self.rotary_scaling is not None or self.rotary_pct != 1.0:
+      raise ValueError(
+          f"{owner}: rotary_pct={self.rotary_pct!r} and rotary_scaling="
+          f"{self.rotary_scaling!r} are rotary settings; they need "
+          "position_embedding='rotary' (got 'learned').")
+
+  @property
+  def family(self):
+    return "decoder_lm"
+
+  def rotary_arguments(self):
+    """The attention layers' rotary arguments, or None for learned
+    positions."""
+    if self.position_embedding != "rotary":
+      return None
+    return dict(rotary_base=float(self.rotary_base),
+                rotary_pct=self.rotary_pct,
+                rotary_scaling=self.rotary_scaling)
+
+
 def _attention_fields(config):
-  return ("attention",) if isinstance(config, BertConfig) else ATTENTION_TYPES
+  return ATTENTION_TYPES if isinstance(config, T5Config) else ("attention",)
 
 
 def _updated_attention(attention, value, key):
@@ -317,11 +464,15 @@ def _updated_attention(attention, value, key):
   if isinstance(value, AttentionConfig):
     return value
   if isinstance(value, str):
-    if not variants.get(value, owner=key).takes_head_counts:
+    record = variants.get(value, owner=key)
+    dropped = {}
+    if not record.takes_head_counts:
       # Options only the head-mixing variants have do not carry over.
-      return dataclasses.replace(attention, variant=value, num_key_heads=None,
-                                 num_value_heads=None, dynamic_projections=())
-    return dataclasses.replace(attention, variant=value)
+      dropped.update(num_key_heads=None, num_value_heads=None,
+                     dynamic_projections=())
+    if record.reads_memory_width:  # nor do the projected variants' ones
+      dropped.update(num_key_value_heads=None)
+    return dataclasses.replace(attention, variant=value, **dropped)
   if isinstance(value, dict):
     fields = {field.name for field in dataclasses.fields(AttentionConfig)}
     unknown = sorted(set(value) - fields)

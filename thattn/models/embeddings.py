@@ -72,7 +72,8 @@ class TokenEmbedding(tf_keras.layers.Layer):
 
 @tf_keras.utils.register_keras_serializable(package="thattn")
 class PositionEmbedding(tf_keras.layers.Layer):
-  """BERT's learned absolute positions: returns X[b, n, d] + P[:n, d].
+  """Learned absolute positions (BERT, GPT-2): returns X[b, n, d] + P[:n, d],
+  or, with `offset` (a decoding step t), X + P[t:t + n].
 
   No rule shards the position axis: it stays replicated.
   """
@@ -100,14 +101,22 @@ class PositionEmbedding(tf_keras.layers.Layer):
                     self.embeddings_initializer))
 
   @autograph.unconverted
-  def call(self, inputs):
+  def call(self, inputs, offset=None):
     length = tf.shape(inputs)[1]
-    tf.debugging.assert_less_equal(
-        length, self.max_length,
-        message=f"{self.name}: sequence longer than max_length="
-        f"{self.max_length}")
-    return inputs + tf.cast(tf.expand_dims(self.embeddings[:length], 0),
-                            inputs.dtype)
+    if offset is None:
+      tf.debugging.assert_less_equal(
+          length, self.max_length,
+          message=f"{self.name}: sequence longer than max_length="
+          f"{self.max_length}")
+      rows = self.embeddings[:length]
+    else:
+      offset = tf.cast(offset, tf.int32)
+      tf.debugging.assert_less_equal(
+          offset + length, self.max_length,
+          message=f"{self.name}: decoding past max_length="
+          f"{self.max_length}")
+      rows = tf.gather(self.embeddings, offset + tf.range(length))
+    return inputs + tf.cast(tf.expand_dims(rows, 0), inputs.dtype)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")

@@ -19,6 +19,26 @@ Published architectures:
 - `t5_1_1_base`: T5.1.1-Base (the released t5.1.1 checkpoints' gin config):
   gated-GELU with d_ff=2048, untied embeddings.
 
+Decoder-only language models (`DecoderConfig`), each count as transformers
+counts the released model (a tied table once):
+
+- `gpt2`: GPT-2 small (Radford et al., 2019; the released gpt2
+  config.json): 12 layers, width 768, 12 heads, d_ff 3072, vocab 50257,
+  1024 learned positions, LayerNorm eps 1e-5, the tanh GELU, biases,
+  dropout 0.1, tied. 124,439,808 parameters.
+- `pythia_160m`, `pythia_410m`: Pythia (Biderman et al., 2023, Table 1;
+  EleutherAI/pythia-160m and -410m config.json), GPT-NeoX's block:
+  vocab 50304, 2048 positions, rotary embeddings on a quarter of each head
+  (base 10000), a parallel residual, the exact GELU, biases, untied;
+  12 layers of width 768 with 12 heads (162,322,944 parameters) and 24 of
+  width 1024 with 16 heads (405,334,016).
+- `llama_3_2_1b`: Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json):
+  16 layers, width 2048, 32 heads of 64 over 8 key and value heads, d_ff
+  8192 in SwiGLU, RMSNorm eps 1e-5, vocab 128256, rotary base 500000 with
+  the `llama3` scaling (factor 32, low and high frequency factors 1 and 4,
+  8192 original positions), 131072 positions, no biases, tied.
+  1,235,814,400 parameters.
+
 The paper's experiments (talking-heads-attention.md; the experiment name is
 the row of the table it comes from):
 
@@ -31,7 +51,9 @@ the row of the table it comes from):
 - Fixed head size (Bhojanapalli et al., 2020, Table 3(A)): 24 layers of
   width 768 with h heads of size 128, `bert_fixed_head_128_h<h>`.
 
-Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`.
+Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`,
+and the decoder-only `lm_tiny` (Llama-shaped: 4 heads over 2 key and value
+heads), `gpt2_tiny` and `pythia_tiny`, each of 2 layers of width 32.
 """
 
 import dataclasses
@@ -42,12 +64,15 @@ from thattn.models import config as config_lib
 # The table below spells the configs by class name.
 from thattn.models.config import AttentionConfig
 from thattn.models.config import BertConfig
+from thattn.models.config import DecoderConfig
 from thattn.models.config import T5Config
+
+_CONFIG_TYPES = (BertConfig, T5Config, DecoderConfig)
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-  config: Union[BertConfig, T5Config]
+  config: Union[BertConfig, T5Config, DecoderConfig]
   source: str
 
 
@@ -84,6 +109,36 @@ _add("t5_1_1_base",
                          gated_feed_forward=True, tie_embeddings=False),
      "T5.1.1-Base (released t5.1.1 gin config): gated-GELU, untied")
 
+# Decoder-only LMs. DecoderConfig's defaults are GPT-2 small's.
+_add("gpt2", DecoderConfig(),
+     "Radford et al. 2019, GPT-2 small (the released gpt2 config.json)")
+_PYTHIA = dict(vocab_size=50304, position_embedding="rotary",
+               max_position_embeddings=2048, rotary_pct=0.25,
+               activation="gelu", parallel_residual=True,
+               tie_embeddings=False, dropout_rate=0.0)
+_add("pythia_160m",
+     DecoderConfig(**_PYTHIA, attention=AttentionConfig(num_heads=12)),
+     "Biderman et al. 2023, Table 1, Pythia-160M "
+     "(EleutherAI/pythia-160m config.json)")
+_add("pythia_410m",
+     DecoderConfig(**_PYTHIA, d_model=1024, num_layers=24, d_ff=4096,
+                   attention=AttentionConfig(num_heads=16)),
+     "Biderman et al. 2023, Table 1, Pythia-410M "
+     "(EleutherAI/pythia-410m config.json)")
+_LLAMA = dict(position_embedding="rotary", norm="rms_norm",
+              activation="silu", gated_feed_forward=True, use_bias=False,
+              dropout_rate=0.0)
+_add("llama_3_2_1b",
+     DecoderConfig(
+         **_LLAMA, vocab_size=128256, d_model=2048, num_layers=16, d_ff=8192,
+         attention=AttentionConfig(num_heads=32, key_dim=64,
+                                   num_key_value_heads=8),
+         max_position_embeddings=131072, rotary_base=500000.0,
+         rotary_scaling=dict(factor=32.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)),
+     "Meta 2024, Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json)")
+
 # ---- tiny, for CPU ----------------------------------------------------------
 _TINY_ATTENTION = AttentionConfig(num_heads=4)
 _add("bert_tiny",
@@ -105,6 +160,20 @@ _add("t5_tiny",
               encoder_decoder_attention=_TINY_ATTENTION,
               relative_num_buckets=8),
      "thattn: a 2+2-layer T5 of width 32 for CPU tests")
+_add("lm_tiny",
+     DecoderConfig(**_LLAMA, vocab_size=128, d_model=32, num_layers=2,
+                   d_ff=64, attention=AttentionConfig(num_heads=4,
+                                                      num_key_value_heads=2),
+                   max_position_embeddings=128),
+     "thattn: a 2-layer Llama-shaped LM of width 32 (4 heads over 2 key and "
+     "value heads) for CPU tests and demos")
+_TINY_LM = dict(vocab_size=128, d_model=32, num_layers=2, d_ff=64,
+                attention=_TINY_ATTENTION, max_position_embeddings=128)
+_add("gpt2_tiny", DecoderConfig(**_TINY_LM),
+     "thattn: a 2-layer GPT-2-shaped LM of width 32 for CPU tests")
+_add("pythia_tiny", DecoderConfig(**dict(_PYTHIA, **_TINY_LM)),
+     "thattn: a 2-layer Pythia-shaped LM of width 32 (a quarter of each "
+     "head rotated, the parallel residual) for CPU tests")
 _derive("t5_tiny_encoder", "t5_tiny", "thattn: t5_tiny's encoder with its LM "
         "head (Mesh TensorFlow's aligned Unitransformer), for masked LM",
         stacks="encoder")
@@ -191,11 +260,11 @@ def get_preset(name):
 def model_config(preset, **overrides):
   """The frozen config of a preset name (or config) with overrides applied
   (plain Python: both model front ends build from it)."""
-  if isinstance(preset, (config_lib.BertConfig, config_lib.T5Config)):
+  if isinstance(preset, _CONFIG_TYPES):
     config = preset
   elif isinstance(preset, str):
     config = get_preset(preset).config
   else:
     raise ValueError(f"preset must be a preset name or a BertConfig / "
-                     f"T5Config, got {preset!r}.")
+                     f"T5Config / DecoderConfig, got {preset!r}.")
   return config_lib.apply_overrides(config, **overrides)

@@ -8,15 +8,16 @@ on JAX or PyTorch build without TensorFlow. Each front end keeps only its
 layer classes and its framework's glue (serialization, building, its Model
 class); the blocks' computations are `thattn.ops.blocks`'.
 
-- `build_bert`, `build_t5`, `build_model`, `create_model`: which layers a
-  BERT, ALBERT or T5 is made of, in what order, with which names,
-  initializer scales and options (the order fixes the weights' order, so
-  both front ends' models exchange weights by `set_weights`);
-- `DecoderLayers` / `run_decoder`: the T5 decoder stack, which both
-  builders call on Keras symbolic tensors and both generators call one
-  step at a time with the caches;
-- `decoder_layers(model)`: a built (or reloaded) T5's decoder layers, by
-  their names.
+- `build_bert`, `build_t5`, `build_decoder_lm`, `build_model`,
+  `create_model`: which layers a BERT, ALBERT, T5 or decoder-only LM is
+  made of, in what order, with which names, initializer scales and options
+  (the order fixes the weights' order, so both front ends' models exchange
+  weights by `set_weights`);
+- `DecoderLayers` / `run_decoder`: a decoder stack (T5's, or a
+  decoder-only LM's), which the builders call on Keras symbolic tensors
+  and the generators one step at a time with the caches;
+- `decoder_layers(model)`: a built (or reloaded) model's decoder layers,
+  by their names.
 """
 
 import collections
@@ -33,9 +34,14 @@ EOS_ID = 1
 # A BERT's or ALBERT's inputs, each int32 [batch, length].
 BERT_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 
+# A decoder stack's layers. T5's has a relative position bias and no
+# position table; a decoder-only LM's learned table (GPT-2) or neither (its
+# attention layers turn Q and K by rotary embeddings), and no final
+# dropout: the absent parts are None.
 DecoderLayers = collections.namedtuple(
-    "DecoderLayers", ["embedding", "embedding_dropout", "position_bias",
-                      "blocks", "final_norm", "final_dropout", "lm_head"])
+    "DecoderLayers", ["embedding", "position_embedding", "embedding_dropout",
+                      "position_bias", "blocks", "final_norm",
+                      "final_dropout", "lm_head"])
 
 
 def logits(lm_head, embedding, x):
@@ -56,8 +62,12 @@ def run_decoder(parts, tokens, memory, memory_mask, training=None,
   `(logits, new_caches)`.
   """
   x = parts.embedding(tokens)
+  if parts.position_embedding is not None:
+    x = parts.position_embedding(x, offset=decode_step)
   x = parts.embedding_dropout(x, training=training)
-  if caches is None:
+  if parts.position_bias is None:
+    bias = None
+  elif caches is None:
     bias = parts.position_bias(x)
   else:
     bias = parts.position_bias(x, memory_length=max_length,
@@ -72,25 +82,29 @@ def run_decoder(parts, tokens, memory, memory_mask, training=None,
                        training=training, cache=caches[index],
                        decode_step=decode_step)
       new_caches.append(cache)
-  x = parts.final_dropout(parts.final_norm(x), training=training)
+  x = parts.final_norm(x)
+  if parts.final_dropout is not None:
+    x = parts.final_dropout(x, training=training)
   result = logits(parts.lm_head, parts.embedding, x)
   return result if caches is None else (result, new_caches)
 
 
 def decoder_layers(model):
-  """The `DecoderLayers` of a built T5 model (either front end's, or a
-  reload), found by their names."""
+  """The `DecoderLayers` of a built T5 model or decoder-only LM (either
+  front end's, or a reload), found by their names."""
   names = [layer.name for layer in model.layers]
   count = sum(name.startswith("decoder_block_") for name in names)
   lm_head = "lm_head" if "lm_head" in names else "token_embedding"
+  optional = lambda name: model.get_layer(name) if name in names else None
   return DecoderLayers(
       embedding=model.get_layer("token_embedding"),
+      position_embedding=optional("position_embedding"),
       embedding_dropout=model.get_layer("decoder_embedding_dropout"),
-      position_bias=model.get_layer("decoder_position_bias"),
+      position_bias=optional("decoder_position_bias"),
       blocks=[model.get_layer(f"decoder_block_{index}")
               for index in range(count)],
       final_norm=model.get_layer("decoder_final_norm"),
-      final_dropout=model.get_layer("decoder_output"),
+      final_dropout=optional("decoder_output"),
       lm_head=model.get_layer(lm_head))
 
 
@@ -288,6 +302,7 @@ def make_decoder_layers(front, config, embedding):
       for index in range(config.decoder_layers)]
   return DecoderLayers(
       embedding=embedding,
+      position_embedding=None,
       embedding_dropout=front.Dropout(config.dropout_rate,
                                       name="decoder_embedding_dropout"),
       position_bias=_t5_position_bias(front, config,
@@ -355,14 +370,84 @@ def build_t5(config, front, name=None):
                      name or "t5")
 
 
+def _lm_block(front, config, index):
+  initializer = lambda: front.random_normal(config.initializer_range)
+  return front.PreNormBlock(
+      self_attention=config.attention.make_layer(
+          config.d_model, name="self_attention",
+          dropout_rate=config.dropout_rate, use_bias=config.use_bias,
+          kernel_initializer=initializer(), front_end=front.name,
+          rotary=config.rotary_arguments()),
+      feed_forward=front.FeedForward(
+          config.d_ff, activation=config.activation,
+          gated=config.gated_feed_forward, use_bias=config.use_bias,
+          kernel_initializer=initializer(), name="feed_forward"),
+      causal=True, dropout_rate=config.dropout_rate,
+      epsilon=config.layer_norm_epsilon, norm=config.norm,
+      parallel_residual=config.parallel_residual,
+      name=f"decoder_block_{index}")
+
+
+def make_lm_layers(front, config):
+  """A decoder-only LM's layers (`DecoderLayers`) for a `DecoderConfig`."""
+  embedding = front.TokenEmbedding(
+      config.vocab_size, config.d_model,
+      embeddings_initializer=front.random_normal(config.initializer_range),
+      name="token_embedding")
+  position_embedding = None
+  if config.position_embedding == "learned":
+    position_embedding = front.PositionEmbedding(
+        config.max_position_embeddings,
+        initializer=front.random_normal(config.initializer_range),
+        name="position_embedding")
+  if config.norm == "rms_norm":
+    final_norm = front.RMSNorm(config.layer_norm_epsilon,
+                               name="decoder_final_norm")
+  else:
+    final_norm = front.LayerNormalization(epsilon=config.layer_norm_epsilon,
+                                          name="decoder_final_norm")
+  lm_head = embedding
+  if not config.tie_embeddings:  # float32, as the tied logits are
+    lm_head = front.Dense(
+        config.vocab_size, use_bias=False,
+        kernel_initializer=front.random_normal(config.initializer_range),
+        dtype="float32", name="lm_head")
+  return DecoderLayers(
+      embedding=embedding, position_embedding=position_embedding,
+      embedding_dropout=front.Dropout(config.dropout_rate,
+                                      name="decoder_embedding_dropout"),
+      position_bias=None,
+      blocks=[_lm_block(front, config, index)
+              for index in range(config.num_layers)],
+      final_norm=final_norm, final_dropout=None, lm_head=lm_head)
+
+
+def build_decoder_lm(config, front, name=None):
+  """The decoder-only LM of a `DecoderConfig`, of `front`'s layers: input
+  `decoder_input_tokens` int32 [b, n], output float32 logits [b, n, vocab],
+  position i's scoring the token after it (the computation:
+  `DecoderConfig`'s docstring)."""
+  _check_config(config, config_lib.DecoderConfig, "build_decoder_lm")
+  tokens = front.Input("decoder_input_tokens")
+  result = run_decoder(make_lm_layers(front, config), tokens, None, None)
+  return front.Model({"decoder_input_tokens": tokens},
+                     front.named_output(result, "logits", "float32"),
+                     name or config.family)
+
+
+_BUILDERS = ((config_lib.T5Config, build_t5),
+             (config_lib.BertConfig, build_bert),
+             (config_lib.DecoderConfig, build_decoder_lm))
+
+
 def build_model(config, front, name=None):
-  """The functional model of a `BertConfig` or `T5Config`, of `front`'s
-  layers."""
-  if isinstance(config, config_lib.T5Config):
-    return build_t5(config, front, name)
-  if isinstance(config, config_lib.BertConfig):
-    return build_bert(config, front, name)
-  raise ValueError(f"Expected a BertConfig or T5Config, got {config!r}.")
+  """The functional model of a `BertConfig`, `T5Config` or `DecoderConfig`,
+  of `front`'s layers."""
+  for kind, builder in _BUILDERS:
+    if isinstance(config, kind):
+      return builder(config, front, name)
+  raise ValueError(f"Expected a BertConfig, T5Config or DecoderConfig, got "
+                   f"{config!r}.")
 
 
 def create_model(preset, front, **overrides):

@@ -12,10 +12,13 @@ nothing here imports a framework. Letters follow `thattn.core.dims`.
 - `post_norm_block`: BERT's and ALBERT's layer,
       x = LayerNorm(x + dropout(attention(x, x)))
       x = LayerNorm(x + dropout(feed_forward(x)))
-- `pre_norm_block`: T5's layer, with RMSNorm,
+- `pre_norm_block`: T5's layer (RMSNorm) and the decoder-only LMs'
+  (RMSNorm or LayerNorm),
       x = x + dropout(self_attention(norm(x), norm(x)))
       x = x + dropout(cross_attention(norm(x), memory))    (decoder only)
       x = x + dropout(feed_forward(norm(x)))
+  or GPT-NeoX's parallel residual, both sublayers reading the block's input,
+      x = x + dropout(self_attention(norm_1(x))) + dropout(feed_forward(norm_2(x)))
   also one decoding step with the attention layers' caches
   (`pre_norm_initial_cache`).
 """
@@ -28,11 +31,14 @@ _GELU_APPROXIMATE = {"gelu": False, "gelu_approximate": True}
 
 
 def activation(ops, name):
-  """The function act(x) named `name` (relu, gelu, gelu_approximate) in
-  `ops`; ValueError for another name."""
-  validation.one_of("activation", name, ("relu",) + tuple(_GELU_APPROXIMATE))
+  """The function act(x) named `name` (relu, gelu, gelu_approximate, silu)
+  in `ops`; ValueError for another name."""
+  validation.one_of("activation", name,
+                    ("relu", "silu") + tuple(_GELU_APPROXIMATE))
   if name == "relu":
     return ops.relu
+  if name == "silu":
+    return ops.silu
   approximate = _GELU_APPROXIMATE[name]
   return lambda x: ops.gelu(x, approximate=approximate)
 
@@ -96,13 +102,17 @@ PRE_NORM_SUBLAYERS = ("self_attention_norm", "self_attention",
 
 def pre_norm_block(x, sublayers, dropout, causal, memory=None,
                    attention_mask=None, memory_mask=None, position_bias=None,
-                   training=None, cache=None, decode_step=None):
+                   training=None, cache=None, decode_step=None,
+                   parallel_residual=False):
   """T5's layer, from `sublayers`: {name of PRE_NORM_SUBLAYERS: layer}.
   With `cache` (from
   `pre_norm_initial_cache`) `x` holds the decoding steps from
-  `decode_step` on, and the result is `(y, new_cache)`."""
+  `decode_step` on, and the result is `(y, new_cache)`. With
+  `parallel_residual` (no cross-attention then) the feed-forward network
+  reads the block's input, not the attention's sum."""
   # x = x + ..., never x += ...: a PyTorch tensor would be changed in
   # place, the caller's input with it.
+  block_input = x
   new_cache = {}
   h = sublayers["self_attention_norm"](x)
   if cache is None:
@@ -125,7 +135,8 @@ def pre_norm_block(x, sublayers, dropout, causal, memory=None,
           h, None, attention_mask=memory_mask, training=training,
           cache=cache["cross_attention"])
     x = x + dropout(y, training=training)
-  y = sublayers["feed_forward"](sublayers["feed_forward_norm"](x),
-                                training=training)
+  y = sublayers["feed_forward"](
+      sublayers["feed_forward_norm"](block_input if parallel_residual else x),
+      training=training)
   x = x + dropout(y, training=training)
   return x if cache is None else (x, new_cache)

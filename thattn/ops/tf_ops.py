@@ -9,7 +9,7 @@ axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
 calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
 abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
-gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
+silu, gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
 concatenate, arange and shape.
 """
 
@@ -61,5 +61,6 @@ TF_OPS = types.SimpleNamespace(
     matmul=tf.matmul, softmax=_softmax, sigmoid=tf.sigmoid, tanh=tf.tanh,
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
-    zeros_like=_zeros_like, relu=tf.nn.relu, gelu=_gelu, cos=tf.cos,
-    sin=tf.sin, concatenate=_concatenate, arange=_arange, shape=_shape)
+    zeros_like=_zeros_like, relu=tf.nn.relu, silu=tf.nn.silu, gelu=_gelu,
+    cos=tf.cos, sin=tf.sin, concatenate=_concatenate, arange=_arange,
+    shape=_shape)

@@ -96,8 +96,9 @@ class TokenEmbedding(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="thattn")
 class PositionEmbedding(keras.layers.Layer):
-  """BERT's learned absolute positions: X[b, n, d] + P[:n, d], for at most
-  `max_length` positions. No rule shards the position axis: it stays
+  """Learned absolute positions (BERT, GPT-2): X[b, n, d] + P[:n, d], for at
+  most `max_length` positions, or, with `offset` (a decoding step t),
+  X + P[t:t + n]. No rule shards the position axis: it stays
   replicated."""
 
   def __init__(self, max_length, initializer="uniform", **kwargs):
@@ -116,12 +117,17 @@ class PositionEmbedding(keras.layers.Layer):
   def logical_axes(self):
     return {self.embeddings.path: (None, dims.D_MODEL)}
 
-  def call(self, inputs):
+  def call(self, inputs, offset=None):
     length = inputs.shape[1]
     if isinstance(length, int) and length > self.max_length:
       raise ValueError(f"{self.name}: a sequence of {length} positions, "
                        f"longer than max_length={self.max_length}.")
-    positions = self.embeddings[:ops.shape(inputs)[1]]
+    if offset is None:
+      positions = self.embeddings[:ops.shape(inputs)[1]]
+    else:  # a traced step: the rows are gathered, not sliced
+      rows = ops.cast(offset, "int32") + ops.arange(ops.shape(inputs)[1],
+                                                   dtype="int32")
+      positions = ops.take(self.embeddings, rows, axis=0)
     return inputs + ops.cast(ops.expand_dims(positions, 0), inputs.dtype)
 
   def compute_output_shape(self, input_shape):
