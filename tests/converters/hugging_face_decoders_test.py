@@ -1,0 +1,192 @@
+"""Hugging Face GPT-2, Llama and GPT-NeoX folders into thattn's decoder-only
+LM, against transformers.
+
+Each source is a tiny model that transformers makes and saves with
+`save_pretrained`, its weights redrawn at a scale where attention is not
+uniform: GPT-2 (learned positions, tied), Llama (4 query heads over 2 key
+and value heads, the `llama3` rope scaling, untied) and GPT-NeoX (a quarter
+of each head rotated, the parallel residual, biases). The thattn model the
+map fills gives transformers' logits within 1e-5 of their scale, as
+multi-head attention and as the projected variants started at the
+identity; what thattn cannot represent is refused by name.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+import transformers
+
+from thattn import models
+from thattn.converters import hugging_face_decoders
+from thattn.converters import weights as weights_lib
+
+VOCAB = 96
+_LLAMA_SCALING = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0,
+                      low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=16)
+SOURCES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, max_position_embeddings=128, rms_norm_eps=1e-5,
+        rope_parameters=_LLAMA_SCALING, tie_word_embeddings=False)),
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(
+        transformers.GPTNeoXConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, use_parallel_residual=True,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                 partial_rotary_factor=0.25))),
+}
+
+
+def _saved(model_type, tmp_path_factory):
+  """(model_type, the transformers model, its saved folder)."""
+  torch.manual_seed(0)
+  model = SOURCES[model_type]().eval()
+  with torch.no_grad():
+    for weight in model.parameters():
+      weight.normal_(0.0, 0.3)
+  folder = tmp_path_factory.mktemp("hf") / model_type
+  model.save_pretrained(folder)
+  return model_type, model, folder
+
+
+@pytest.fixture(scope="module", params=sorted(SOURCES))
+def source(request, tmp_path_factory):
+  return _saved(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+  return _saved("llama", tmp_path_factory)
+
+
+def _tokens():
+  return np.random.default_rng(0).integers(0, VOCAB, size=(2, 9),
+                                           dtype=np.int32)
+
+
+def _reference_logits(model, tokens):
+  with torch.no_grad():
+    return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+
+
+def _converted(folder, attention="multi_head"):
+  read = hugging_face_decoders.read(str(folder), attention)
+  model = models.create_model(read.config)
+  values = weights_lib.plan(model, read.arrays, read.rules,
+                            dropped=read.dropped, source=str(folder))
+  weights_lib.assign(model, values)
+  return read.config, model
+
+
+def _assert_close(got, want):
+  np.testing.assert_allclose(got, want, rtol=0,
+                             atol=1e-5 * np.abs(want).max())
+
+
+def test_the_config_carries_the_shape_over(source):
+  model_type, _, folder = source
+  config, _ = _converted(folder)
+  expected = {
+      "gpt2": dict(position_embedding="learned", norm="layer_norm",
+                   activation="gelu_approximate", tie_embeddings=True,
+                   parallel_residual=False),
+      "llama": dict(position_embedding="rotary", norm="rms_norm",
+                    activation="silu", gated_feed_forward=True,
+                    use_bias=False, tie_embeddings=False,
+                    rotary_base=500000.0),
+      "gpt_neox": dict(position_embedding="rotary", norm="layer_norm",
+                       activation="gelu", parallel_residual=True,
+                       rotary_pct=0.25, tie_embeddings=False),
+  }[model_type]
+  assert {name: getattr(config, name) for name in expected} == expected
+  if model_type == "llama":
+    assert config.attention.num_key_value_heads == 2
+    assert config.rotary_scaling["factor"] == 32.0
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+def test_logits_equal_transformers(source, attention):
+  _, reference, folder = source
+  tokens = _tokens()
+  want = _reference_logits(reference, tokens)
+  _, model = _converted(folder, attention)
+  got = model({"decoder_input_tokens": tf.constant(tokens)}).numpy()
+  _assert_close(got, want)
+
+
+@pytest.mark.parametrize("attention", ["project_logits", "project_weights",
+                                       "dynamic"])
+def test_every_projected_variant_starts_at_the_llama_logits(llama,
+                                                           attention):
+  """On the grouped-query source, the one with the most to check."""
+  _, reference, folder = llama
+  tokens = _tokens()
+  _, model = _converted(folder, attention)
+  got = model({"decoder_input_tokens": tf.constant(tokens)}).numpy()
+  _assert_close(got, _reference_logits(reference, tokens))
+
+
+def test_a_missing_weight_is_named_and_nothing_assigned(source, tmp_path):
+  model_type, _, folder = source
+  read = hugging_face_decoders.read(str(folder), "multi_head")
+  arrays = dict(read.arrays)
+  name = sorted(arrays)[0]
+  del arrays[name]
+  model = models.create_model(read.config)
+  with pytest.raises(ValueError, match=f"has no {name}"):
+    weights_lib.plan(model, arrays, read.rules, dropped=read.dropped,
+                     source=model_type)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(model_type="llama", rope_scaling={"rope_type": "yarn",
+                                            "factor": 4.0}),
+     "rope_type='yarn'"),
+    (dict(model_type="llama", sliding_window=4096), "sliding_window=4096"),
+    (dict(model_type="llama", attention_bias=True, mlp_bias=False),
+     "attention_bias, mlp_bias"),
+    (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True),
+     "scale_attn_by_inverse_layer_idx=True"),
+    (dict(model_type="gpt2", activation_function="swish"),
+     "activation_function='swish'"),
+    (dict(model_type="gpt_neox", attention_bias=False), "attention_bias"),
+    (dict(model_type="mistral"), "model_type='mistral'"),
+])
+def test_what_thattn_cannot_represent_is_refused_by_name(change, message):
+  base = {
+      "gpt2": transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4),
+      "llama": transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=4,
+                                        intermediate_size=64),
+      "gpt_neox": transformers.GPTNeoXConfig(hidden_size=32,
+                                             num_hidden_layers=1,
+                                             num_attention_heads=4,
+                                             intermediate_size=64),
+  }.get(change["model_type"], transformers.LlamaConfig()).to_dict()
+  hf_config = dict(base, **change)
+  with pytest.raises(ValueError, match=message):
+    hugging_face_decoders.decoder_config(hf_config, "/some/folder")
+
+
+def test_the_released_files_rope_keys_read_as_transformers_5s():
+  """Released Llama 3.2 and Pythia config.json files spell the rotary
+  settings as rope_theta / rope_scaling and rotary_emb_base / rotary_pct."""
+  released_llama = dict(
+      rope_theta=500000.0,
+      rope_scaling=dict(factor=32.0, high_freq_factor=4.0,
+                        low_freq_factor=1.0,
+                        original_max_position_embeddings=8192,
+                        rope_type="llama3"))
+  assert hugging_face_decoders.rotary_settings(released_llama, "x") == (
+      500000.0, 1.0, dict(factor=32.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0,
+                          original_max_position_embeddings=8192))
+  released_pythia = dict(rotary_emb_base=10000, rotary_pct=0.25)
+  assert hugging_face_decoders.rotary_settings(released_pythia, "x") == (
+      10000.0, 0.25, None)

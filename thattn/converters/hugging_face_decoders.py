@@ -1,0 +1,393 @@
+"""Hugging Face decoder-only LM folders: GPT-2, Llama and GPT-NeoX (Pythia).
+
+What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM` and
+`GPTNeoXForCausalLM` (config.json with `model_type` "gpt2", "llama" or
+"gpt_neox", and the weights as in `thattn.converters.hugging_face`), read
+as a thattn `DecoderConfig` and a name-and-shape map (`weights.Rule`s).
+
+What carries over, field by field: the sizes (Llama's `head_dim` and
+`num_key_value_heads` as `key_dim` and `num_key_value_heads`), the
+activation, the norm's epsilon, tied or untied output, GPT-NeoX's
+`use_parallel_residual`, and the rotary settings of both the released
+config.json files (`rope_theta` and `rope_scaling`; GPT-NeoX's
+`rotary_emb_base` and `rotary_pct`) and transformers 5's
+(`rope_parameters`, with `partial_rotary_factor`). GPT-2's three dropout
+rates become one, its residual dropout (`resid_pdrop`).
+
+The weights map without loss. A PyTorch Linear stores [out, in]; GPT-2's
+Conv1D already stores [in, out]. The query, key and value outputs split
+into heads head-major: GPT-2's `c_attn` holds [Q | K | V] along its output,
+GPT-NeoX's `query_key_value` holds them per head ([h, 3, d_k] along its
+output), Llama has one Linear each (K and V with h_kv heads). Rotary
+embeddings are linear in Q, so 1/sqrt(d_k), which these models apply to the
+logits at run time, folds into the query kernel and bias. Llama's
+gate_proj is thattn's `input` kernel (the one under the SiLU) and up_proj
+its `gate`.
+
+Refused by name, before anything is read or written: a rope type other
+than "default" and "llama3" (yarn, dynamic, linear, longrope, ...), a
+sliding window, GPT-2's `scale_attn_by_inverse_layer_idx`, unscaled
+attention or cross-attention, biases in only some of the projections
+(thattn's `use_bias` is all or none), an activation thattn lacks.
+"""
+
+import os
+
+import numpy as np
+
+from thattn import models
+from thattn.converters import hugging_face
+from thattn.converters import weights as weights_lib
+
+MODEL_TYPES = ("gpt2", "llama", "gpt_neox")
+# config.json's activation -> DecoderConfig.activation.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
+               "gelu_pytorch_tanh": "gelu_approximate",
+               "gelu_fast": "gelu_approximate", "silu": "silu",
+               "relu": "relu"}
+# The weights' prefix in a task model's checkpoint; a bare model (what
+# GPT2Model, LlamaModel, GPTNeoXModel save) has none.
+_PREFIXES = {"gpt2": "transformer.", "llama": "model.",
+             "gpt_neox": "gpt_neox."}
+# Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
+# GPT-NeoX's masks and inverse frequencies): thattn computes them.
+DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
+           r".*rotary_emb\.inv_freq")
+
+
+def is_source(path):
+  """Whether `path` is a Hugging Face GPT-2, Llama or GPT-NeoX folder."""
+  try:
+    return hugging_face.read_config(path).get("model_type") in MODEL_TYPES
+  except (ValueError, OSError):
+    return False
+
+
+def _where(path):
+  return os.path.join(path, hugging_face.CONFIG_FILE)
+
+
+def _field(hf_config, name, path):
+  if name not in hf_config:
+    raise ValueError(f"{_where(path)} has no {name!r}; expected a "
+                     f"{hf_config.get('model_type')} config.json.")
+  return hf_config[name]
+
+
+def _refuse(path, name, value, represented):
+  raise ValueError(f"{_where(path)}: {name}={value!r}; thattn represents "
+                   f"only {represented} (nothing was written).")
+
+
+def rotary_settings(hf_config, path):
+  """(rotary_base, rotary_pct, rotary_scaling) of a config.json, in either
+  the released files' keys or transformers 5's `rope_parameters`."""
+  parameters = dict(hf_config.get("rope_parameters") or {})
+  scaling = dict(hf_config.get("rope_scaling") or parameters)
+  base = parameters.get("rope_theta", hf_config.get(
+      "rope_theta", hf_config.get("rotary_emb_base", 10000.0)))
+  pct = parameters.get("partial_rotary_factor", hf_config.get(
+      "partial_rotary_factor", hf_config.get("rotary_pct", 1.0)))
+  rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+  if rope_type == "default":
+    return float(base), pct, None
+  if rope_type != "llama3":
+    _refuse(path, "rope_type", rope_type, "'default' and 'llama3' rotary "
+            "embeddings")
+  fields = ("factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings")
+  missing = [name for name in fields if name not in scaling]
+  if missing:
+    raise ValueError(f"{_where(path)}: the llama3 rope scaling has no "
+                     f"{missing} (nothing was written).")
+  return float(base), pct, {name: scaling[name] for name in fields}
+
+
+def _activation(hf_config, key, path):
+  activation = _field(hf_config, key, path)
+  if activation not in ACTIVATIONS:
+    _refuse(path, key, activation, f"{sorted(ACTIVATIONS)}")
+  return ACTIVATIONS[activation]
+
+
+def _gpt2_config(hf_config, path, attention):
+  for name, represented in (("scale_attn_by_inverse_layer_idx", False),
+                            ("scale_attn_weights", True),
+                            ("add_cross_attention", False)):
+    if hf_config.get(name, represented) != represented:
+      _refuse(path, name, hf_config[name], f"{name}={represented}")
+  width = _field(hf_config, "n_embd", path)
+  return models.DecoderConfig(
+      vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
+      num_layers=_field(hf_config, "n_layer", path),
+      d_ff=hf_config.get("n_inner") or 4 * width,
+      attention=models.AttentionConfig(
+          variant=attention, num_heads=_field(hf_config, "n_head", path)),
+      position_embedding="learned",
+      max_position_embeddings=_field(hf_config, "n_positions", path),
+      norm="layer_norm",
+      activation=_activation(hf_config, "activation_function", path),
+      use_bias=True, tie_embeddings=hf_config.get("tie_word_embeddings",
+                                                  True),
+      dropout_rate=hf_config.get("resid_pdrop", 0.1),
+      layer_norm_epsilon=hf_config.get("layer_norm_epsilon", 1e-5),
+      initializer_range=hf_config.get("initializer_range", 0.02))
+
+
+def _llama_config(hf_config, path, attention):
+  if hf_config.get("sliding_window"):
+    _refuse(path, "sliding_window", hf_config["sliding_window"],
+            "attention over the whole past (no sliding window)")
+  biases = {name: bool(hf_config.get(name, False))
+            for name in ("attention_bias", "mlp_bias")}
+  if len(set(biases.values())) > 1:
+    _refuse(path, "attention_bias, mlp_bias", tuple(biases.values()),
+            "biases in every projection or in none")
+  width = _field(hf_config, "hidden_size", path)
+  heads = _field(hf_config, "num_attention_heads", path)
+  base, pct, scaling = rotary_settings(hf_config, path)
+  return models.DecoderConfig(
+      vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
+      num_layers=_field(hf_config, "num_hidden_layers", path),
+      d_ff=_field(hf_config, "intermediate_size", path),
+      attention=models.AttentionConfig(
+          variant=attention, num_heads=heads,
+          key_dim=hf_config.get("head_dim") or width // heads,
+          num_key_value_heads=hf_config.get("num_key_value_heads") or heads),
+      position_embedding="rotary",
+      max_position_embeddings=_field(hf_config, "max_position_embeddings",
+                                     path),
+      rotary_base=base, rotary_pct=pct, rotary_scaling=scaling,
+      norm="rms_norm", activation=_activation(hf_config, "hidden_act", path),
+      gated_feed_forward=True, use_bias=biases["attention_bias"],
+      tie_embeddings=hf_config.get("tie_word_embeddings", False),
+      dropout_rate=hf_config.get("attention_dropout", 0.0),
+      layer_norm_epsilon=hf_config.get("rms_norm_eps", 1e-6),
+      initializer_range=hf_config.get("initializer_range", 0.02))
+
+
+def _gpt_neox_config(hf_config, path, attention):
+  if not hf_config.get("attention_bias", True):
+    _refuse(path, "attention_bias", False, "attention_bias=True (GPT-NeoX's "
+            "feed-forward layers always have biases)")
+  width = _field(hf_config, "hidden_size", path)
+  heads = _field(hf_config, "num_attention_heads", path)
+  base, pct, scaling = rotary_settings(hf_config, path)
+  return models.DecoderConfig(
+      vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
+      num_layers=_field(hf_config, "num_hidden_layers", path),
+      d_ff=_field(hf_config, "intermediate_size", path),
+      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+                                       key_dim=width // heads),
+      position_embedding="rotary",
+      max_position_embeddings=_field(hf_config, "max_position_embeddings",
+                                     path),
+      rotary_base=base, rotary_pct=pct, rotary_scaling=scaling,
+      norm="layer_norm",
+      activation=_activation(hf_config, "hidden_act", path),
+      parallel_residual=hf_config.get("use_parallel_residual", True),
+      use_bias=True,
+      tie_embeddings=hf_config.get("tie_word_embeddings", False),
+      dropout_rate=hf_config.get("hidden_dropout", 0.0),
+      layer_norm_epsilon=hf_config.get("layer_norm_eps", 1e-5),
+      initializer_range=hf_config.get("initializer_range", 0.02))
+
+
+_CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config,
+            "gpt_neox": _gpt_neox_config}
+
+
+def decoder_config(hf_config, path, attention="multi_head"):
+  """thattn's DecoderConfig for a config.json, or ValueError naming the
+  field thattn cannot represent."""
+  model_type = _field(hf_config, "model_type", path)
+  if model_type not in _CONFIGS:
+    _refuse(path, "model_type", model_type, f"{list(MODEL_TYPES)}")
+  width = hf_config.get("n_embd", hf_config.get("hidden_size"))
+  heads = hf_config.get("n_head", hf_config.get("num_attention_heads"))
+  if (model_type != "llama" or not hf_config.get("head_dim")) and (
+      width and heads and width % heads):
+    raise ValueError(f"{_where(path)}: the width {width} is not a multiple "
+                     f"of the {heads} heads (nothing was written).")
+  return _CONFIGS[model_type](hf_config, path, attention)
+
+
+def read_arrays(path, model_type):
+  """{name: float32 array} of the folder's weights (as
+  `hugging_face.read_arrays` reads them), without the task model's prefix
+  (`transformer.`, `model.`, `gpt_neox.`), which a bare model lacks."""
+  prefix = _PREFIXES[model_type]
+  return {name[len(prefix):] if name.startswith(prefix) else name: value
+          for name, value in hugging_face.read_arrays(path).items()}
+
+
+def _rule(target, source, transform=None):
+  if transform is None:
+    return weights_lib.Rule(target, source)
+  return weights_lib.Rule(target, source, transform)
+
+
+def _heads(array, heads, head_dim, scale=1.0):
+  """[..., heads * head_dim] -> [..., heads, head_dim], times `scale`."""
+  array = np.asarray(array) * scale
+  return array.reshape(array.shape[:-1] + (heads, head_dim))
+
+
+def _norm(target, source, config):
+  """A norm's rules: RMSNorm's scale, or LayerNorm's gamma and beta."""
+  if config.norm == "rms_norm":
+    return [_rule(f"{target}/scale", f"{source}.weight")]
+  return [_rule(f"{target}/gamma", f"{source}.weight"),
+          _rule(f"{target}/beta", f"{source}.bias")]
+
+
+def _dense(target, source, transform, use_bias):
+  """A Dense's rules from a source layer with `weight` (and `bias`)."""
+  rules = [_rule(f"{target}/kernel", f"{source}.weight", transform)]
+  if use_bias:
+    rules.append(_rule(f"{target}/bias", f"{source}.bias"))
+  return rules
+
+
+def _attention(block, config, query_key_value, output, use_bias):
+  """One attention layer's rules. `query_key_value`: {"query", "key",
+  "value": (source name of the weight, [...] -> that part's [in, out]
+  kernel or bias, before its split into heads)}; `output`: the output
+  layer's source name and its [in, out] kernel transform."""
+  h = config.attention.num_heads
+  d_k, d_v = config.attention.head_dims(config.d_model)
+  h_kv = config.attention.num_key_value_heads or h
+  sizes = {"query": (h, d_k, d_k ** -0.5), "key": (h_kv, d_k, 1.0),
+           "value": (h_kv, d_v, 1.0)}
+  target = f"{block}/self_attention/self_attention"
+  rules = []
+  for part, (heads, size, scale) in sizes.items():
+    source, piece = query_key_value[part]
+    for which in ("weight", "bias") if use_bias else ("weight",):
+      rules.append(_rule(
+          f"{target}/{part}/{'kernel' if which == 'weight' else 'bias'}",
+          f"{source}.{which}",
+          lambda array, piece=piece, heads=heads, size=size, scale=scale:
+          _heads(piece(array), heads, size, scale)))
+  source, kernel = output
+  rules.append(_rule(f"{target}/output/kernel", f"{source}.weight",
+                     lambda array: kernel(array).reshape(h, d_v, -1)))
+  if use_bias:
+    rules.append(_rule(f"{target}/output/bias", f"{source}.bias"))
+  return rules
+
+
+def _gpt2_rules(config):
+  d = config.d_model
+  rules = [_rule("token_embedding/embeddings", "wte.weight"),
+           _rule("position_embedding/embeddings", "wpe.weight")]
+  rules += _norm("decoder_final_norm", "ln_f", config)
+  for index in range(config.num_layers):
+    block, layer = f"decoder_block_{index}", f"h.{index}"
+    # c_attn: a Conv1D, [in, out] = [d, 3d], its output [Q | K | V].
+    thirds = {part: (f"{layer}.attn.c_attn",
+                     lambda array, third=third: np.asarray(array)[
+                         ..., third * d:(third + 1) * d])
+              for third, part in enumerate(("query", "key", "value"))}
+    rules += _attention(block, config, thirds,
+                        (f"{layer}.attn.c_proj", np.asarray), True)
+    rules += _dense(f"{block}/feed_forward/input", f"{layer}.mlp.c_fc",
+                    np.asarray, True)
+    rules += _dense(f"{block}/feed_forward/output", f"{layer}.mlp.c_proj",
+                    np.asarray, True)
+    rules += _norm(f"{block}/self_attention_norm", f"{layer}.ln_1", config)
+    rules += _norm(f"{block}/feed_forward_norm", f"{layer}.ln_2", config)
+  return rules
+
+
+def _llama_rules(config):
+  rules = [_rule("token_embedding/embeddings", "embed_tokens.weight")]
+  rules += _norm("decoder_final_norm", "norm", config)
+  linear = lambda array: np.asarray(array).T  # a Linear's [out, in]
+  for index in range(config.num_layers):
+    block, layer = f"decoder_block_{index}", f"layers.{index}"
+    parts = {part: (f"{layer}.self_attn.{short}_proj", linear)
+             for part, short in (("query", "q"), ("key", "k"),
+                                 ("value", "v"))}
+    rules += _attention(block, config, parts,
+                        (f"{layer}.self_attn.o_proj", linear),
+                        config.use_bias)
+    # SiLU(x W_gate) * x W_up: thattn's gated network applies its
+    # activation to the `input` kernel's output.
+    for target, source in (("input", "gate_proj"), ("gate", "up_proj"),
+                           ("output", "down_proj")):
+      rules += _dense(f"{block}/feed_forward/{target}",
+                      f"{layer}.mlp.{source}", linear, config.use_bias)
+    rules += _norm(f"{block}/self_attention_norm",
+                   f"{layer}.input_layernorm", config)
+    rules += _norm(f"{block}/feed_forward_norm",
+                   f"{layer}.post_attention_layernorm", config)
+  return rules
+
+
+def _gpt_neox_rules(config):
+  h = config.attention.num_heads
+  d_k, _ = config.attention.head_dims(config.d_model)
+  rules = [_rule("token_embedding/embeddings", "embed_in.weight")]
+  rules += _norm("decoder_final_norm", "final_layer_norm", config)
+  linear = lambda array: np.asarray(array).T
+  for index in range(config.num_layers):
+    block, layer = f"decoder_block_{index}", f"layers.{index}"
+
+    # query_key_value: a Linear whose output is [h, 3, d_k]: each head's
+    # query, key and value side by side.
+    def part_of(array, which):
+      array = np.asarray(array)
+      array = array.T if array.ndim == 2 else array
+      fused = array.reshape(array.shape[:-1] + (h, 3, d_k))
+      return fused[..., which, :].reshape(array.shape[:-1] + (h * d_k,))
+
+    parts = {part: (f"{layer}.attention.query_key_value",
+                    lambda array, which=which: part_of(array, which))
+             for which, part in enumerate(("query", "key", "value"))}
+    rules += _attention(block, config, parts,
+                        (f"{layer}.attention.dense", linear), True)
+    rules += _dense(f"{block}/feed_forward/input",
+                    f"{layer}.mlp.dense_h_to_4h", linear, True)
+    rules += _dense(f"{block}/feed_forward/output",
+                    f"{layer}.mlp.dense_4h_to_h", linear, True)
+    rules += _norm(f"{block}/self_attention_norm",
+                   f"{layer}.input_layernorm", config)
+    rules += _norm(f"{block}/feed_forward_norm",
+                   f"{layer}.post_attention_layernorm", config)
+  return rules
+
+
+_RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules,
+          "gpt_neox": _gpt_neox_rules}
+# The untied output layer's source name.
+_LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out"}
+
+
+def rules(config, model_type):
+  """Every Rule of a decoder-only LM of this thattn config read from a
+  `model_type` folder."""
+  result = _RULES[model_type](config)
+  if not config.tie_embeddings:
+    result.append(_rule("lm_head/kernel", f"{_LM_HEADS[model_type]}.weight",
+                        lambda array: np.asarray(array).T))
+  return result
+
+
+def dropped(config, model_type):
+  """The source names meant to be left out: the buffers, and a tied
+  model's copy of its embedding as the output layer."""
+  if config.tie_embeddings:
+    return DROPPED + (rf"{_LM_HEADS[model_type]}\.weight",)
+  return DROPPED
+
+
+def read(path, attention):
+  """The folder as a `weights.Source` (its tokenizer: not yet read)."""
+  hf_config = hugging_face.read_config(path)
+  config = decoder_config(hf_config, path, attention)
+  family = hf_config["model_type"]
+  return weights_lib.Source(
+      config=config, arrays=read_arrays(path, family),
+      rules=rules(config, family), dropped=dropped(config, family),
+      tokenizer=None, family=family)
