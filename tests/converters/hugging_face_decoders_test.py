@@ -3,12 +3,14 @@ LM, against transformers.
 
 Each source is a tiny model that transformers makes and saves with
 `save_pretrained`, its weights redrawn at a scale where attention is not
-uniform: GPT-2 (learned positions, tied), Llama (4 query heads over 2 key
+uniform and continuations vary: GPT-2 (learned positions, tied), Llama (4 query heads over 2 key
 and value heads, the `llama3` rope scaling, untied) and GPT-NeoX (a quarter
 of each head rotated, the parallel residual, biases). The thattn model the
 map fills gives transformers' logits within 1e-5 of their scale, as
 multi-head attention and as the projected variants started at the
-identity; what thattn cannot represent is refused by name.
+identity, and its greedy and beam-search continuations (with the caches)
+are transformers' `generate`'s; what thattn cannot represent is refused by
+name.
 """
 
 import numpy as np
@@ -48,8 +50,10 @@ def _saved(model_type, tmp_path_factory):
   torch.manual_seed(0)
   model = SOURCES[model_type]().eval()
   with torch.no_grad():
-    for weight in model.parameters():
-      weight.normal_(0.0, 0.3)
+    for name, weight in model.named_parameters():
+      # Biases small: at the weights' scale they would pick one token
+      # whatever the input (GPT-NeoX's greedy continuations all 57).
+      weight.normal_(0.0, 0.05 if name.endswith("bias") else 0.3)
   folder = tmp_path_factory.mktemp("hf") / model_type
   model.save_pretrained(folder)
   return model_type, model, folder
@@ -190,3 +194,31 @@ def test_the_released_files_rope_keys_read_as_transformers_5s():
   released_pythia = dict(rotary_emb_base=10000, rotary_pct=0.25)
   assert hugging_face_decoders.rotary_settings(released_pythia, "x") == (
       10000.0, 0.25, None)
+
+
+def _reference_continuation(model, prompt, steps, **options):
+  with torch.no_grad():
+    out = model.generate(torch.from_numpy(prompt.astype(np.int64)),
+                         max_new_tokens=steps, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, **options)
+  return out.numpy()[:, prompt.shape[1]:]
+
+
+def test_greedy_and_beam_continuations_equal_transformers_generate(source):
+  """Greedy and 3-beam search (no end token, so every beam is as long and
+  no length penalty can reorder them) after the converted talking-heads
+  model's prompt pass: transformers' tokens, decoded with the caches."""
+  _, reference, folder = source
+  _, model = _converted(folder, "talking_heads")
+  prompt = np.random.default_rng(3).integers(0, VOCAB, size=(2, 4),
+                                             dtype=np.int32)
+  greedy = _reference_continuation(reference, prompt, 6)
+  assert len(np.unique(greedy)) > 2  # not one token over and over
+  np.testing.assert_array_equal(
+      models.generate(model, prompt, max_length=6)["tokens"].numpy(),
+      greedy)
+  beams = _reference_continuation(reference, prompt, 5, num_beams=3,
+                                  length_penalty=0.0, early_stopping=True)
+  np.testing.assert_array_equal(
+      models.generate(model, prompt, max_length=5, method="beam",
+                      beam_size=3)["tokens"].numpy(), beams)

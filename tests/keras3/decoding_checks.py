@@ -86,3 +86,36 @@ def test_a_decoder_lm_decodes_with_its_caches_as_the_whole_pass(preset):
     steps.append(ops.convert_to_numpy(logits))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=0,
                              atol=1e-5 * np.abs(whole).max())
+
+
+def _greedy_by_whole_passes(model, prompt, steps):
+  """Greedy decoding by definition: the argmax of a whole pass over the
+  prompt and the tokens so far, once per new token (no caches)."""
+  tokens = np.asarray(prompt)
+  for _ in range(steps):
+    logits = ops.convert_to_numpy(model({"decoder_input_tokens": tokens}))
+    tokens = np.concatenate(
+        [tokens, logits[:, -1].argmax(-1)[:, None].astype("int32")], axis=1)
+  return tokens[:, np.asarray(prompt).shape[1]:]
+
+
+@pytest.mark.parametrize("preset", ["lm_tiny", "gpt2_tiny", "pythia_tiny"])
+def test_a_decoder_lm_continues_its_prompt_greedily(preset):
+  model = models.create_model(preset, attention="talking_heads")
+  rng = np.random.default_rng(2)
+  model.set_weights([rng.normal(0.0, 0.3, w.shape).astype("float32")
+                     for w in model.get_weights()])
+  prompt = rng.integers(0, 128, size=(2, 3)).astype("int32")
+  decoded = models.generate(model, prompt, max_length=5)
+  want = _greedy_by_whole_passes(model, prompt, 5)
+  assert len(np.unique(want)) > 2  # not one token over and over
+  np.testing.assert_array_equal(ops.convert_to_numpy(decoded["tokens"]),
+                                want)
+  # The end token stops a continuation, padding after it.
+  eos = int(want[0, 1])
+  ended = generation.DecoderLMGenerator(model, max_length=5, eos_id=eos,
+                                        pad_id=0)(prompt)
+  row = ops.convert_to_numpy(ended["tokens"])[0]
+  first = list(want[0]).index(eos)
+  assert list(row[:first + 1]) == list(want[0, :first + 1])
+  assert set(row[first + 1:]) <= {0}

@@ -24,6 +24,7 @@ _EXPORTS = {
     "build_model": "factory", "create_model": "factory",
     "model_config": "presets",
     "generate": "generation", "T5Generator": "generation",
+    "DecoderLMGenerator": "generation",
     "load": "loading",
     "PRESETS": "presets", "preset_names": "presets",
     "RecallEncoder": "recall_encoder",

@@ -1,4 +1,10 @@
-"""T5 decoding with the attention layers' incremental caches.
+"""Decoding with the attention layers' incremental caches: T5, and the
+decoder-only LMs.
+
+`generate(model, tokens, max_length=N, ...)` picks the generator from the
+model's inputs: a T5 (`encoder_input_tokens`) decodes N tokens from its
+encoder's input; a decoder-only LM (`decoder_input_tokens` alone) continues
+a prompt with N new tokens (`DecoderLMGenerator`, below the T5 one).
 
 `T5Generator(model, max_length=...)` is a `tf.Module` whose `__call__` is a
 `tf.function` over `encoder_input_tokens` [batch, length], so it exports
@@ -38,13 +44,42 @@ METHODS = ("greedy", "sample", "beam")
 _IMPOSSIBLE = -1e9
 
 
-def _check_options(max_length, method, temperature, top_k, beam_size):
+def _check_options(max_length, method, temperature, top_k, beam_size,
+                   top_p=1.0):
   validation.one_of("method", method, METHODS)
   validation.positive_int("max_length", max_length)
   validation.non_negative_int("top_k", top_k)
   validation.positive_int("beam_size", beam_size)
   if not temperature > 0:
     raise ValueError(f"temperature must be positive, got {temperature!r}.")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
+
+
+def choose_tokens(log_probs, method, rng, temperature=1.0, top_k=0,
+                  top_p=1.0):
+  """int32 tokens [batch] from log-probabilities [batch, vocab]: the most
+  likely ("greedy"), or ("sample") a draw from softmax(log_probs /
+  temperature) restricted to the `top_k` most likely tokens (0: all), then
+  to the fewest most likely whose probabilities sum to `top_p` or more
+  (nucleus sampling), in that order, as transformers' `generate` filters
+  them. `rng`: a `tf.random.Generator`."""
+  if method == "greedy":
+    return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+  logits = log_probs / temperature
+  if top_k:
+    kth_best = tf.math.top_k(logits, k=top_k).values[:, -1:]
+    logits = tf.where(logits < kth_best, _IMPOSSIBLE, logits)
+  if top_p < 1.0:
+    ranked = tf.sort(logits, axis=-1, direction="DESCENDING")
+    # Each token's probability mass before it: the first always stays.
+    before = tf.math.cumsum(tf.nn.softmax(ranked), axis=-1, exclusive=True)
+    kept = tf.where(before < top_p, ranked, -_IMPOSSIBLE)
+    threshold = tf.reduce_min(kept, axis=-1, keepdims=True)
+    logits = tf.where(logits < threshold, _IMPOSSIBLE, logits)
+  seed = rng.make_seeds(1)[:, 0]
+  return tf.cast(tf.random.stateless_categorical(logits, 1, seed)[:, 0],
+                 tf.int32)
 
 
 class _Untracked:
@@ -122,15 +157,8 @@ class T5Generator(tf.Module):
 
   # ---- greedy and sampling ---------------------------------------------------
   def _choose(self, log_probs):
-    if self.method == "greedy":
-      return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-    logits = log_probs / self.temperature
-    if self.top_k:
-      kth_best = tf.math.top_k(logits, k=self.top_k).values[:, -1:]
-      logits = tf.where(logits < kth_best, _IMPOSSIBLE, logits)
-    seed = self._rng.make_seeds(1)[:, 0]
-    return tf.cast(tf.random.stateless_categorical(logits, 1, seed)[:, 0],
-                   tf.int32)
+    return choose_tokens(log_probs, self.method, self._rng,
+                         self.temperature, self.top_k)
 
   def _sample_or_greedy(self, encoder_tokens):
     memory_mask, caches = self._start(encoder_tokens)
@@ -200,11 +228,154 @@ class T5Generator(tf.Module):
     return ((5.0 + tf.cast(lengths, tf.float32)) / 6.0) ** self.length_penalty
 
 
-def generate(model, encoder_input_tokens, *, max_length, **options):
-  """Decodes `encoder_input_tokens` with a T5 model; see `T5Generator`.
+class DecoderLMGenerator(tf.Module):
+  """Continuations of prompts from a decoder-only LM of `thattn.models`.
 
-  Builds (and traces) a new `T5Generator` on every call; keep one generator
+  `generator(prompt_tokens)` takes int32 [batch, p], every prompt of the
+  batch p tokens long, and returns `{"tokens": int32 [batch, max_length],
+  "scores": float32 [batch]}`: the `max_length` tokens after the prompt,
+  and the sum of their log-probabilities (up to and including `eos_id`'s
+  first, after which the tokens are `pad_id`). The prompt runs through the
+  model once, filling the caches; each new token is then one step.
+
+  Args:
+    model: the functional model of `create_model` for a `DecoderConfig`
+      (or a T5Config with stacks="decoder", its prompt starting with the
+      decoder start token 0).
+    max_length: N, the new tokens.
+    method: "greedy", "sample" or "beam".
+    temperature, top_k, top_p: for "sample" (`choose_tokens`).
+    beam_size: for "beam": the best `beam_size` continuations by total
+      log-probability are kept at each step; a finished one continues with
+      `pad_id` at no cost, and the best of them is returned (no length
+      penalty: with no `eos_id`, every beam has N tokens).
+    eos_id: the token that ends a continuation, or None (GPT-2's and
+      Llama's models run on until N).
+    pad_id: what follows the end token; default `eos_id`, as transformers'
+      `generate` pads when a model has no padding token.
+    seed: of the sampler's random generator.
+  """
+
+  def __init__(self, model, *, max_length, method="greedy", temperature=1.0,
+               top_k=0, top_p=1.0, beam_size=4, eos_id=None, pad_id=None,
+               seed=0, name=None):
+    super().__init__(name=name)
+    _check_options(max_length, method, temperature, top_k, beam_size, top_p)
+    inputs = sorted(model.input) if isinstance(model.input, dict) else []
+    if inputs != ["decoder_input_tokens"]:
+      raise ValueError(
+          f"DecoderLMGenerator needs a decoder-only LM (one input, "
+          f"decoder_input_tokens); {model.name!r} takes {inputs or 'a '}"
+          f"{'' if inputs else 'tensor'}.")
+    self.max_length = max_length
+    self.method = method
+    self.temperature = float(temperature)
+    self.top_k = top_k
+    self.top_p = float(top_p)
+    self.beam_size = beam_size
+    self.eos_id = -1 if eos_id is None else eos_id  # -1: never generated
+    self.pad_id = self.eos_id if pad_id is None else pad_id
+    # Untracked, as in T5Generator: exported, the module holds the weights
+    # and its one function.
+    self._layers = _Untracked(model=model,
+                              decoder=wiring.decoder_layers(model))
+    self._model_weights = list(model.weights)
+    self._vocab_size = self._layers.decoder.embedding.vocab_size
+    self._rng = tf.random.Generator.from_seed(seed)
+
+  @property
+  def model(self):
+    return self._layers.model
+
+  @tf.function(input_signature=[
+      tf.TensorSpec([None, None], tf.int32, name="prompt_tokens")])
+  def __call__(self, prompt_tokens):
+    """{"tokens": [batch, max_length], "scores": [batch]} (see the class)."""
+    if self.method == "beam":
+      return self._beam_search(prompt_tokens)
+    return self._sample_or_greedy(prompt_tokens)
+
+  def _prefill(self, prompt):
+    """The caches holding the prompt, and the log-probabilities [batch,
+    vocab] of the token after it."""
+    batch, length = tf.shape(prompt)[0], tf.shape(prompt)[1]
+    caches = [block.initial_cache(batch, length + self.max_length)
+              for block in self._layers.decoder.blocks]
+    return self._step(prompt, 0, caches)
+
+  def _step(self, tokens, position, caches):
+    """Log-probabilities of the token after `tokens` [batch, n] written at
+    `position`, and the caches with them."""
+    logits, caches = wiring.run_decoder(
+        self._layers.decoder, tokens, None, None, training=False,
+        caches=caches, decode_step=position)
+    return tf.nn.log_softmax(logits[:, -1]), caches
+
+  def _sample_or_greedy(self, prompt):
+    log_probs, caches = self._prefill(prompt)
+    start = tf.shape(prompt)[1]
+    batch = tf.shape(prompt)[0]
+    finished = tf.zeros([batch], tf.bool)
+    scores = tf.zeros([batch], tf.float32)
+    outputs = tf.TensorArray(tf.int32, size=self.max_length)
+    for step in tf.range(self.max_length):
+      chosen = choose_tokens(log_probs, self.method, self._rng,
+                             self.temperature, self.top_k, self.top_p)
+      tokens = tf.where(finished, self.pad_id, chosen)
+      scores += tf.where(finished, 0.0,
+                         tf.gather(log_probs, tokens, batch_dims=1))
+      finished |= tf.equal(tokens, self.eos_id)
+      outputs = outputs.write(step, tokens)
+      # (The last step's log-probabilities go unused; its cache row is
+      # the last of the prompt's length + max_length.)
+      log_probs, caches = self._step(tf.expand_dims(tokens, 1),
+                                     start + step, caches)
+    return {"tokens": tf.transpose(outputs.stack()), "scores": scores}
+
+  def _beam_search(self, prompt):
+    beams, vocab, length = self.beam_size, self._vocab_size, self.max_length
+    batch, start = tf.shape(prompt)[0], tf.shape(prompt)[1]
+    log_probs, caches = self._prefill(tf.repeat(prompt, beams, axis=0))
+    # All beams start equal; only the first may expand at the first step.
+    scores = tf.tile(tf.constant([[0.0] + [_IMPOSSIBLE] * (beams - 1)]),
+                     [batch, 1])
+    sequences = tf.zeros([batch, beams, length], tf.int32)
+    finished = tf.zeros([batch, beams], tf.bool)
+    # A finished beam may only continue with padding, at no cost.
+    pad_only = tf.where(tf.range(vocab) == self.pad_id, 0.0, _IMPOSSIBLE)
+    for step in tf.range(length):
+      log_probs = tf.reshape(log_probs, [batch, beams, vocab])
+      log_probs = tf.where(tf.expand_dims(finished, 2), pad_only, log_probs)
+      candidates = tf.reshape(tf.expand_dims(scores, 2) + log_probs,
+                              [batch, beams * vocab])
+      scores, best = tf.math.top_k(candidates, k=beams)
+      parent, token = best // vocab, best % vocab
+      sequences = tf.gather(sequences, parent, batch_dims=1)
+      sequences += (tf.expand_dims(token, 2) *
+                    tf.one_hot(step, length, dtype=tf.int32))
+      finished = (tf.gather(finished, parent, batch_dims=1) |
+                  tf.equal(token, self.eos_id))
+      rows = tf.reshape(parent + beams * tf.expand_dims(tf.range(batch), 1),
+                        [-1])
+      caches = [tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows),
+                                      cache) for cache in caches]
+      log_probs, caches = self._step(tf.reshape(token, [-1, 1]),
+                                     start + step, caches)
+    best = tf.argmax(scores, axis=-1, output_type=tf.int32)
+    return {"tokens": tf.gather(sequences, best, batch_dims=1),
+            "scores": tf.gather(scores, best, batch_dims=1)}
+
+
+def generate(model, tokens, *, max_length, **options):
+  """Decodes with a T5 model (`tokens`: its encoder's input; see
+  `T5Generator`) or continues prompts with a decoder-only LM (`tokens`:
+  the prompts; see `DecoderLMGenerator`), by the model's inputs.
+
+  Builds (and traces) a new generator on every call; keep one generator
   to decode many batches.
   """
-  generator = T5Generator(model, max_length=max_length, **options)
-  return generator(tf.convert_to_tensor(encoder_input_tokens, tf.int32))
+  inputs = model.input if isinstance(model.input, dict) else {}
+  kind = (T5Generator if "encoder_input_tokens" in inputs else
+          DecoderLMGenerator)
+  generator = kind(model, max_length=max_length, **options)
+  return generator(tf.convert_to_tensor(tokens, tf.int32))

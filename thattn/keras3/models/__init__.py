@@ -1,7 +1,9 @@
-"""BERT, ALBERT and T5 as Keras 3 models (TensorFlow, JAX, PyTorch).
+"""BERT, ALBERT, T5 and decoder-only LMs as Keras 3 models (TensorFlow, JAX,
+PyTorch).
 
 The model front end of `thattn.keras3`: the builders of `thattn.models`
-(the same `BertConfig` / `T5Config`, presets and overrides) written with
+(the same `BertConfig` / `T5Config` / `DecoderConfig`, presets and
+overrides) written with
 `keras.ops` and thattn.keras3's layers, with the tf_keras models' weights
 (names, shapes and order), so `set_weights(get_weights())` moves a model
 between the two front ends. docs/architecture.md says how they divide the
@@ -19,6 +21,9 @@ from thattn.keras3.models.embeddings import StackPositionBias
 from thattn.keras3.models.embeddings import TokenEmbedding
 from thattn.keras3.models.factory import build_model
 from thattn.keras3.models.factory import create_model
+from thattn.keras3.models.generation import DecoderLMGenerator
+from thattn.keras3.models.generation import generate
+from thattn.keras3.models.generation import T5Generator
 from thattn.keras3.models.heads import ClassificationHead
 from thattn.keras3.models.heads import MaskedLMHead
 from thattn.keras3.models.heads import SpanHead

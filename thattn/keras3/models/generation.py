@@ -1,4 +1,5 @@
-"""T5 decoding in Keras 3, with the attention layers' caches, on any backend.
+"""T5 decoding and decoder-only LM continuations in Keras 3, with the
+attention layers' caches, on any backend.
 
 `T5Generator(model, max_length=...)(encoder_input_tokens)` decodes greedily
 from a T5 of `thattn.keras3.models` and returns `{"tokens": int32 [batch,
@@ -20,6 +21,7 @@ steps, compiled whole per backend:
   a `tf.function` to trace it);
 - PyTorch: a Python loop under `torch.no_grad()`.
 
+`DecoderLMGenerator` continues prompts of a decoder-only LM the same way.
 Sampling and beam search stay tf_keras-only for now (`thattn.models.
 generation`).
 """
@@ -30,6 +32,36 @@ from keras import ops
 from thattn.core import validation
 from thattn.keras3.models import embeddings
 from thattn.models import wiring
+
+def compile_decode(decode, model):
+  """`decode` (tensors -> tensors, reading `model`'s weights) compiled
+  for the backend, as the module says: (the callable, and for JAX its
+  jax.jit, whose compiles can be counted; else None)."""
+  backend = keras.backend.backend()
+  if backend == "jax":
+    import jax  # pylint: disable=g-import-not-at-top
+    variables = list(model.variables)
+
+    def pure(values, tokens):
+      with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+        return decode(tokens)
+
+    jitted = jax.jit(pure)
+    # The variables' current values on each call: a changed weight needs
+    # no new compile.
+    return lambda tokens: jitted([v.value for v in variables], tokens), jitted
+  if backend == "tensorflow":
+    # Eager: keras.ops.fori_loop is a tf.while_loop run step by step.
+    # (A tf.function would need TensorFlow imported here, which the
+    # Keras 3 models never do themselves: tests/architecture_test.py.)
+    return decode, None
+  import torch  # pylint: disable=g-import-not-at-top
+
+  def decode_without_gradients(tokens):
+    with torch.no_grad():
+      return decode(tokens)
+  return decode_without_gradients, None
+
 
 class T5Generator:
   """Greedy decoding from a T5 model of `thattn.keras3.models`.
@@ -63,7 +95,7 @@ class T5Generator:
     """{"tokens": [batch, max_length], "scores": [batch]}."""
     tokens = ops.convert_to_tensor(encoder_input_tokens, "int32")
     if self._compiled is None:
-      self._compiled = self._compile()
+      self._compiled, self.jitted = compile_decode(self.decode, self.model)
     return self._compiled(tokens)
 
   def decode(self, encoder_tokens):
@@ -99,38 +131,93 @@ class T5Generator:
     _, _, scores, outputs, _ = ops.fori_loop(0, self.max_length, step, state)
     return {"tokens": outputs, "scores": scores}
 
-  def _compile(self):
-    backend = keras.backend.backend()
-    if backend == "jax":
-      return self._compile_jax()
-    if backend == "tensorflow":
-      # Eager: keras.ops.fori_loop is a tf.while_loop run step by step.
-      # (A tf.function would need TensorFlow imported here, which the
-      # Keras 3 models never do themselves: tests/architecture_test.py.)
-      return self.decode
-    import torch  # pylint: disable=g-import-not-at-top
-
-    def decode_without_gradients(tokens):
-      with torch.no_grad():
-        return self.decode(tokens)
-    return decode_without_gradients
-
-  def _compile_jax(self):
-    import jax  # pylint: disable=g-import-not-at-top
-    variables = list(self.model.variables)
-
-    def pure(values, tokens):
-      with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-        return self.decode(tokens)
-
-    self.jitted = jax.jit(pure)
-    # The variables' current values on each call: a changed weight needs
-    # no new compile.
-    return lambda tokens: self.jitted([v.value for v in variables], tokens)
 
 
-def generate(model, encoder_input_tokens, *, max_length, **options):
-  """Decodes `encoder_input_tokens` greedily; see `T5Generator` (keep one
-  generator to decode many batches: each one compiles once)."""
-  return T5Generator(model, max_length=max_length, **options)(
-      encoder_input_tokens)
+class DecoderLMGenerator:
+  """Greedy continuations of prompts from a decoder-only LM of
+  `thattn.keras3.models`, as `thattn.models.DecoderLMGenerator` gives them
+  for tf_keras (method "greedy").
+
+  `generator(prompt_tokens)`: int32 [batch, p], every prompt p tokens
+  long -> `{"tokens": int32 [batch, max_length], "scores": float32
+  [batch]}`, the N new tokens and the sum of their log-probabilities (up
+  to and including `eos_id`'s first, after which the tokens are
+  `pad_id`). The prompt runs once, filling the caches; then one step per
+  token, the loop compiled whole as T5Generator's (JAX: one compile per
+  prompt shape).
+
+  Args:
+    model: the functional model of `create_model` for a `DecoderConfig`.
+    max_length: N, the new tokens.
+    eos_id: the token that ends a continuation, or None.
+    pad_id: what follows the end token; default `eos_id`.
+  """
+
+  def __init__(self, model, *, max_length, eos_id=None, pad_id=None):
+    validation.positive_int("max_length", max_length)
+    inputs = sorted(model.input) if isinstance(model.input, dict) else []
+    if inputs != ["decoder_input_tokens"]:
+      raise ValueError(
+          f"DecoderLMGenerator needs a decoder-only LM (one input, "
+          f"decoder_input_tokens); {model.name!r} takes {inputs}.")
+    self.model = model
+    self.max_length = max_length
+    self.eos_id = -1 if eos_id is None else eos_id  # -1: never generated
+    self.pad_id = self.eos_id if pad_id is None else pad_id
+    self._decoder = wiring.decoder_layers(model)
+    self._compiled = None
+    self.jitted = None  # JAX: the jax.jit of the decode, once compiled
+
+  def __call__(self, prompt_tokens):
+    """{"tokens": [batch, max_length], "scores": [batch]}."""
+    tokens = ops.convert_to_tensor(prompt_tokens, "int32")
+    if self._compiled is None:
+      self._compiled, self.jitted = compile_decode(self.decode, self.model)
+    return self._compiled(tokens)
+
+  def _log_probs(self, tokens, position, caches):
+    logits, caches = wiring.run_decoder(
+        self._decoder, tokens, None, None, training=False, caches=caches,
+        decode_step=position)
+    return ops.log_softmax(ops.cast(logits[:, -1], "float32"),
+                           axis=-1), caches
+
+  def decode(self, prompt):
+    """The prompt's pass and the whole decode on tensors (traced once by
+    `__call__` per prompt shape)."""
+    batch, length = prompt.shape[0], prompt.shape[1]
+    caches = [block.initial_cache(batch, length + self.max_length)
+              for block in self._decoder.blocks]
+    log_probs, caches = self._log_probs(prompt, 0, caches)
+    state = (log_probs, ops.zeros((batch,), "bool"),
+             ops.zeros((batch,), "float32"),
+             ops.zeros((batch, self.max_length), "int32"), caches)
+
+    def step(index, state):
+      log_probs, finished, scores, outputs, caches = state
+      chosen = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+      tokens = ops.where(finished, self.pad_id, chosen)
+      token_scores = ops.take_along_axis(
+          log_probs, ops.expand_dims(tokens, 1), axis=1)[:, 0]
+      scores = scores + ops.where(finished, 0.0, token_scores)
+      finished = ops.logical_or(finished, ops.equal(tokens, self.eos_id))
+      outputs = outputs + ops.expand_dims(tokens, 1) * ops.one_hot(
+          index, self.max_length, dtype="int32")
+      # (The last step's log-probabilities go unused.)
+      log_probs, caches = self._log_probs(ops.expand_dims(tokens, 1),
+                                          length + index, caches)
+      return log_probs, finished, scores, outputs, caches
+
+    _, _, scores, outputs, _ = ops.fori_loop(0, self.max_length, step, state)
+    return {"tokens": outputs, "scores": scores}
+
+
+def generate(model, tokens, *, max_length, **options):
+  """Decodes greedily with a T5 (`tokens`: its encoder's input; see
+  `T5Generator`) or continues prompts with a decoder-only LM (`tokens`:
+  the prompts; see `DecoderLMGenerator`), by the model's inputs. Keep one
+  generator to decode many batches: each one compiles once."""
+  inputs = model.input if isinstance(model.input, dict) else {}
+  kind = (T5Generator if "encoder_input_tokens" in inputs else
+          DecoderLMGenerator)
+  return kind(model, max_length=max_length, **options)(tokens)
