@@ -221,7 +221,8 @@ def test_the_keras3_layers_import_no_tf_keras():
 # The plain-Python part of thattn.models that the Keras 3 models share.
 _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.wiring",
-                         "thattn.models.heads_and_losses")
+                         "thattn.models.heads_and_losses",
+                         "thattn.models.hugging_face_decoders")
 
 
 # What thattn.keras3.models.load reads a run with: the model_dir's layout
@@ -234,14 +235,17 @@ _KERAS3_RUN_READERS = ("thattn.io.run_dir", "thattn.io.checkpoint_reading",
                        "thattn.io.orbax_checkpoints")
 _KERAS3_LAZY_TF_KERAS = {("thattn.keras3.models.loading",
                           "thattn.models.loading")}
+# A Hugging Face folder's files, read with NumPy and safetensors: what
+# thattn.models.hugging_face_decoders (shared) reads them with.
+_HUGGING_FACE_FILES = ("thattn.io.hugging_face_files",)
 
 
 def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
   """thattn.keras3.models runs on JAX and PyTorch: keras, thattn.keras3,
   rank-0 modules, the plain ops, and the configs, presets, wiring (which
-  layers a model is made of) and heads and losses of thattn.models,
-  written once for both front ends, which themselves import no
-  framework."""
+  layers a model is made of), heads and losses and Hugging Face maps of
+  thattn.models, written once for both front ends, which themselves import
+  no framework."""
   offenders = []
   for path in _modules():
     owner = _owner_package(path)
@@ -259,6 +263,7 @@ def test_the_keras3_models_import_only_keras3_and_the_shared_configs():
       elif _module_name(path) in _SHARED_MODEL_MODULES:
         allowed = (imported.startswith(_SHARED_MODEL_MODULES) or
                    imported in _PLAIN_OPS or
+                   imported in _HUGGING_FACE_FILES or
                    _package_of(imported) in (None, "thattn", "thattn.core"))
       else:
         continue

@@ -48,7 +48,7 @@ def test_keras3_decodes_what_tf_keras_decodes(backend, exchange):
   processes.require(backend)
   output = processes.run_pytest(backend, "decoding_checks.py",
                                 THATTN_DECODING_EXCHANGE=str(exchange))
-  # The cases, the refusal, and three decoder-only LMs decoded with their
-  # caches and continuing prompts.
-  assert re.search(rf"{len(CASES) + 7} passed", output), output
+  # The cases, the refusal, three decoder-only LMs decoded with their
+  # caches, and four continuing prompts.
+  assert re.search(rf"{len(CASES) + 8} passed", output), output
   assert not re.search(r"\d+ (failed|skipped|error)", output), output

@@ -2,7 +2,7 @@
 causal, decoded with the attention layers' caches as the whole pass
 computes it, in its three shapes, its config saved and rebuilt, and bad
 configs named. (Its logits against transformers':
-tests/converters/hugging_face_decoders_test.py; its published counts:
+tests/models/hugging_face_decoders_test.py; its published counts:
 tests/models/parameter_count_test.py.)"""
 
 import numpy as np

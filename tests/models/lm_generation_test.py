@@ -4,7 +4,7 @@ options define (a NumPy transcription of temperature, top-k and top-p),
 greedy and beam search are what their definitions give without caches,
 the end token stops a continuation, the generator exports as a
 SavedModel, and bad options are named. (Greedy and beam search against
-transformers' `generate`: tests/converters/hugging_face_decoders_test.py.)
+transformers' `generate`: tests/models/hugging_face_decoders_test.py.)
 """
 
 import numpy as np
@@ -154,3 +154,18 @@ def test_a_t5_is_not_a_decoder_only_lm():
   with pytest.raises(ValueError, match="needs a decoder-only LM"):
     generation.DecoderLMGenerator(models.create_model("t5_tiny"),
                                   max_length=3)
+
+
+def test_t5s_decoder_alone_continues_with_its_position_bias():
+  """Mesh TensorFlow's LM (T5's decoder, its relative position bias over
+  the cache's positions) continues as whole passes choose."""
+  lm = models.create_model("t5_tiny_lm", attention="talking_heads",
+                           dropout_rate=0.0)
+  rng = np.random.default_rng(4)
+  lm.set_weights([rng.normal(0.0, 0.5, w.shape).astype(np.float32)
+                  for w in lm.get_weights()])
+  prompt = np.array([[0, 7, 30], [0, 12, 3]], np.int32)
+  want = _greedy_by_whole_passes(lm, prompt, 5)
+  assert len(np.unique(want)) > 2
+  np.testing.assert_array_equal(
+      models.generate(lm, prompt, max_length=5)["tokens"].numpy(), want)

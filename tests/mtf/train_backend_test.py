@@ -6,7 +6,8 @@ then with mtf's Bitransformer and AdafactorOptimizer on one device and on a
 batch:2,model:2 mesh. Both backends start from the same weights (the mtf
 run converts the Keras backbone the task builds under the same seed) and
 read the same batches, so their per-step losses must agree. The same for
-masked LM on a T5 encoder (mtf's aligned Unitransformer).
+masked LM on a T5 encoder (mtf's aligned Unitransformer) and the causal LM
+on T5's decoder (its LM Unitransformer).
 """
 
 import json
@@ -143,6 +144,51 @@ def test_thattn_export_serves_the_mtf_masked_lm(mlm_runs, tmp_path):
       text=tf.constant(["The function returns a list of names."]))
   assert out["predicted_ids"].shape == out["input_word_ids"].shape
   assert out["logits"].shape[-1] == 1000
+
+
+_LM = ("--task=causal_lm", "--preset=t5_tiny_lm")
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory, data_flags):
+  """The causal LM on T5's decoder: {name: model_dir} of both backends."""
+  root = tmp_path_factory.mktemp("lm_backends")
+  _train(root / "keras", data_flags, *_LM, "--noexport")
+  _train(root / "mtf", data_flags, *_LM, "--backend=mtf")
+  return {"keras": root / "keras", "mtf": root / "mtf"}
+
+
+def test_the_causal_lm_on_a_t5_decoder_equals_the_keras_backend(lm_runs):
+  """mtf's LM Unitransformer, its targets shifted right as the Keras run's
+  inputs are, every next token scored."""
+  _assert_same_losses(lm_runs["mtf"], lm_runs["keras"])
+  gin_text = mtf_models.read_operative_config(str(lm_runs["mtf"]))
+  assert mtf_models.model_type(gin_text) == "lm"
+
+
+def test_the_mtf_causal_lm_converts_and_its_export_continues_text(
+    lm_runs, tmp_path):
+  """The run's export (converted to Keras on the way) continues prompts
+  as the converted backbone does, greedily."""
+  keras_dir = tmp_path / "keras"
+  convert.mtf_to_thattn(mtf_model_dir=str(lm_runs["mtf"]),
+                        model_dir=str(keras_dir),
+                        vocabulary=str(lm_runs["mtf"] / "tokenizer"),
+                        sequence_length=32)
+  config = json.loads((keras_dir / "run_config.json").read_text())
+  assert config["task"] == "causal_lm"
+  backbone = models.load(str(keras_dir))
+  prompt = np.array([[0, 17, 40, 9]], np.int32)  # the start token first
+  want = models.generate(backbone, prompt, max_length=32,
+                         eos_id=config["eos_id"],
+                         pad_id=config["pad_id"])["tokens"].numpy()
+  served = tf.saved_model.load(str(lm_runs["mtf"] / "export"))
+  got = served.signatures["serve_token_ids"](
+      prompt_tokens=tf.constant(prompt))["tokens"].numpy()
+  np.testing.assert_array_equal(got, want)
+  text = served.signatures["serving_default"](
+      text=tf.constant(["The function returns"]))["text"].numpy()
+  assert isinstance(text[0], bytes)
 
 
 def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(

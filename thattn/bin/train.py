@@ -55,10 +55,11 @@ from thattn.training import run_setup  # pylint: disable=g-import-not-at-top,wro
 
 # Flags that change what a run computes: a default run name includes each
 # one given, so that runs of a sweep get their own model_dirs.
-_NAMED_FLAGS = ("backend", "num_heads", "key_dim", "d_model", "num_layers",
-                "d_ff", "sequence_length", "batch_size", "optimizer", "learning_rate",
-                "warmup_steps", "dropout_rate", "mixed_precision", "seed",
-                "tokenizer", "vocab_size", "train_files", "glue_task")
+_NAMED_FLAGS = ("backend", "num_heads", "num_key_value_heads", "key_dim",
+                "d_model", "num_layers", "d_ff", "sequence_length",
+                "batch_size", "optimizer", "learning_rate", "warmup_steps",
+                "dropout_rate", "mixed_precision", "seed", "tokenizer",
+                "vocab_size", "train_files", "glue_task")
 
 
 def _task_defaults(attribute):
@@ -100,9 +101,11 @@ flags.DEFINE_integer("warmup_steps", 100, "Steps at the peak rate before "
                      "the inverse-square-root decay.")
 # Data.
 flags.DEFINE_string("train_files", None, "Training data (glob): plain text "
-                    "(documents separated by blank lines) for mlm and "
-                    "span_corruption, a GLUE-style TSV for classification, "
-                    "SQuAD JSON for squad. Default: the embedded corpus.")
+                    "(documents separated by blank lines) or JSON lines "
+                    "(files ending in .jsonl, a \"text\" field a line) for "
+                    "mlm, span_corruption and causal_lm, a GLUE-style TSV "
+                    "for classification, SQuAD JSON for squad. Default: the "
+                    "embedded corpus.")
 flags.DEFINE_string("eval_files", None, "Held-out data, as --train_files.")
 flags.DEFINE_string("tokenizer", "sentencepiece", "sentencepiece, wordpiece, "
                     "or a folder written by Tokenizer.save.")
@@ -132,6 +135,9 @@ flags.DEFINE_bool("freeze_embeddings", False, "Keep the embeddings fixed, as "
 flags.DEFINE_float("dropout_rate", None, "Dropout; default 0 in pretraining "
                    "(the paper's recipe), the preset's when fine-tuning.")
 flags.DEFINE_integer("num_heads", None, "Heads h; default: the preset's.")
+flags.DEFINE_integer("num_key_value_heads", None, "h_kv: key and value heads "
+                     "shared by groups of the query heads (grouped-query "
+                     "attention, Llama's); default: the preset's.")
 flags.DEFINE_integer("key_dim", None, "Head size d_k; default d_model / h.")
 flags.DEFINE_integer("d_model", None, "Model width; default: the preset's.")
 flags.DEFINE_integer("num_layers", None, "Layers; default: the preset's.")
@@ -214,7 +220,8 @@ def _model_options(task_class):
                          f"{', '.join(presets.preset_names())}.")
   if FLAGS["attention"].present or not FLAGS.init_checkpoint:
     overrides["attention"] = FLAGS.attention
-  for name in ("num_heads", "key_dim", "num_layers", "d_model", "d_ff"):
+  for name in ("num_heads", "num_key_value_heads", "key_dim", "num_layers",
+               "d_model", "d_ff"):
     if FLAGS[name].value is not None:
       overrides[name] = FLAGS[name].value
   dropout = FLAGS.dropout_rate

@@ -5,11 +5,12 @@
                        attention="talking_heads")
     model = thattn.models.load("runs/bert")
 
-One module per source format, each a name-and-shape map (`weights.Rule`s,
-an encoder layer's from the format's `weights.Naming`) over one mechanism
-(`weights.plan`: every weight filled once, every source array used or
-dropped by name, every shape checked, before anything is written) and one
-writer (`model_dir.write`: staged, whole or nothing):
+One module per source format, each a name-and-shape map
+(`thattn.core.weight_maps.Rule`s, an encoder layer's from the format's
+`weight_maps.Naming`) over one mechanism (`weight_maps.plan`: every weight
+filled once, every source array used or dropped by name, every shape
+checked, before anything is written) and one writer (`model_dir.write`:
+staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
@@ -36,6 +37,7 @@ import os
 
 from thattn import models
 from thattn.core import variants
+from thattn.core import weight_maps
 from thattn.io import run_dir
 from thattn.converters import google_albert
 from thattn.converters import google_bert
@@ -43,7 +45,6 @@ from thattn.converters import hugging_face
 from thattn.converters import keras_hub
 from thattn.converters import model_dir as model_dir_lib
 from thattn.converters import model_garden
-from thattn.converters import weights as weights_lib
 
 HUGGING_FACE = "hugging_face"
 KERAS_HUB = "keras_hub"
@@ -53,7 +54,7 @@ MODEL_GARDEN = "model_garden"
 MTF = "mtf"
 FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, GOOGLE_ALBERT, MODEL_GARDEN,
            MTF)
-# The format modules (each reads a folder as a weights.Source).
+# The format modules (each reads a folder as a weight_maps.Source).
 _READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
             GOOGLE_BERT: google_bert, GOOGLE_ALBERT: google_albert,
             MODEL_GARDEN: model_garden}
@@ -132,7 +133,7 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
   read = _READERS[source_format].read(source, attention)
   config, tokenizer = read.config, read.tokenizer
   model = models.build_model(config)
-  weights_lib.assign(model, weights_lib.plan(
+  weight_maps.assign(model, weight_maps.plan(
       model, read.arrays, read.rules, dropped=read.dropped, source=source))
   run_config = {
       "task": "mlm", "preset": _PRESETS[read.family],

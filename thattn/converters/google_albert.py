@@ -25,7 +25,7 @@ import json
 import os
 
 from thattn.converters import google_bert
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
 from thattn.data import albert_tokenizer
 
 CONFIG_FILE = "albert_config.json"
@@ -86,7 +86,7 @@ def tokenizer(path):
 
 def read(path, attention):
   config = albert_config(path, attention)
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=google_bert.read_arrays(path),
       rules=rules(config), dropped=google_bert.DROPPED,
       tokenizer=tokenizer(path),

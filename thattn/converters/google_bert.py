@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from thattn import models
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
 from thattn.data import tokenizers
 
 CONFIG_FILE = "bert_config.json"
@@ -79,7 +79,7 @@ def encoder_config(source, where, attention="multi_head", albert=False):
       d_ff=source["intermediate_size"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=weights_lib.albert_embedding_size(
+      embedding_size=weight_maps.albert_embedding_size(
           source["embedding_size"], width, where) if albert else None,
       share_layers=albert,
       max_position_embeddings=source["max_position_embeddings"],
@@ -109,17 +109,17 @@ def read_arrays(path):
 
 # TensorFlow's names: `<layer>/kernel` ([in, out]), `<layer>/bias`, a
 # LayerNorm's `<layer>/gamma` and `<layer>/beta`.
-NAMING = weights_lib.Naming(lambda layer, which: f"{layer}/{which}")
+NAMING = weight_maps.Naming(lambda layer, which: f"{layer}/{which}")
 
 
 def embedding_rules():
   """The embeddings and their LayerNorm, as BERT and ALBERT both name them."""
   return [
-      weights_lib.Rule("word_embeddings/embeddings",
+      weight_maps.Rule("word_embeddings/embeddings",
                        "bert/embeddings/word_embeddings"),
-      weights_lib.Rule("position_embedding/embeddings",
+      weight_maps.Rule("position_embedding/embeddings",
                        "bert/embeddings/position_embeddings"),
-      weights_lib.Rule("type_embeddings/embeddings",
+      weight_maps.Rule("type_embeddings/embeddings",
                        "bert/embeddings/token_type_embeddings")
   ] + NAMING.norm("embedding_norm", "bert/embeddings/LayerNorm") + (
       NAMING.dense("pooler/dense", "bert/pooler/dense"))
@@ -129,7 +129,7 @@ def rules(config):
   heads = config.attention.num_heads
   result = embedding_rules()
   for index in range(config.num_layers):
-    parts = weights_lib.bert_layer_parts(f"bert/encoder/layer_{index}")
+    parts = weight_maps.bert_layer_parts(f"bert/encoder/layer_{index}")
     result += NAMING.block(f"block_{index}", parts, heads,
                            config.d_model // heads)
   return result
@@ -151,6 +151,6 @@ def tokenizer(path):
 
 def read(path, attention):
   config = bert_config(path, attention)
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=read_arrays(path), rules=rules(config),
       dropped=DROPPED, tokenizer=tokenizer(path), family="bert")

@@ -1,9 +1,8 @@
 """Hugging Face BERT and ALBERT folders (what `save_pretrained` writes).
 
 A folder holds `config.json` (`model_type` "bert" or "albert"), the
-weights as `model.safetensors` (or sharded, with
-`model.safetensors.index.json`), or as `pytorch_model.bin` where PyTorch
-is installed, and the tokenizer: BERT's `vocab.txt` (WordPiece, cased or
+weights (read by `thattn.io.hugging_face_files`), and the
+tokenizer: BERT's `vocab.txt` (WordPiece, cased or
 not as `tokenizer_config.json`'s `do_lower_case` says) or ALBERT's
 `spiece.model` (SentencePiece; transformers 5 saves either as
 `tokenizer.json`).
@@ -25,19 +24,14 @@ than "absolute", ALBERT's `num_hidden_groups` or `inner_group_num` above
 import json
 import os
 
-import numpy as np
-
 from thattn import models
-from thattn.core import requirements
+from thattn.io import hugging_face_files
 from thattn.converters import sentencepiece_models
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
 from thattn.data import albert_tokenizer
 from thattn.data import tokenizers
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
+CONFIG_FILE = hugging_face_files.CONFIG_FILE
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "tokenizer.json"
@@ -57,19 +51,7 @@ DROPPED = (r"cls\..*", r"predictions\..*", r"sop_classifier\..*",
 
 def is_source(path):
   """Whether `path` is a Hugging Face BERT or ALBERT folder."""
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    return False
-  try:
-    with open(config_path) as f:
-      return json.load(f).get("model_type") in MODEL_TYPES
-  except (ValueError, OSError):
-    return False
-
-
-def read_config(path):
-  with open(os.path.join(path, CONFIG_FILE)) as f:
-    return json.load(f)
+  return hugging_face_files.model_type(path) in MODEL_TYPES
 
 
 def _field(hf_config, name, path):
@@ -107,7 +89,7 @@ def bert_config(hf_config, path, attention="multi_head"):
       d_ff=_field(hf_config, "intermediate_size", path),
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=(weights_lib.albert_embedding_size(
+      embedding_size=(weight_maps.albert_embedding_size(
           _field(hf_config, "embedding_size", path), width, where)
                       if model_type == "albert" else None),
       share_layers=model_type == "albert",
@@ -123,43 +105,13 @@ def bert_config(hf_config, path, attention="multi_head"):
 def read_arrays(path):
   """{name: float32 array} of the folder's weights, without the model
   type's prefix (`bert.`, `albert.`), which task models add."""
-  index = os.path.join(path, SAFETENSORS_INDEX)
-  if os.path.isfile(os.path.join(path, SAFETENSORS_FILE)) or os.path.isfile(
-      index):
-    from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
-    files = [SAFETENSORS_FILE]
-    if os.path.isfile(index):
-      with open(index) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
-    arrays = {}
-    for name in files:
-      arrays.update(safetensors_numpy.load_file(os.path.join(path, name)))
-  elif os.path.isfile(os.path.join(path, TORCH_FILE)):
-    arrays = _torch_arrays(os.path.join(path, TORCH_FILE))
-  else:
-    raise ValueError(f"{path} holds neither {SAFETENSORS_FILE} nor "
-                     f"{TORCH_FILE}; expected a folder save_pretrained "
-                     "wrote.")
-  prefixes = tuple(f"{model_type}." for model_type in MODEL_TYPES)
-  return {(name.split(".", 1)[1] if name.startswith(prefixes) else name):
-          np.asarray(value, np.float32) for name, value in arrays.items()}
-
-
-def _torch_arrays(file_path):
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ValueError(
-        f"{file_path} is a PyTorch pickle, which needs PyTorch to read: "
-        f"{requirements.install_command('torch')}; or save the model as "
-        "model.safetensors (save_pretrained's default).") from None
-  state = torch.load(file_path, map_location="cpu", weights_only=True)
-  return {name: value.float().numpy() for name, value in state.items()}
+  return hugging_face_files.read_arrays(
+      path, tuple(f"{model_type}." for model_type in MODEL_TYPES))
 
 
 # PyTorch's names: `<layer>.weight` ([out, in] for a Linear; a LayerNorm's
 # scale) and `<layer>.bias`.
-NAMING = weights_lib.Naming(
+NAMING = weight_maps.Naming(
     lambda layer, which: f"{layer}.{'bias' if which in ('bias', 'beta') else 'weight'}",  # pylint: disable=line-too-long
     transposed=True)
 
@@ -169,11 +121,11 @@ def rules(config, model_type):
   heads = config.attention.num_heads
   key_dim = config.d_model // heads
   result = [
-      weights_lib.Rule("word_embeddings/embeddings",
+      weight_maps.Rule("word_embeddings/embeddings",
                        "embeddings.word_embeddings.weight"),
-      weights_lib.Rule("position_embedding/embeddings",
+      weight_maps.Rule("position_embedding/embeddings",
                        "embeddings.position_embeddings.weight"),
-      weights_lib.Rule("type_embeddings/embeddings",
+      weight_maps.Rule("type_embeddings/embeddings",
                        "embeddings.token_type_embeddings.weight")]
   result += NAMING.norm("embedding_norm", "embeddings.LayerNorm")
   result += NAMING.dense("pooler/dense", "pooler.dense" if model_type == "bert"
@@ -191,7 +143,7 @@ def rules(config, model_type):
              "ff_norm": f"{layer}.full_layer_layer_norm"}
     return result + NAMING.block("shared_block", parts, heads, key_dim)
   for index in range(config.num_layers):
-    parts = weights_lib.bert_layer_parts(f"encoder.layer.{index}", ".")
+    parts = weight_maps.bert_layer_parts(f"encoder.layer.{index}", ".")
     result += NAMING.block(f"block_{index}", parts, heads, key_dim)
   return result
 
@@ -278,10 +230,10 @@ def tokenizer(path, hf_config):
 
 
 def read(path, attention):
-  """The folder as a `weights.Source`."""
-  hf_config = read_config(path)
+  """The folder as a `weight_maps.Source`."""
+  hf_config = hugging_face_files.read_config(path)
   config = bert_config(hf_config, path, attention)
   family = hf_config["model_type"]
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=read_arrays(path), rules=rules(config, family),
       dropped=DROPPED, tokenizer=tokenizer(path, hf_config), family=family)

@@ -29,7 +29,7 @@ import re
 import numpy as np
 
 from thattn import models
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
 from thattn.data import albert_tokenizer
 from thattn.data import tokenizers
 
@@ -88,7 +88,7 @@ def bert_config(path, attention="multi_head"):
       num_layers=config["num_layers"], d_ff=config["intermediate_dim"],
       attention=models.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
-      embedding_size=weights_lib.albert_embedding_size(
+      embedding_size=weight_maps.albert_embedding_size(
           config["embedding_dim"], width, os.path.join(path, CONFIG_FILE))
       if albert else None,
       share_layers=albert,
@@ -127,7 +127,7 @@ def _encoders(arrays):
 
 # Keras 3's weights file: a layer's variables as `vars/<i>` in creation
 # order, kernel (or a norm's gamma) first.
-NAMING = weights_lib.Naming(
+NAMING = weight_maps.Naming(
     lambda layer, which: f"{layer}/vars/{0 if which in ('kernel', 'gamma') else 1}")  # pylint: disable=line-too-long
 
 
@@ -140,11 +140,11 @@ def rules(config, arrays):
                      f"config.json says {blocks}.")
   heads = config.attention.num_heads
   result = [
-      weights_lib.Rule("word_embeddings/embeddings",
+      weight_maps.Rule("word_embeddings/embeddings",
                        "layers/reversible_embedding/vars/0"),
-      weights_lib.Rule("position_embedding/embeddings",
+      weight_maps.Rule("position_embedding/embeddings",
                        "layers/position_embedding/vars/0"),
-      weights_lib.Rule("type_embeddings/embeddings",
+      weight_maps.Rule("type_embeddings/embeddings",
                        "layers/embedding/vars/0")]
   result += NAMING.norm("embedding_norm", "layers/layer_normalization")
   # Dense layers in the model's order: ALBERT's embedding projection first.
@@ -195,10 +195,10 @@ def tokenizer(path, model_family):
 
 
 def read(path, attention):
-  """The preset as a `weights.Source`."""
+  """The preset as a `weight_maps.Source`."""
   config = bert_config(path, attention)
   arrays = read_arrays(path)
   model_family = "albert" if config.share_layers else "bert"
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=arrays, rules=rules(config, arrays), dropped=(),
       tokenizer=tokenizer(path, model_family), family=model_family)

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from thattn.converters import google_bert
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
 
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 _FIRST = re.compile(r"(.*?)layer_with_weights-0/embeddings" +
@@ -56,7 +56,7 @@ def is_source(path):
 
 
 # An object-based checkpoint's names: `<layer>/<attribute>/.ATTRIBUTES/...`.
-NAMING = weights_lib.Naming(lambda layer, which: f"{layer}/{which}{_VALUE}")
+NAMING = weight_maps.Naming(lambda layer, which: f"{layer}/{which}{_VALUE}")
 
 
 def rules(config, root, arrays, path):
@@ -70,7 +70,7 @@ def rules(config, root, arrays, path):
                      "(embedding_width below hidden_size); thattn reads "
                      "Model Garden's BERT encoder without one.")
   heads = config.attention.num_heads
-  result = [weights_lib.Rule(target, f"{layer(index)}/embeddings{_VALUE}")
+  result = [weight_maps.Rule(target, f"{layer(index)}/embeddings{_VALUE}")
             for index, target in enumerate((
                 "word_embeddings/embeddings", "position_embedding/embeddings",
                 "type_embeddings/embeddings"))]
@@ -96,6 +96,6 @@ def read(path, attention):
   arrays = {name: np.asarray(reader.get_tensor(name))
             for name in reader.get_variable_to_shape_map()}
   root = _root(arrays, path)
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=arrays, rules=rules(config, root, arrays, path),
       dropped=DROPPED, tokenizer=google_bert.tokenizer(path), family="bert")

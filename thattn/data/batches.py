@@ -115,6 +115,30 @@ def mlm_batches(rows, tokenizer, *, batch_size, seed, start_step=0,
   return step_dataset(make_batch, start_step=start_step, num_steps=num_steps)
 
 
+def lm_batches(rows, *, batch_size, seed, start_step=0, num_steps=None,
+               shuffle=True, start_token=None):
+  """Next-token batches of packed rows [R, n + 1]: `inputs` [b, n] each
+  row's first n tokens, `targets` [b, n] its last n (position i's target
+  is the token after input i). With `start_token` (T5's and Mesh
+  TensorFlow's LM convention: 0), the inputs are the targets shifted right
+  after it instead, and a row's first token is not read."""
+  rows = tf.constant(rows, tf.int32)
+
+  @autograph.unconverted
+  def make_batch(step):
+    chosen = tf.gather(rows, row_indices(
+        step, batch_size=batch_size, num_rows=rows.shape[0], seed=seed,
+        shuffle=shuffle))
+    targets = chosen[:, 1:]
+    if start_token is None:
+      return {"inputs": chosen[:, :-1], "targets": targets}
+    starts = tf.fill([batch_size, 1], tf.constant(start_token, tf.int32))
+    return {"inputs": tf.concat([starts, targets[:, :-1]], axis=1),
+            "targets": targets}
+
+  return step_dataset(make_batch, start_step=start_step, num_steps=num_steps)
+
+
 def span_corruption_lengths(inputs_length, **noise):
   """(raw row length, targets length) whose corrupted inputs fit."""
   return span_corruption.lengths_for_inputs_length(inputs_length, **noise)

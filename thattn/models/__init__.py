@@ -32,9 +32,10 @@ _EXPORTS = {
 
 
 _SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory", "heads",
-               "generation", "loading", "presets", "recall_encoder", "t5")
+               "generation", "hugging_face_decoders", "loading", "presets",
+               "recall_encoder", "t5")
 # The submodules that are plain Python; the others build tf_keras models.
-_PLAIN = ("config", "presets")
+_PLAIN = ("config", "presets", "hugging_face_decoders")
 
 
 def _submodule(name):

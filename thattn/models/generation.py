@@ -301,19 +301,20 @@ class DecoderLMGenerator(tf.Module):
     batch, length = tf.shape(prompt)[0], tf.shape(prompt)[1]
     caches = [block.initial_cache(batch, length + self.max_length)
               for block in self._layers.decoder.blocks]
-    return self._step(prompt, 0, caches)
+    return self._step(prompt, 0, caches, length + self.max_length)
 
-  def _step(self, tokens, position, caches):
+  def _step(self, tokens, position, caches, cache_length):
     """Log-probabilities of the token after `tokens` [batch, n] written at
-    `position`, and the caches with them."""
+    `position`, and the caches (of `cache_length` positions) with them."""
     logits, caches = wiring.run_decoder(
         self._layers.decoder, tokens, None, None, training=False,
-        caches=caches, decode_step=position)
+        caches=caches, decode_step=position, max_length=cache_length)
     return tf.nn.log_softmax(logits[:, -1]), caches
 
   def _sample_or_greedy(self, prompt):
     log_probs, caches = self._prefill(prompt)
     start = tf.shape(prompt)[1]
+    cache_length = start + self.max_length
     batch = tf.shape(prompt)[0]
     finished = tf.zeros([batch], tf.bool)
     scores = tf.zeros([batch], tf.float32)
@@ -329,7 +330,7 @@ class DecoderLMGenerator(tf.Module):
       # (The last step's log-probabilities go unused; its cache row is
       # the last of the prompt's length + max_length.)
       log_probs, caches = self._step(tf.expand_dims(tokens, 1),
-                                     start + step, caches)
+                                     start + step, caches, cache_length)
     return {"tokens": tf.transpose(outputs.stack()), "scores": scores}
 
   def _beam_search(self, prompt):
@@ -360,7 +361,7 @@ class DecoderLMGenerator(tf.Module):
       caches = [tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows),
                                       cache) for cache in caches]
       log_probs, caches = self._step(tf.reshape(token, [-1, 1]),
-                                     start + step, caches)
+                                     start + step, caches, start + length)
     best = tf.argmax(scores, axis=-1, output_type=tf.int32)
     return {"tokens": tf.gather(sequences, best, batch_dims=1),
             "scores": tf.gather(scores, best, batch_dims=1)}

@@ -167,6 +167,17 @@ def span_corruption_loss(ops, backbone, batch, training, pad_id):
   return masked_cross_entropy(ops, targets, logits, weights)
 
 
+def causal_lm_loss(ops, backbone, batch, training):
+  """Next-token prediction over packed rows: the decoder-only LM reads the
+  `inputs` and is scored on every `targets` token (a packed row has no
+  padding; documents are separated by the end token, which is scored)."""
+  targets = batch["targets"]
+  logits = backbone({"decoder_input_tokens": batch["inputs"]},
+                    training=training)
+  weights = ops.cast(ops.ones_like(targets), "float32")
+  return masked_cross_entropy(ops, targets, logits, weights)
+
+
 def classification_outputs(backbone, head, batch, training):
   """The classification head's logits [b, c] (or predictions [b]) of the
   pooled output."""

@@ -52,7 +52,7 @@ the row of the table it comes from):
   width 768 with h heads of size 128, `bert_fixed_head_128_h<h>`.
 
 Tiny presets for CPU tests and demos: `bert_tiny`, `albert_tiny`, `t5_tiny`,
-and the decoder-only `lm_tiny` (Llama-shaped: 4 heads over 2 key and value
+`t5_tiny_lm` (its decoder alone, Mesh TensorFlow's LM), and the decoder-only `lm_tiny` (Llama-shaped: 4 heads over 2 key and value
 heads), `gpt2_tiny` and `pythia_tiny`, each of 2 layers of width 32.
 """
 
@@ -174,6 +174,9 @@ _add("gpt2_tiny", DecoderConfig(**_TINY_LM),
 _add("pythia_tiny", DecoderConfig(**dict(_PYTHIA, **_TINY_LM)),
      "thattn: a 2-layer Pythia-shaped LM of width 32 (a quarter of each "
      "head rotated, the parallel residual) for CPU tests")
+_derive("t5_tiny_lm", "t5_tiny", "thattn: t5_tiny's decoder alone, a "
+        "language model (Mesh TensorFlow's LM Unitransformer), for the "
+        "causal LM on every backend", stacks="decoder")
 _derive("t5_tiny_encoder", "t5_tiny", "thattn: t5_tiny's encoder with its LM "
         "head (Mesh TensorFlow's aligned Unitransformer), for masked LM",
         stacks="encoder")

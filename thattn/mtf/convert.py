@@ -40,6 +40,7 @@ from thattn.data import tokenizers
 from thattn.mtf import architecture
 from thattn.mtf import model_map
 from thattn.mtf import models as mtf_models
+from thattn.models import wiring
 
 # T5's vocabulary: 0 pads and starts decoding, 1 ends a sequence.
 T5_EOS_ID = 1
@@ -180,14 +181,17 @@ def _run_config(config, *, task, sequence_length, tokenizer, source):
   """run_config.json of the converted model; `source` is its
   model_dir_lib.CONVERTED_FROM entry."""
   return {
-      # thattn has no task for a one-stack model yet: it loads
-      # (thattn.models.load) and converts back, but does not train.
-      "task": task or ("span_corruption"
-                       if config.stacks == "encoder_decoder" else None),
+      # An aligned (encoder) model's task is the caller's (masked LM's
+      # targets are not in the checkpoint); an LM's is the causal LM.
+      "task": task or {"encoder_decoder": "span_corruption",
+                       "decoder": "causal_lm"}.get(config.stacks),
       "preset": "t5_1_1_base" if config.gated_feed_forward else "t5_base",
-      "overrides": model_dir_lib.overrides(config), "sequence_length": sequence_length,
-      # A thattn tokenizer's own end id (a T5 vocabulary's is 1).
+      "overrides": model_dir_lib.overrides(config),
+      "sequence_length": sequence_length,
+      # A thattn tokenizer's own end and padding ids (a T5 vocabulary's
+      # are 1 and 0).
       "eos_id": tokenizer.special.eos if tokenizer else T5_EOS_ID,
+      "pad_id": tokenizer.special.pad if tokenizer else wiring.PAD_ID,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
       model_dir_lib.CONVERTED_FROM: source}
 
@@ -206,8 +210,8 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
       on text); its size, padded as mtf pads it, must match the embedding.
     sequence_length: the input length recorded for fine-tuning and serving.
     task: the thattn task recorded in run_config.json (what thattn-export
-      serves); None: span_corruption for a Bitransformer, none for a
-      Unitransformer.
+      serves); None: span_corruption for a Bitransformer, causal_lm for an
+      LM Unitransformer, none for an aligned one.
     log: where progress lines go.
 
   Returns:

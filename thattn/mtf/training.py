@@ -322,6 +322,7 @@ class MtfBackend(backend_lib.Backend):
             f"{variables} variables sharded" if options.mesh_shape else
             "one device")
     kind = {mtf_models.BITRANSFORMER: "Bitransformer",
+            "lm": "LM Unitransformer",
             "aligned": "aligned Unitransformer"}[graph.model_type]
     return (f"{self.task.describe()}; Mesh TensorFlow {kind}, {variables} "
             f"variables; adafactor, peak learning rate "

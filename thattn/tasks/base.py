@@ -173,13 +173,14 @@ class TaskFiles:
 def backbone_overrides(model, vocab_size, sequence_length, log=print):
   """The preset's overrides for this run: the vocabulary and positions.
 
-  A BERT preset whose position table is shorter than sequence_length gets
-  one as long (the tiny presets have 64 positions).
+  A BERT (or learned-position LM) preset whose position table is shorter
+  than sequence_length gets one as long (the tiny BERTs have 64 positions).
   """
   overrides = dict(model.overrides, vocab_size=vocab_size)
   config = models.model_config(model.preset, **overrides)
-  if (isinstance(config, models.BertConfig) and
-      config.position_embedding == "absolute" and
+  learned = {models.BertConfig: "absolute", models.DecoderConfig: "learned"}
+  if (type(config) in learned and
+      config.position_embedding == learned[type(config)] and
       config.max_position_embeddings < sequence_length):
     log(f"{model.preset}: {config.max_position_embeddings} positions -> "
         f"{sequence_length}, for sequence_length={sequence_length}.")
@@ -226,7 +227,8 @@ def sizes(rows):
   return f"{rows.shape[0]:,} rows, {rows.size:,} tokens"
 
 
-_FAMILY_NAMES = {models.BertConfig: "BERT or ALBERT", models.T5Config: "T5"}
+_FAMILY_NAMES = {models.BertConfig: "BERT or ALBERT", models.T5Config: "T5",
+                 models.DecoderConfig: "decoder-only LM"}
 
 
 class Task:

@@ -1,11 +1,15 @@
-"""Shared by the text pretraining tasks (masked LM, span corruption).
+"""Shared by the text pretraining tasks (masked LM, span corruption, causal
+LM).
 
-A text task reads documents (the embedded corpus, or `--train_files` with
-every 20th document held out unless `--eval_files` are given), prepares its
+A text task reads documents (the embedded corpus, or `--train_files`:
+plain text, documents separated by blank lines, or JSON lines, files ending
+in .jsonl, one document a line in its "text" field; every 20th document
+held out unless `--eval_files` are given), prepares its
 tokenizer once per run, and packs the token ids into rows held in memory
 (`thattn.data.batches.token_rows`), from which batches are addressed by step.
 """
 
+import json
 import os
 
 from thattn import models
@@ -24,7 +28,49 @@ TOKENIZER_KINDS = ("sentencepiece", "wordpiece")
 HELDOUT_EVERY = 20
 
 
+# Files of this ending hold JSON lines, one document per line in the
+# `JSON_TEXT_FIELD` field (what many corpora ship as).
+JSON_LINES_SUFFIX = ".jsonl"
+JSON_TEXT_FIELD = "text"
+
+
+def _json_lines(paths):
+  """The documents of JSON-lines files: each line's "text" string."""
+  documents = []
+  for path in paths:
+    with tf.io.gfile.GFile(path, "r") as f:
+      for number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          record = json.loads(line)
+        except ValueError as error:
+          raise ValueError(f"{path}, line {number}: not JSON ({error}).")
+        value = record.get(JSON_TEXT_FIELD) if isinstance(record,
+                                                         dict) else None
+        if not isinstance(value, str):
+          raise ValueError(f"{path}, line {number}: expected an object with "
+                           f"a string {JSON_TEXT_FIELD!r} field, got "
+                           f"{line.strip()[:80]!r}.")
+        if value.strip():
+          documents.append(value.strip())
+  if not documents:
+    raise ValueError(f"{paths} hold no document with text.")
+  return documents
+
+
 def _documents(pattern):
+  """Documents of plain-text files (separated by blank lines) or, for
+  files ending in .jsonl, of JSON lines (one a line, its "text")."""
+  paths = sorted(tf.io.gfile.glob(pattern))
+  json_paths = [path for path in paths if path.endswith(JSON_LINES_SUFFIX)]
+  if json_paths:
+    if len(json_paths) != len(paths):
+      raise ValueError(
+          f"{pattern!r} matches JSON-lines and plain-text files "
+          f"({len(json_paths)} of {len(paths)} end in "
+          f"{JSON_LINES_SUFFIX}); give one kind.")
+    return _json_lines(json_paths)
   texts = sources.text_files(pattern, split_blank_lines=True)
   return [text.decode("utf-8") for text in texts.as_numpy_iterator()]
 

@@ -147,7 +147,8 @@ class DecoderLMGenerator:
   prompt shape).
 
   Args:
-    model: the functional model of `create_model` for a `DecoderConfig`.
+    model: the functional model of `create_model` for a `DecoderConfig`
+      (or a T5Config with stacks="decoder").
     max_length: N, the new tokens.
     eos_id: the token that ends a continuation, or None.
     pad_id: what follows the end token; default `eos_id`.
@@ -175,10 +176,10 @@ class DecoderLMGenerator:
       self._compiled, self.jitted = compile_decode(self.decode, self.model)
     return self._compiled(tokens)
 
-  def _log_probs(self, tokens, position, caches):
+  def _log_probs(self, tokens, position, caches, cache_length):
     logits, caches = wiring.run_decoder(
         self._decoder, tokens, None, None, training=False, caches=caches,
-        decode_step=position)
+        decode_step=position, max_length=cache_length)
     return ops.log_softmax(ops.cast(logits[:, -1], "float32"),
                            axis=-1), caches
 
@@ -186,9 +187,10 @@ class DecoderLMGenerator:
     """The prompt's pass and the whole decode on tensors (traced once by
     `__call__` per prompt shape)."""
     batch, length = prompt.shape[0], prompt.shape[1]
-    caches = [block.initial_cache(batch, length + self.max_length)
+    cache_length = length + self.max_length
+    caches = [block.initial_cache(batch, cache_length)
               for block in self._decoder.blocks]
-    log_probs, caches = self._log_probs(prompt, 0, caches)
+    log_probs, caches = self._log_probs(prompt, 0, caches, cache_length)
     state = (log_probs, ops.zeros((batch,), "bool"),
              ops.zeros((batch,), "float32"),
              ops.zeros((batch, self.max_length), "int32"), caches)
@@ -205,7 +207,8 @@ class DecoderLMGenerator:
           index, self.max_length, dtype="int32")
       # (The last step's log-probabilities go unused.)
       log_probs, caches = self._log_probs(ops.expand_dims(tokens, 1),
-                                          length + index, caches)
+                                          length + index, caches,
+                                          cache_length)
       return log_probs, finished, scores, outputs, caches
 
     _, _, scores, outputs, _ = ops.fori_loop(0, self.max_length, step, state)

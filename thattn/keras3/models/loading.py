@@ -25,35 +25,62 @@ Which checkpoints need what:
 
 The head of a fine-tuning task is not part of the backbone, as in
 `thattn.models.load`.
+
+A Hugging Face GPT-2, Llama or GPT-NeoX folder (what `save_pretrained`
+writes: config.json and safetensors) loads straight, as KerasHub's presets
+do, read with NumPy and safetensors alone
+(`thattn.models.hugging_face_decoders`), so on JAX or PyTorch with
+only the `[jax]` or `[torch]` extra installed; `attention=` (a projected
+variant) upgrades it at load, started at the identity, its logits the
+source's.
 """
 
 from thattn.core import requirements
+from thattn.core import variants
+from thattn.core import weight_maps
 from thattn.core import weight_names
 from thattn.io import checkpoint_reading
 from thattn.io import run_dir
 from thattn.keras3.models import factory
+from thattn.models import hugging_face_decoders
 
 
-def load(model_dir, *, checkpoint=None):
-  """The Keras 3 backbone of `model_dir` with its latest checkpoint's weights.
+def load(model_dir, *, checkpoint=None, attention=None):
+  """The Keras 3 backbone of `model_dir` with its latest checkpoint's
+  weights, or the model of a Hugging Face folder.
 
   Args:
-    model_dir: a folder `thattn-train` or `thattn-convert` wrote.
+    model_dir: a folder `thattn-train` or `thattn-convert` wrote, or a
+      Hugging Face GPT-2, Llama or GPT-NeoX folder.
     checkpoint: a checkpoint (a step folder or a `tf.train`
-      prefix) to read instead of the latest.
+      prefix) to read instead of the latest (a thattn model_dir's).
+    attention: for a Hugging Face folder, the variant to load it as (default
+      multi-head; a projected one starts at the identity). A thattn
+      model_dir keeps its run's variant.
 
   Returns:
     A Keras 3 functional model, the twin of `thattn.models.load`'s: for T5
-    presets token ids -> logits, for BERT and ALBERT BERT's inputs ->
-    sequence and pooled outputs.
+    presets and decoder-only LMs token ids -> logits, for BERT and ALBERT
+    BERT's inputs -> sequence and pooled outputs.
 
   Raises:
     ValueError as `thattn.models.load` (no run config or checkpoint, a Mesh
     TensorFlow run, a run without a backbone preset), and naming the
-    weights the checkpoint has no value for or whose shapes differ.
+    weights the checkpoint has no value for or whose shapes differ; for a
+    Hugging Face folder, what thattn cannot represent (by field) or a
+    weight the map finds no value for.
     ImportError naming the pip command for a `tf.train` checkpoint where
     TensorFlow is not installed.
   """
+  if hugging_face_decoders.is_source(model_dir):
+    if checkpoint is not None:
+      raise ValueError(f"{model_dir} is a Hugging Face folder, read whole; "
+                       f"checkpoint={checkpoint!r} is for thattn model_dirs.")
+    return _from_hugging_face(model_dir, attention or "multi_head")
+  if attention is not None:
+    raise ValueError(f"attention={attention!r} upgrades a Hugging Face "
+                     f"folder as it loads; {model_dir} is a thattn model_dir, "
+                     "whose run_config.json fixes its variant.")
   config = run_dir.backbone_run_config(model_dir)
   if checkpoint is None:
     checkpoint = run_dir.latest_checkpoint(model_dir)
@@ -81,3 +108,24 @@ def tf_train_values(model_dir, checkpoint):
   backbone = loading.load(model_dir, checkpoint=checkpoint)
   return {weight_names.checkpoint_key(weight.name): weight.numpy()
           for weight in backbone.weights}
+
+
+def _from_hugging_face(path, attention):
+  """The Keras 3 model of a Hugging Face decoder-only LM folder, its
+  weights mapped by the converter's rules onto the Keras 3 paths."""
+  if attention not in variants.identity_starts():
+    variants.get(attention, owner=f"attention={attention!r}")
+    raise ValueError(
+        f"attention={attention!r}: a multi-head source starts only "
+        f"{list(variants.identity_starts())} at its own outputs.")
+  read = hugging_face_decoders.read(path, attention)
+  model = factory.create_model(read.config)
+  names = [weight_names.shared_name(weight.path) for weight in model.weights]
+  values = weight_maps.plan_shapes(
+      {name: tuple(weight.shape) for name, weight in zip(names,
+                                                         model.weights)},
+      read.arrays, read.rules, dropped=read.dropped, source=path,
+      target_name=weight_names.shared_name)
+  for name, weight in zip(names, model.weights):
+    weight.assign(values[name])
+  return model

@@ -2,8 +2,10 @@
 
 What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM` and
 `GPTNeoXForCausalLM` (config.json with `model_type` "gpt2", "llama" or
-"gpt_neox", and the weights as in `thattn.converters.hugging_face`), read
-as a thattn `DecoderConfig` and a name-and-shape map (`weights.Rule`s).
+"gpt_neox", and the weights, `thattn.io.hugging_face_files`), read
+as a thattn `DecoderConfig` and a name-and-shape map (`weight_maps.Rule`s).
+Plain Python over NumPy: `thattn.keras3.models.load` reads these folders
+with it on JAX or PyTorch alone.
 
 What carries over, field by field: the sizes (Llama's `head_dim` and
 `num_key_value_heads` as `key_dim` and `num_key_value_heads`), the
@@ -35,9 +37,9 @@ import os
 
 import numpy as np
 
-from thattn import models
-from thattn.converters import hugging_face
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
+from thattn.io import hugging_face_files
+from thattn.models import config as config_lib
 
 MODEL_TYPES = ("gpt2", "llama", "gpt_neox")
 # config.json's activation -> DecoderConfig.activation.
@@ -57,14 +59,11 @@ DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
 
 def is_source(path):
   """Whether `path` is a Hugging Face GPT-2, Llama or GPT-NeoX folder."""
-  try:
-    return hugging_face.read_config(path).get("model_type") in MODEL_TYPES
-  except (ValueError, OSError):
-    return False
+  return hugging_face_files.model_type(path) in MODEL_TYPES
 
 
 def _where(path):
-  return os.path.join(path, hugging_face.CONFIG_FILE)
+  return os.path.join(path, hugging_face_files.CONFIG_FILE)
 
 
 def _field(hf_config, name, path):
@@ -117,11 +116,11 @@ def _gpt2_config(hf_config, path, attention):
     if hf_config.get(name, represented) != represented:
       _refuse(path, name, hf_config[name], f"{name}={represented}")
   width = _field(hf_config, "n_embd", path)
-  return models.DecoderConfig(
+  return config_lib.DecoderConfig(
       vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
       num_layers=_field(hf_config, "n_layer", path),
       d_ff=hf_config.get("n_inner") or 4 * width,
-      attention=models.AttentionConfig(
+      attention=config_lib.AttentionConfig(
           variant=attention, num_heads=_field(hf_config, "n_head", path)),
       position_embedding="learned",
       max_position_embeddings=_field(hf_config, "n_positions", path),
@@ -146,11 +145,11 @@ def _llama_config(hf_config, path, attention):
   width = _field(hf_config, "hidden_size", path)
   heads = _field(hf_config, "num_attention_heads", path)
   base, pct, scaling = rotary_settings(hf_config, path)
-  return models.DecoderConfig(
+  return config_lib.DecoderConfig(
       vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
       num_layers=_field(hf_config, "num_hidden_layers", path),
       d_ff=_field(hf_config, "intermediate_size", path),
-      attention=models.AttentionConfig(
+      attention=config_lib.AttentionConfig(
           variant=attention, num_heads=heads,
           key_dim=hf_config.get("head_dim") or width // heads,
           num_key_value_heads=hf_config.get("num_key_value_heads") or heads),
@@ -173,11 +172,11 @@ def _gpt_neox_config(hf_config, path, attention):
   width = _field(hf_config, "hidden_size", path)
   heads = _field(hf_config, "num_attention_heads", path)
   base, pct, scaling = rotary_settings(hf_config, path)
-  return models.DecoderConfig(
+  return config_lib.DecoderConfig(
       vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
       num_layers=_field(hf_config, "num_hidden_layers", path),
       d_ff=_field(hf_config, "intermediate_size", path),
-      attention=models.AttentionConfig(variant=attention, num_heads=heads,
+      attention=config_lib.AttentionConfig(variant=attention, num_heads=heads,
                                        key_dim=width // heads),
       position_embedding="rotary",
       max_position_embeddings=_field(hf_config, "max_position_embeddings",
@@ -213,18 +212,16 @@ def decoder_config(hf_config, path, attention="multi_head"):
 
 
 def read_arrays(path, model_type):
-  """{name: float32 array} of the folder's weights (as
-  `hugging_face.read_arrays` reads them), without the task model's prefix
-  (`transformer.`, `model.`, `gpt_neox.`), which a bare model lacks."""
-  prefix = _PREFIXES[model_type]
-  return {name[len(prefix):] if name.startswith(prefix) else name: value
-          for name, value in hugging_face.read_arrays(path).items()}
+  """{name: float32 array} of the folder's weights, without the task
+  model's prefix (`transformer.`, `model.`, `gpt_neox.`), which a bare
+  model lacks."""
+  return hugging_face_files.read_arrays(path, (_PREFIXES[model_type],))
 
 
 def _rule(target, source, transform=None):
   if transform is None:
-    return weights_lib.Rule(target, source)
-  return weights_lib.Rule(target, source, transform)
+    return weight_maps.Rule(target, source)
+  return weight_maps.Rule(target, source, transform)
 
 
 def _heads(array, heads, head_dim, scale=1.0):
@@ -383,11 +380,11 @@ def dropped(config, model_type):
 
 
 def read(path, attention):
-  """The folder as a `weights.Source` (its tokenizer: not yet read)."""
-  hf_config = hugging_face.read_config(path)
+  """The folder as a `weight_maps.Source` (its tokenizer: not yet read)."""
+  hf_config = hugging_face_files.read_config(path)
   config = decoder_config(hf_config, path, attention)
   family = hf_config["model_type"]
-  return weights_lib.Source(
+  return weight_maps.Source(
       config=config, arrays=read_arrays(path, family),
       rules=rules(config, family), dropped=dropped(config, family),
       tokenizer=None, family=family)

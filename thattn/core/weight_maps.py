@@ -1,9 +1,11 @@
-"""The mechanism every source format shares: a name-and-shape map.
+"""The mechanism every checkpoint source shares: a name-and-shape map.
 
-A format reads its checkpoint into `{source name: array}` and says, with
-`Rule`s, which source array fills each thattn weight and how (a transpose,
-a reshape into heads, the folded 1/sqrt(d_k)). `assign` checks the whole
-map before it writes a single weight:
+A format (`thattn.converters`' modules, `thattn.models.
+hugging_face_decoders`) reads its checkpoint into `{source name: array}`
+and says, with `Rule`s, which source array fills each thattn weight and
+how (a transpose, a reshape into heads, the folded 1/sqrt(d_k)). `plan`
+(a tf_keras model) and `plan_shapes` (any model's weights by name and
+shape: Keras 3's) check the whole map before a single weight is written:
 
 - every weight of the thattn model is filled exactly once, by a rule or by
   the identity start of a projected variant (`identity_start`);
@@ -14,7 +16,8 @@ map before it writes a single weight:
 
 and raises one ValueError naming every mismatch (the weights, the source
 names, the shapes). Weights are named as in the tf_keras model without
-the ":0" (`block_0/attention/attention/query/kernel`).
+the ":0" (`block_0/attention/attention/query/kernel`). NumPy only: Keras
+3's loading of Hugging Face folders runs it without TensorFlow.
 """
 
 import dataclasses
@@ -176,13 +179,23 @@ def identity_start(names):
 
 
 def plan(model, arrays, rules, *, dropped=(), source="the source"):
-  """{weight name: array} for every weight of `model`, checked as the
-  module says; `dropped` are regular expressions of source names that are
-  meant to be left out. Raises ValueError naming every mismatch."""
-  weights = weight_names(model)
-  shapes = {name: tuple(weight.shape) for name, weight in weights.items()}
+  """{weight name: array} for every weight of the tf_keras `model`, checked
+  as the module says; `dropped` are regular expressions of source names
+  that are meant to be left out. Raises ValueError naming every mismatch."""
+  return plan_shapes(
+      {name: tuple(weight.shape) for name, weight in
+       weight_names(model).items()}, arrays, rules, dropped=dropped,
+      source=source)
+
+
+def plan_shapes(shapes, arrays, rules, *, dropped=(), source="the source",
+                target_name=lambda name: name):
+  """`plan` for a model given as {weight name: shape} (a Keras 3 model's
+  weights, named as `target_name` names the rules' tf_keras targets:
+  `thattn.core.weight_names.shared_name`, both fronts' common names)."""
   values, problems = {}, []
   for rule in rules:
+    rule = dataclasses.replace(rule, target=target_name(rule.target))
     if rule.target not in shapes:
       problems.append(f"{rule.target} (from {rule.source}) is not a weight "
                       "of the thattn model")

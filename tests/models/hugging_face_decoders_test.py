@@ -20,8 +20,8 @@ import torch
 import transformers
 
 from thattn import models
-from thattn.converters import hugging_face_decoders
-from thattn.converters import weights as weights_lib
+from thattn.core import weight_maps
+from thattn.models import hugging_face_decoders
 
 VOCAB = 96
 _LLAMA_SCALING = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0,
@@ -82,9 +82,9 @@ def _reference_logits(model, tokens):
 def _converted(folder, attention="multi_head"):
   read = hugging_face_decoders.read(str(folder), attention)
   model = models.create_model(read.config)
-  values = weights_lib.plan(model, read.arrays, read.rules,
+  values = weight_maps.plan(model, read.arrays, read.rules,
                             dropped=read.dropped, source=str(folder))
-  weights_lib.assign(model, values)
+  weight_maps.assign(model, values)
   return read.config, model
 
 
@@ -144,7 +144,7 @@ def test_a_missing_weight_is_named_and_nothing_assigned(source, tmp_path):
   del arrays[name]
   model = models.create_model(read.config)
   with pytest.raises(ValueError, match=f"has no {name}"):
-    weights_lib.plan(model, arrays, read.rules, dropped=read.dropped,
+    weight_maps.plan(model, arrays, read.rules, dropped=read.dropped,
                      source=model_type)
 
 

@@ -1,0 +1,56 @@
+"""Hugging Face folders straight into Keras 3 on one backend, without
+TensorFlow.
+
+Run by `hugging_face_test.py` in a process per backend (JAX, PyTorch),
+with THATTN_HF_EXCHANGE naming a folder where the parent left tiny GPT-2,
+Llama and GPT-NeoX folders that transformers saved (`<family>/`) and
+transformers' logits and greedy continuation for them
+(`<family>.npz`). Each check loads a folder with
+`thattn.keras3.models.load`, as multi-head attention and upgraded to
+talking heads at the identity: transformers' logits within 1e-5 of their
+scale, and its greedy tokens; and nothing here imports TensorFlow.
+"""
+
+import os
+import pathlib
+import sys
+
+from keras import ops
+import numpy as np
+import pytest
+
+from thattn.keras3 import models
+
+EXCHANGE = pathlib.Path(os.environ.get("THATTN_HF_EXCHANGE", "."))
+
+
+def families():
+  return sorted(path.stem for path in EXCHANGE.glob("*.npz"))
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+@pytest.mark.parametrize("family", families())
+def test_a_folder_loads_with_transformers_logits(family, attention):
+  saved = np.load(EXCHANGE / f"{family}.npz")
+  model = models.load(str(EXCHANGE / family), attention=attention)
+  logits = ops.convert_to_numpy(
+      model({"decoder_input_tokens": saved["tokens"]}))
+  want = saved["logits"]
+  np.testing.assert_allclose(logits, want, rtol=0,
+                             atol=1e-5 * np.abs(want).max())
+  continuation = models.generate(model, saved["prompt"],
+                                 max_length=saved["greedy"].shape[1])
+  np.testing.assert_array_equal(
+      ops.convert_to_numpy(continuation["tokens"]), saved["greedy"])
+
+
+def test_nothing_imported_tensorflow():
+  for family in families():
+    models.load(str(EXCHANGE / family))
+  assert not [name for name in ("tensorflow", "tf_keras", "tensorflow_text")
+              if name in sys.modules]
+
+
+def test_a_thattn_variant_without_an_identity_start_is_refused():
+  with pytest.raises(ValueError, match="starts only"):
+    models.load(str(EXCHANGE / families()[0]), attention="general_bilinear")
