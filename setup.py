@@ -40,6 +40,9 @@ TENSORFLOW = KERAS + [
     "tensorflow-text==2.21.*",
     # Trains SentencePiece models; tensorflow-text runs them in the graph.
     "sentencepiece",
+    # Hugging Face folders' byte-level BPE tokenizers (tokenizer.json) for
+    # thattn-convert, the source's own library (tested with 0.23).
+    "tokenizers>=0.22,<1",
 ]
 
 EXTRAS_REQUIRE = {

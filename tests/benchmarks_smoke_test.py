@@ -212,3 +212,24 @@ def test_model_steps_benchmark_quick_run_writes_its_tables(tmp_path):
       "token types, 2 x d", "T5 buckets, 32 x h, n x n ids",
       "words, random ids", "words, half padding (id 0)"}
   assert "| 16 | thattn MHA |" in (tmp_path / "results.md").read_text()
+
+
+def test_decoding_benchmark_quick_run_writes_its_tables(tmp_path):
+  """Cached greedy decoding, thattn on both fronts beside transformers'
+  `generate` (a fresh Python: Keras 3 on JAX is chosen before import)."""
+  out = tmp_path / "decoding"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "decoding.py"), "--quick",
+       "--out", str(out)], capture_output=True, text=True, timeout=600,
+      check=False, env=dict(os.environ, KERAS_BACKEND="jax",
+                            TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "decoding.json").read_text())
+  rates = report["results"]["lm_tiny"]["tokens_per_second"]
+  assert set(rates) == {
+      "transformers", "thattn tf_keras multi_head",
+      "thattn tf_keras talking_heads", "thattn keras3-jax multi_head",
+      "thattn keras3-jax talking_heads"}
+  assert all(rate > 0 for rate in rates.values())
+  assert "| lm_tiny | tf_keras talking_heads / multi_head |" in (
+      tmp_path / "decoding.md").read_text()

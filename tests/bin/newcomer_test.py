@@ -33,7 +33,7 @@ def _train(*flags, cwd=None, env=None, fresh=False):
 def test_help_lists_the_binarys_own_flags_with_defaults(help_flag):
   result = _train(help_flag)
   out = result.stdout
-  assert "thattn-train: train a BERT, ALBERT or T5" in out
+  assert "thattn-train: train a BERT, ALBERT, T5 or LM" in out
   for flag, default in (("--preset", None), ("--task", "'mlm'"),
                         ("--train_steps", "'1200'")):
     assert f"  {flag}:" in out, f"{flag} missing from {help_flag}:\n{out}"

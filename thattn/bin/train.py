@@ -1,4 +1,4 @@
-"""thattn-train: train a BERT, ALBERT or T5 with any attention variant.
+"""thattn-train: train a BERT, ALBERT, T5 or LM with any attention variant.
 
 With no flags it runs the default job: a tiny talking-heads BERT trained with
 masked LM on the embedded default corpus (`thattn.data.corpus`), with
@@ -101,10 +101,8 @@ flags.DEFINE_integer("warmup_steps", 100, "Steps at the peak rate before "
                      "the inverse-square-root decay.")
 # Data.
 flags.DEFINE_string("train_files", None, "Training data (glob): plain text "
-                    "(documents separated by blank lines) or JSON lines "
-                    "(files ending in .jsonl, a \"text\" field a line) for "
-                    "mlm, span_corruption and causal_lm, a GLUE-style TSV "
-                    "for classification, SQuAD JSON for squad. Default: the "
+                    "(blank lines between documents) or .jsonl for the "
+                    "pretraining tasks, GLUE TSV, SQuAD JSON. Default: the "
                     "embedded corpus.")
 flags.DEFINE_string("eval_files", None, "Held-out data, as --train_files.")
 flags.DEFINE_string("tokenizer", "sentencepiece", "sentencepiece, wordpiece, "
@@ -135,9 +133,8 @@ flags.DEFINE_bool("freeze_embeddings", False, "Keep the embeddings fixed, as "
 flags.DEFINE_float("dropout_rate", None, "Dropout; default 0 in pretraining "
                    "(the paper's recipe), the preset's when fine-tuning.")
 flags.DEFINE_integer("num_heads", None, "Heads h; default: the preset's.")
-flags.DEFINE_integer("num_key_value_heads", None, "h_kv: key and value heads "
-                     "shared by groups of the query heads (grouped-query "
-                     "attention, Llama's); default: the preset's.")
+flags.DEFINE_integer("num_key_value_heads", None, "Shared key/value heads "
+                     "h_kv; default: the preset's.")
 flags.DEFINE_integer("key_dim", None, "Head size d_k; default d_model / h.")
 flags.DEFINE_integer("d_model", None, "Model width; default: the preset's.")
 flags.DEFINE_integer("num_layers", None, "Layers; default: the preset's.")

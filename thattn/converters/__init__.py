@@ -14,6 +14,9 @@ staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
+- `hugging_face_lm`: a Hugging Face GPT-2, Llama or GPT-NeoX folder (the
+  same files, tokenizer.json read by Hugging Face `tokenizers`), a
+  causal-LM backbone;
 - `keras_hub`: a KerasHub `BertBackbone` or `AlbertBackbone` preset
   (config.json, model.weights.h5, BERT's tokenizer vocabulary);
 - `google_bert`: google-research/bert's release (bert_config.json,
@@ -42,25 +45,33 @@ from thattn.io import run_dir
 from thattn.converters import google_albert
 from thattn.converters import google_bert
 from thattn.converters import hugging_face
+from thattn.converters import hugging_face_lm
 from thattn.converters import keras_hub
 from thattn.converters import model_dir as model_dir_lib
 from thattn.converters import model_garden
 
 HUGGING_FACE = "hugging_face"
+HUGGING_FACE_LM = "hugging_face_lm"
 KERAS_HUB = "keras_hub"
 GOOGLE_BERT = "google_bert"
 GOOGLE_ALBERT = "google_albert"
 MODEL_GARDEN = "model_garden"
 MTF = "mtf"
-FORMATS = (HUGGING_FACE, KERAS_HUB, GOOGLE_BERT, GOOGLE_ALBERT, MODEL_GARDEN,
-           MTF)
+FORMATS = (HUGGING_FACE, HUGGING_FACE_LM, KERAS_HUB, GOOGLE_BERT,
+           GOOGLE_ALBERT, MODEL_GARDEN, MTF)
 # The format modules (each reads a folder as a weight_maps.Source).
-_READERS = {HUGGING_FACE: hugging_face, KERAS_HUB: keras_hub,
+_READERS = {HUGGING_FACE: hugging_face, HUGGING_FACE_LM: hugging_face_lm,
+            KERAS_HUB: keras_hub,
             GOOGLE_BERT: google_bert, GOOGLE_ALBERT: google_albert,
             MODEL_GARDEN: model_garden}
-# A converted BERT or ALBERT is a masked-LM backbone to fine-tune; its
-# run_config.json names the preset whose fields the overrides all set.
-_PRESETS = {"bert": "bert_base", "albert": "albert_base"}
+# A converted BERT or ALBERT is a masked-LM backbone to fine-tune, a
+# decoder-only LM a causal-LM one; its run_config.json names the task and
+# the preset whose fields the overrides all set.
+_TASKS_AND_PRESETS = {"bert": ("mlm", "bert_base"),
+                      "albert": ("mlm", "albert_base"),
+                      "gpt2": ("causal_lm", "gpt2"),
+                      "llama": ("causal_lm", "llama_3_2_1b"),
+                      "gpt_neox": ("causal_lm", "pythia_160m")}
 
 
 def detect(source):
@@ -72,6 +83,8 @@ def detect(source):
                      "TensorFlow model_dir.")
   if hugging_face.is_source(source):
     return HUGGING_FACE
+  if hugging_face_lm.is_source(source):
+    return HUGGING_FACE_LM
   if keras_hub.is_source(source):
     return KERAS_HUB
   if model_garden.is_source(source):  # Google's files, a TF2 checkpoint
@@ -84,7 +97,8 @@ def detect(source):
     return MTF
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
-      "Face config.json with model_type bert or albert, a KerasHub "
+      "Face config.json with model_type bert, albert, gpt2, llama or "
+      "gpt_neox, a KerasHub "
       "config.json of a BertBackbone, Google's bert_config.json or "
       "albert_config.json beside a checkpoint, and Mesh TensorFlow's "
       "operative_config.gin); name it with --source_format.")
@@ -105,7 +119,8 @@ def _check_attention(attention):
 
 def convert(*, source, model_dir, attention="multi_head", source_format=None,
             log=print):
-  """Writes the thattn model_dir of a BERT or ALBERT checkpoint folder.
+  """Writes the thattn model_dir of a BERT, ALBERT or decoder-only LM
+  checkpoint folder.
 
   Args:
     source: the folder to read.
@@ -117,7 +132,7 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
     log: where progress lines go.
 
   Returns:
-    The thattn BertConfig.
+    The thattn BertConfig or DecoderConfig.
 
   Raises:
     ValueError naming the file, field or weight that cannot be converted;
@@ -135,14 +150,18 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
   model = models.build_model(config)
   weight_maps.assign(model, weight_maps.plan(
       model, read.arrays, read.rules, dropped=read.dropped, source=source))
+  task, preset = _TASKS_AND_PRESETS[read.family]
   run_config = {
-      "task": "mlm", "preset": _PRESETS[read.family],
+      "task": task, "preset": preset,
       "overrides": model_dir_lib.overrides(config),
       "sequence_length": config.max_position_embeddings,
       "tokenizer_dir": run_dir.TOKENIZER if tokenizer else None,
       model_dir_lib.CONVERTED_FROM: {
           "source": os.path.abspath(source), "format": source_format,
           "model_type": read.family, "attention": attention}}
+  if task == "causal_lm":  # what its serving ends and pads continuations with
+    run_config.update(eos_id=tokenizer.special.eos if tokenizer else None,
+                      pad_id=tokenizer.special.pad if tokenizer else None)
   model_dir_lib.write(model_dir, keras_model=model, step=0,
                       tokenizer=tokenizer, run_config=run_config, log=log)
   log(f"Converted {source} ({source_format}, {read.family}: "

@@ -73,6 +73,9 @@ class Tokenizer(tf.Module):
   """The shared interface. Subclasses define `_tokenize_with_offsets`."""
 
   kind = None
+  # Whether tokenize and detokenize are TensorFlow ops (so a SavedModel
+  # can hold them); thattn.data.hugging_face_tokenizer's calls Python.
+  in_graph = True
 
   def __init__(self, vocab_size, special, name=None, token_count=None):
     super().__init__(name=name)
@@ -375,6 +378,9 @@ def load(directory, *, vocab_size=None):
   if config.get("kind") == "albert_sentencepiece":
     from thattn.data import albert_tokenizer  # pylint: disable=g-import-not-at-top
     return albert_tokenizer.load(directory, config, vocab_size)
+  if config.get("kind") == "hugging_face":
+    from thattn.data import hugging_face_tokenizer  # pylint: disable=g-import-not-at-top
+    return hugging_face_tokenizer.load(directory, config, vocab_size)
   raise ValueError(f"{config_path}: unknown tokenizer kind "
                    f"{config.get('kind')!r}.")
 

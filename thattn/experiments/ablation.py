@@ -65,6 +65,11 @@ class GridOptions:
                          f"{self.d_model}; the grid keeps h * d_k = d_model.")
     if not (self.variants and self.heads and self.seeds):
       raise ValueError("variants, heads and seeds must not be empty.")
+    # Every run's model, checked before the first trains (a preset's shared
+    # key and value heads must divide each h, say).
+    for variant in self.variants:
+      for h in self.heads:
+        tasks.get(self.task).check_model(_model(self, variant, h))
 
 
 def run_name(variant, heads, seed):

@@ -380,7 +380,8 @@ def dropped(config, model_type):
 
 
 def read(path, attention):
-  """The folder as a `weight_maps.Source` (its tokenizer: not yet read)."""
+  """The folder as a `weight_maps.Source`, without its tokenizer
+  (`thattn.converters.hugging_face_lm` reads it)."""
   hf_config = hugging_face_files.read_config(path)
   config = decoder_config(hf_config, path, attention)
   family = hf_config["model_type"]

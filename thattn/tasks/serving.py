@@ -104,19 +104,28 @@ class Serving:
     self._keras = types.SimpleNamespace(**keras_models)
     self.tokenizer = tokenizer
     self.sequence_length = sequence_length
+    # A tokenizer that runs Python (not `in_graph`) cannot be saved; its
+    # files still are, for clients to tokenize with.
+    in_graph = getattr(tokenizer, "in_graph", True)
     self.saved_objects = {
         "weights": [w for m in keras_models.values() for w in m.weights],
-        "tokenizer": tokenizer,
+        "tokenizer": tokenizer if in_graph else None,
         "tokenizer_files": [tf.saved_model.Asset(f) for f in files]}
 
   def tf_module(self):
     """The `tf.Module` to save: `saved_objects`, and each method marked
-    with `signature` as a `tf.function` of its input specs."""
+    with `signature` as a `tf.function` of its input specs; with a
+    tokenizer that is not `in_graph`, the text signatures are left out (a
+    SavedModel cannot hold its Python), and token ids are served alone."""
     module = tf.Module()
     for name, value in self.saved_objects.items():
       setattr(module, name, value)
+    text_served = getattr(self.tokenizer, "in_graph", True)
     for name, method in inspect.getmembers(type(self), inspect.isfunction):
       specs = getattr(method, "input_specs", None)
+      if specs is not None and not text_served and any(
+          spec.dtype == "string" for spec in specs):
+        continue
       if specs is not None:
         setattr(module, name, tf.function(
             getattr(self, name),
