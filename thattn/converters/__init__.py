@@ -42,6 +42,7 @@ from thattn import models
 from thattn.core import variants
 from thattn.core import weight_maps
 from thattn.io import run_dir
+from thattn.models import hugging_face_decoders
 from thattn.converters import google_albert
 from thattn.converters import google_bert
 from thattn.converters import hugging_face
@@ -83,7 +84,7 @@ def detect(source):
                      "TensorFlow model_dir.")
   if hugging_face.is_source(source):
     return HUGGING_FACE
-  if hugging_face_lm.is_source(source):
+  if hugging_face_decoders.is_source(source):
     return HUGGING_FACE_LM
   if keras_hub.is_source(source):
     return KERAS_HUB

@@ -31,7 +31,6 @@ from thattn.core import weight_maps
 from thattn.data import albert_tokenizer
 from thattn.data import tokenizers
 
-CONFIG_FILE = hugging_face_files.CONFIG_FILE
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "tokenizer.json"
@@ -56,15 +55,16 @@ def is_source(path):
 
 def _field(hf_config, name, path):
   if name not in hf_config:
-    raise ValueError(f"{os.path.join(path, CONFIG_FILE)} has no {name!r}; "
-                     "expected a BERT or ALBERT config.json.")
+    where = os.path.join(path, hugging_face_files.CONFIG_FILE)
+    raise ValueError(f"{where} has no {name!r}; expected a BERT or ALBERT "
+                     "config.json.")
   return hf_config[name]
 
 
 def bert_config(hf_config, path, attention="multi_head"):
   """thattn's BertConfig for a config.json, or ValueError naming the field
   thattn cannot represent."""
-  where = os.path.join(path, CONFIG_FILE)
+  where = os.path.join(path, hugging_face_files.CONFIG_FILE)
   model_type = _field(hf_config, "model_type", path)
   checks = {"position_embedding_type": ("absolute",)}
   if model_type == "albert":

@@ -12,9 +12,6 @@ from thattn.data import hugging_face_tokenizer
 from thattn.io import hugging_face_files
 from thattn.models import hugging_face_decoders
 
-MODEL_TYPES = hugging_face_decoders.MODEL_TYPES
-is_source = hugging_face_decoders.is_source
-
 
 def read(path, attention):
   """The folder as a `weight_maps.Source`, with its tokenizer (None where
