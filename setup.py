@@ -111,6 +111,7 @@ setuptools.setup(
             "thattn-ablate=thattn.bin.ablate:run",
             "thattn-complexity=thattn.bin.complexity:run",
             "thattn-convert=thattn.bin.convert:run",
+            "thattn-generate=thattn.bin.generate:run",
         ],
     },
 )

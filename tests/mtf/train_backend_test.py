@@ -24,6 +24,7 @@ from tests import forkserver
 from tests.training import local_cluster
 from thattn import models
 from thattn import tasks
+from thattn.data import tokenizers
 from thattn.mtf import convert
 from thattn.mtf import models as mtf_models
 from thattn.mtf import training as mtf_training
@@ -186,9 +187,24 @@ def test_the_mtf_causal_lm_converts_and_its_export_continues_text(
   got = served.signatures["serve_token_ids"](
       prompt_tokens=tf.constant(prompt))["tokens"].numpy()
   np.testing.assert_array_equal(got, want)
-  text = served.signatures["serving_default"](
-      text=tf.constant(["The function returns"]))["text"].numpy()
-  assert isinstance(text[0], bytes)
+  # A text prompt is given the start token 0 first, as training inputs.
+  tokenizer = tokenizers.load(str(lm_runs["mtf"] / "tokenizer"))
+  prompt_text = "The function returns"
+  from_text = served.signatures["serving_default"](
+      text=tf.constant([prompt_text]))
+  ids = tokenizer.tokenize(tf.constant([prompt_text])).numpy()[0]
+  from_ids = served.signatures["serve_token_ids"](
+      prompt_tokens=tf.constant([[0, *ids]], tf.int32))["tokens"]
+  np.testing.assert_array_equal(from_text["tokens"].numpy(),
+                                from_ids.numpy())
+  assert isinstance(from_text["text"].numpy()[0], bytes)
+  # thattn-generate prints the same continuation (greedy, 32 tokens).
+  stdout = cli.run_ok(cli.command(
+      "generate", f"--model_dir={lm_runs['mtf']}",
+      f"--prompt={prompt_text}", "--max_length=32"), _ENV, timeout=300)
+  want_text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(
+      from_ids, padding=config["pad_id"])).numpy()[0].decode()
+  assert stdout.splitlines()[-2:] == [f"> {prompt_text}", want_text]
 
 
 def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(

@@ -97,3 +97,37 @@ def test_runs_it_cannot_train_are_refused_by_name(tmp_path, flags, message):
                                *flags))
   assert result.returncode != 0
   assert message in result.stderr + result.stdout
+
+
+def test_thattn_generate_prints_the_exports_continuations(run, tmp_path):
+  """Greedy: the text the export serves for each prompt; sampling: the
+  same text for the same seed."""
+  model_dir, _ = run
+  prompts = ["The first", "A longer prompt than the first one"]
+  served = tf.saved_model.load(str(model_dir / "export"))
+  want = [text.decode() for text in served.signatures["serving_default"](
+      tf.constant(prompts))["text"].numpy()]
+  stdout = cli.run_ok(cli.command(
+      "generate", f"--model_dir={model_dir}", *(f"--prompt={prompt}"
+                                                for prompt in prompts)))
+  assert stdout.splitlines()[-4:] == [f"> {prompts[0]}", want[0],
+                                      f"> {prompts[1]}", want[1]]
+  sample = cli.command("generate", f"--model_dir={model_dir}",
+                       "--prompt=The first", "--method=sample",
+                       "--top_k=5", "--seed=7", "--max_length=6")
+  assert cli.run_ok(sample).splitlines()[-1] == (
+      cli.run_ok(sample).splitlines()[-1])
+
+
+def test_thattn_generate_refuses_a_run_of_another_task(run, tmp_path):
+  model_dir, _ = run
+  config = json.loads((model_dir / "run_config.json").read_text())
+  other = tmp_path / "mlm"
+  other.mkdir()
+  (other / "run_config.json").write_text(json.dumps(dict(config,
+                                                         task="mlm")))
+  result = cli.run(cli.command("generate", f"--model_dir={other}",
+                               "--prompt=x"))
+  assert result.returncode != 0
+  assert ("is a --task=mlm run; thattn-generate continues text with a "
+          "causal_lm run") in result.stderr

@@ -17,7 +17,10 @@ Mesh TensorFlow feeds it (`batches.lm_batches(start_token=0)`).
 Serving: a prompt's greedy continuation, text in and text out
 (`LMServing`), `GENERATED_TOKENS` new tokens or up to the end token, each
 prompt decoded on its own (prompts of a batch differ in length) with the
-caches (`thattn.models.DecoderLMGenerator`).
+caches (`thattn.models.DecoderLMGenerator`); a T5 LM's text prompts start
+with its start token 0, as its training inputs do. `thattn-generate`
+prints continuations with the generator's other methods
+(`restored_generator`).
 """
 
 import numpy as np
@@ -109,31 +112,52 @@ class CausalLM(text.TextTask):
                 pad_id=self.tokenizer.special.pad)
 
   @classmethod
-  def serving_module(cls, *, config, checkpoint, tokenizer_dir):
-    tokenizer, files = serving.load_tokenizer(tokenizer_dir)
-    backbone = models.create_model(config["preset"], **config["overrides"])
+  def restored_generator(cls, *, config, checkpoint, **options):
+    """(a `DecoderLMGenerator` of the run's backbone at `checkpoint`, the
+    ids every prompt starts with): [0] for T5's decoder alone, whose
+    training inputs start with the decoder start token, none otherwise.
+    `options` are the generator's (max_length, method, ...); the end and
+    padding ids are the run's."""
+    model_config = models.model_config(config["preset"],
+                                       **config["overrides"])
+    backbone = models.build_model(model_config)
     serving.restore(checkpoint, backbone=backbone)
     generator = models.DecoderLMGenerator(
-        backbone, max_length=GENERATED_TOKENS, eos_id=config["eos_id"],
-        pad_id=config["pad_id"])
-    return LMServing(generator, tokenizer, config["sequence_length"], files)
+        backbone, eos_id=config["eos_id"], pad_id=config["pad_id"],
+        **options)
+    start = ([wiring.DECODER_START_ID]
+             if isinstance(model_config, models.T5Config) else [])
+    return generator, start
+
+  @classmethod
+  def serving_module(cls, *, config, checkpoint, tokenizer_dir):
+    tokenizer, files = serving.load_tokenizer(tokenizer_dir)
+    generator, start = cls.restored_generator(
+        config=config, checkpoint=checkpoint, max_length=GENERATED_TOKENS)
+    return LMServing(generator, tokenizer, config["sequence_length"], files,
+                     prompt_start=start)
 
 
 class LMServing(serving.Serving):
   """Greedy continuations of prompts, from text or from token ids."""
 
-  def __init__(self, generator, tokenizer, sequence_length, files=()):
+  def __init__(self, generator, tokenizer, sequence_length, files=(),
+               prompt_start=()):
     super().__init__({}, tokenizer, sequence_length, files)
     self.generator = generator
+    self.prompt_start = list(prompt_start)
     self.saved_objects["generator"] = generator
 
   def _continue_each(self, prompts):
     """[b, GENERATED_TOKENS] continuations of ragged prompts [b, (p)],
     each kept to its last sequence_length - GENERATED_TOKENS tokens (the
     positions the model was trained on)."""
-    budget = max(self.sequence_length - GENERATED_TOKENS, 1)
+    budget = max(self.sequence_length - GENERATED_TOKENS -
+                 len(self.prompt_start), 1)
+    start = tf.constant(self.prompt_start, tf.int32)
     return tf.map_fn(
-        lambda ids: self.generator(ids[-budget:][None])["tokens"][0],
+        lambda ids: self.generator(
+            tf.concat([start, ids[-budget:]], 0)[None])["tokens"][0],
         prompts, fn_output_signature=tf.TensorSpec([GENERATED_TOKENS],
                                                    tf.int32))
 
@@ -148,5 +172,6 @@ class LMServing(serving.Serving):
   @serving.signature(serving.Spec("int32", (None, None),
                                   name="prompt_tokens"))
   def serve_token_ids(self, prompt_tokens):
-    """Continuations of prompts of one length (no padding)."""
+    """Continuations of prompts of one length (no padding), as given (a
+    T5 LM's with its start token 0 first)."""
     return {"tokens": self.generator(prompt_tokens)["tokens"]}
