@@ -151,7 +151,7 @@ _KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
 # The modules of thattn.ops written in plain Python (the others are
 # TensorFlow's side of the ops namespace).
 _PLAIN_OPS = ("thattn.ops.adafactor", "thattn.ops.blocks",
-              "thattn.ops.embeddings", "thattn.ops.rotary")
+              "thattn.ops.embeddings", "thattn.ops.masks", "thattn.ops.rotary")
 
 
 def _keras3_may_import(path, imported):

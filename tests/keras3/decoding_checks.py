@@ -122,3 +122,26 @@ def test_a_decoder_lm_continues_its_prompt_greedily(preset):
   first = list(want[0]).index(eos)
   assert list(row[:first + 1]) == list(want[0, :first + 1])
   assert set(row[first + 1:]) <= {0}
+
+
+@pytest.mark.parametrize("preset", ["lm_tiny", "t5_tiny_lm"])
+def test_a_prefix_lm_continues_its_prefix_as_the_whole_passes_do(preset):
+  """The prompt is the prefix, attending both ways, in the cache-filling
+  call as in each whole pass."""
+  model = models.create_model(preset, prefix_lm=True, dropout_rate=0.0)
+  rng = np.random.default_rng(3)
+  model.set_weights([rng.normal(0.0, 0.3, w.shape).astype("float32")
+                     for w in model.get_weights()])
+  prompt = rng.integers(0, 64, size=(2, 4)).astype("int32")
+  tokens = prompt
+  for _ in range(4):
+    region = (np.arange(tokens.shape[1]) < 4).astype("int32")
+    logits = ops.convert_to_numpy(model({
+        "decoder_input_tokens": tokens,
+        "decoder_causal_attention": np.tile(region, (2, 1))}))
+    tokens = np.concatenate(
+        [tokens, logits[:, -1].argmax(-1)[:, None].astype("int32")], axis=1)
+  assert len(np.unique(tokens[:, 4:])) > 1
+  decoded = models.generate(model, prompt, max_length=4)
+  np.testing.assert_array_equal(ops.convert_to_numpy(decoded["tokens"]),
+                                tokens[:, 4:])

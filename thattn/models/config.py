@@ -50,6 +50,11 @@ ATTENTION_TYPES = ("encoder_self_attention", "decoder_self_attention",
 # Unitransformer): a decoder-only language model ("lm") or an encoder-only
 # model with one output per input position ("aligned").
 T5_STACKS = ("encoder_decoder", "decoder", "encoder")
+# A prefix LM's second input (t5x's name), int32 [b, n]: 1 at the positions
+# that attend to each other both ways (the prefix, and the position that
+# reads its last token), 0 after; query i sees key j where j <= i or both
+# are 1.
+PREFIX_LM_INPUT = "decoder_causal_attention"
 # Overrides that set one AttentionConfig field on every attention layer.
 SHARED_ATTENTION_FIELDS = ("num_heads", "key_dim", "value_dim",
                            "num_key_heads", "num_value_heads",
@@ -218,6 +223,7 @@ class BertConfig:
   dropout_rate: float = 0.1
   layer_norm_epsilon: float = 1e-12
   initializer_range: float = 0.02
+  prefix_lm: bool = False
 
   def __post_init__(self):
     owner = type(self).__name__
@@ -277,6 +283,11 @@ class T5Config:
   # with encoder_self_attention, read from `encoder_input_tokens`); both
   # give logits at every position.
   stacks: str = "encoder_decoder"
+  # stacks="decoder" only: a prefix LM (the T5 paper's; Mesh TensorFlow's
+  # `Unitransformer.input_full_attention`): attention is bidirectional
+  # over each row's prefix, as is the decoder's position bias, and the
+  # model takes `decoder_causal_attention` too (see PREFIX_LM_INPUT).
+  prefix_lm: bool = False
 
   def __post_init__(self):
     owner = type(self).__name__
@@ -284,6 +295,9 @@ class T5Config:
                         "num_decoder_layers", "d_ff", "relative_num_buckets",
                         "relative_max_distance"))
     validation.one_of("stacks", self.stacks, T5_STACKS, owner=owner)
+    if self.prefix_lm and self.stacks != "decoder":
+      raise ValueError(f"{owner}: prefix_lm=True is a decoder-only model's; "
+                       f"it needs stacks='decoder', got {self.stacks!r}.")
     validation.one_of("activation", self.activation, ACTIVATIONS, owner=owner)
     validation.rate("dropout_rate", self.dropout_rate, owner=owner)
     for name in self.attention_types:
@@ -378,6 +392,10 @@ class DecoderConfig:
       the start, as transformers starts Llama and GPT-NeoX (P_q also takes
       d_k**-0.5, which thattn folds into it; GPT-2's smaller residual
       projections are not reproduced).
+    prefix_lm: a prefix LM (the T5 paper's): attention is bidirectional
+      over each row's prefix and causal after it, and the model takes
+      `decoder_causal_attention` too (see PREFIX_LM_INPUT). The weights
+      are a causal LM's, so either loads the other's.
   """
   vocab_size: int = 50257
   d_model: int = 768
@@ -399,6 +417,7 @@ class DecoderConfig:
   dropout_rate: float = 0.1
   layer_norm_epsilon: float = 1e-5
   initializer_range: float = 0.02
+  prefix_lm: bool = False
 
   def __post_init__(self):
     owner = type(self).__name__

@@ -13,6 +13,7 @@ from thattn.core import validation
 from thattn.layers import initializers
 from thattn.ops import autograph
 from thattn.ops import embeddings
+from thattn.ops import masks
 from thattn.ops import tf_ops
 
 
@@ -143,6 +144,16 @@ class PaddingMask(tf_keras.layers.Layer):
     config = super().get_config()
     config["pad_id"] = self.pad_id
     return config
+
+
+@tf_keras.utils.register_keras_serializable(package="thattn")
+class PrefixLMMask(tf_keras.layers.Layer):
+  """A prefix LM's boolean self-attention mask [b, n, n] from its
+  `decoder_causal_attention` [b, n] (`thattn.ops.masks.prefix_lm_mask`)."""
+
+  @autograph.unconverted
+  def call(self, inputs):
+    return masks.prefix_lm_mask(tf_ops.TF_OPS, inputs)
 
 
 @tf_keras.utils.register_keras_serializable(package="thattn")

@@ -28,6 +28,8 @@ TF_KERAS = wiring.front_end(
         "linear", dtype=dtype, name=name)(tensor),
     padding_mask=lambda tokens, pad_id, name: embeddings.PaddingMask(
         pad_id, name=name)(tokens),
+    prefix_lm_mask=lambda causal_attention, name: embeddings.PrefixLMMask(
+        name=name)(causal_attention),
     TypeEmbedding=tf_keras.layers.Embedding)
 
 

@@ -35,6 +35,7 @@ Methods:
 import tensorflow as tf
 
 from thattn.core import validation
+from thattn.models import config as config_lib
 from thattn.models import t5
 from thattn.models import wiring
 
@@ -241,7 +242,9 @@ class DecoderLMGenerator(tf.Module):
   Args:
     model: the functional model of `create_model` for a `DecoderConfig`
       (or a T5Config with stacks="decoder", its prompt starting with the
-      decoder start token 0).
+      decoder start token 0). A prefix LM's (`prefix_lm=True`) prompt is
+      its prefix, whose positions attend to each other both ways (its
+      task ends it with the end token: `thattn.tasks.prefix_lm`).
     max_length: N, the new tokens.
     method: "greedy", "sample" or "beam".
     temperature, top_k, top_p: for "sample" (`choose_tokens`).
@@ -262,11 +265,14 @@ class DecoderLMGenerator(tf.Module):
     super().__init__(name=name)
     _check_options(max_length, method, temperature, top_k, beam_size, top_p)
     inputs = sorted(model.input) if isinstance(model.input, dict) else []
-    if inputs != ["decoder_input_tokens"]:
+    if inputs not in _LM_INPUTS:
       raise ValueError(
-          f"DecoderLMGenerator needs a decoder-only LM (one input, "
-          f"decoder_input_tokens); {model.name!r} takes {inputs or 'a '}"
-          f"{'' if inputs else 'tensor'}.")
+          f"DecoderLMGenerator needs a decoder-only LM (input "
+          f"decoder_input_tokens, and a prefix LM's "
+          f"{config_lib.PREFIX_LM_INPUT}); {model.name!r} takes "
+          f"{inputs or 'a '}{'' if inputs else 'tensor'}.")
+    # A prefix LM's prompt is its prefix, which attends both ways.
+    self._prefix_lm = config_lib.PREFIX_LM_INPUT in inputs
     self.max_length = max_length
     self.method = method
     self.temperature = float(temperature)
@@ -301,14 +307,19 @@ class DecoderLMGenerator(tf.Module):
     batch, length = tf.shape(prompt)[0], tf.shape(prompt)[1]
     caches = [block.initial_cache(batch, length + self.max_length)
               for block in self._layers.decoder.blocks]
-    return self._step(prompt, 0, caches, length + self.max_length)
+    mask = (tf.ones([batch, length, length], tf.bool) if self._prefix_lm
+            else None)
+    return self._step(prompt, 0, caches, length + self.max_length, mask)
 
-  def _step(self, tokens, position, caches, cache_length):
+  def _step(self, tokens, position, caches, cache_length,
+            attention_mask=None):
     """Log-probabilities of the token after `tokens` [batch, n] written at
-    `position`, and the caches (of `cache_length` positions) with them."""
+    `position`, and the caches (of `cache_length` positions) with them;
+    `attention_mask`: a prefix LM's prompt's (`wiring.run_decoder`)."""
     logits, caches = wiring.run_decoder(
         self._layers.decoder, tokens, None, None, training=False,
-        caches=caches, decode_step=position, max_length=cache_length)
+        caches=caches, decode_step=position, max_length=cache_length,
+        attention_mask=attention_mask)
     return tf.nn.log_softmax(logits[:, -1]), caches
 
   def _sample_or_greedy(self, prompt):
@@ -365,6 +376,11 @@ class DecoderLMGenerator(tf.Module):
     best = tf.argmax(scores, axis=-1, output_type=tf.int32)
     return {"tokens": tf.gather(sequences, best, batch_dims=1),
             "scores": tf.gather(scores, best, batch_dims=1)}
+
+
+# DecoderLMGenerator's model inputs, sorted: a causal LM's, a prefix LM's.
+_LM_INPUTS = (["decoder_input_tokens"],
+              sorted(["decoder_input_tokens", config_lib.PREFIX_LM_INPUT]))
 
 
 def generate(model, tokens, *, max_length, **options):

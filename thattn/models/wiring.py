@@ -53,35 +53,47 @@ def logits(lm_head, embedding, x):
 
 
 def run_decoder(parts, tokens, memory, memory_mask, training=None,
-                caches=None, decode_step=None, max_length=None):
+                caches=None, decode_step=None, max_length=None,
+                attention_mask=None):
   """Decoder tokens [b, n] -> float32 logits [b, n, vocab].
 
   With `caches` (one per block, from the blocks' `initial_cache`), the
   tokens are decoding steps `decode_step, decode_step + 1, ...` of at most
   `max_length`, `memory` is unused (it is in the caches), and the result is
-  `(logits, new_caches)`.
+  `(logits, new_caches)`. `attention_mask` is a prefix LM's self-attention
+  mask [b, n, n] (its blocks are not causal themselves); with `caches` it
+  is the prompt's, at decode_step 0.
   """
   x = parts.embedding(tokens)
   if parts.position_embedding is not None:
     x = parts.position_embedding(x, offset=decode_step)
   x = parts.embedding_dropout(x, training=training)
-  if parts.position_bias is None:
-    bias = None
-  elif caches is None:
-    bias = parts.position_bias(x)
-  else:
-    bias = parts.position_bias(x, memory_length=max_length,
-                               query_offset=decode_step)
+  bias = cached_bias = None
+  if parts.position_bias is not None:
+    if caches is None or attention_mask is not None:
+      bias = parts.position_bias(x)
+    if caches is not None:
+      cached_bias = parts.position_bias(x, memory_length=max_length,
+                                        query_offset=decode_step)
   new_caches = []
   for index, block in enumerate(parts.blocks):
     if caches is None:
       x = block(x, memory=memory, memory_mask=memory_mask,
+                attention_mask=attention_mask, position_bias=bias,
+                training=training)
+      continue
+    y, cache = block(x, memory_mask=memory_mask, position_bias=cached_bias,
+                     training=training, cache=caches[index],
+                     decode_step=decode_step)
+    if attention_mask is not None:
+      # A prefix LM's prompt attends to itself both ways, which a cached
+      # call (always causal) does not: that call only writes the block's
+      # keys and values, functions of its input x alone, into the cache,
+      # and the block's output is the whole pass's under the mask.
+      y = block(x, memory_mask=memory_mask, attention_mask=attention_mask,
                 position_bias=bias, training=training)
-    else:
-      x, cache = block(x, memory_mask=memory_mask, position_bias=bias,
-                       training=training, cache=caches[index],
-                       decode_step=decode_step)
-      new_caches.append(cache)
+    x = y
+    new_caches.append(cache)
   x = parts.final_norm(x)
   if parts.final_dropout is not None:
     x = parts.final_dropout(x, training=training)
@@ -128,6 +140,8 @@ FrontEnd = collections.namedtuple("FrontEnd", [
     "RelativePositionBias", "StackPositionBias",
     "FeedForward", "PostNormBlock", "PreNormBlock", "RMSNorm",
     "padding_mask",  # (tokens, pad_id, name) -> boolean [b, 1, m]
+    # (decoder_causal_attention, name) -> boolean [b, n, n]
+    "prefix_lm_mask",
 ])
 
 
@@ -296,7 +310,8 @@ def make_decoder_layers(front, config, embedding):
               front, config,
               config.layer_attention("encoder_decoder_attention", index),
               "cross_attention") if cross else None,
-          feed_forward=_t5_feed_forward(front, config), causal=True,
+          feed_forward=_t5_feed_forward(front, config),
+          causal=not config.prefix_lm,  # a prefix LM's mask is the model's
           dropout_rate=config.dropout_rate,
           epsilon=config.layer_norm_epsilon, name=f"decoder_block_{index}")
       for index in range(config.decoder_layers)]
@@ -305,8 +320,11 @@ def make_decoder_layers(front, config, embedding):
       position_embedding=None,
       embedding_dropout=front.Dropout(config.dropout_rate,
                                       name="decoder_embedding_dropout"),
+      # Bidirectional in a prefix LM, as Mesh TensorFlow's is in a model
+      # not fully autoregressive.
       position_bias=_t5_position_bias(front, config,
-                                      "decoder_self_attention", False,
+                                      "decoder_self_attention",
+                                      config.prefix_lm,
                                       "decoder_position_bias"),
       blocks=layer_blocks,
       final_norm=front.RMSNorm(config.layer_norm_epsilon,
@@ -350,6 +368,9 @@ def build_t5(config, front, name=None):
             for key, stack in (("encoder_input_tokens", "decoder"),
                                ("decoder_input_tokens", "encoder"))
             if config.stacks != stack}
+  if config.prefix_lm:
+    inputs[config_lib.PREFIX_LM_INPUT] = front.Input(
+        config_lib.PREFIX_LM_INPUT)
   embedding = front.TokenEmbedding(
       config.vocab_size, config.d_model,
       embeddings_initializer=front.random_normal(1.0),
@@ -364,7 +385,9 @@ def build_t5(config, front, name=None):
                     memory)
   else:
     result = run_decoder(make_decoder_layers(front, config, embedding),
-                         inputs["decoder_input_tokens"], memory, memory_mask)
+                         inputs["decoder_input_tokens"], memory, memory_mask,
+                         attention_mask=_prefix_lm_mask(front, config,
+                                                        inputs))
   # Named "logits" in a SavedModel's serving signature.
   return front.Model(inputs, front.named_output(result, "logits", "float32"),
                      name or "t5")
@@ -382,7 +405,8 @@ def _lm_block(front, config, index):
           config.d_ff, activation=config.activation,
           gated=config.gated_feed_forward, use_bias=config.use_bias,
           kernel_initializer=initializer(), name="feed_forward"),
-      causal=True, dropout_rate=config.dropout_rate,
+      causal=not config.prefix_lm,  # a prefix LM's mask is the model's
+      dropout_rate=config.dropout_rate,
       epsilon=config.layer_norm_epsilon, norm=config.norm,
       parallel_residual=config.parallel_residual,
       name=f"decoder_block_{index}")
@@ -422,16 +446,29 @@ def make_lm_layers(front, config):
       final_norm=final_norm, final_dropout=None, lm_head=lm_head)
 
 
+def _prefix_lm_mask(front, config, inputs):
+  """A prefix LM's self-attention mask from its inputs; None otherwise."""
+  if not config.prefix_lm:
+    return None
+  return front.prefix_lm_mask(inputs[config_lib.PREFIX_LM_INPUT],
+                              "prefix_lm_mask")
+
+
 def build_decoder_lm(config, front, name=None):
   """The decoder-only LM of a `DecoderConfig`, of `front`'s layers: input
-  `decoder_input_tokens` int32 [b, n], output float32 logits [b, n, vocab],
-  position i's scoring the token after it (the computation:
-  `DecoderConfig`'s docstring)."""
+  `decoder_input_tokens` int32 [b, n] (and a prefix LM's
+  `decoder_causal_attention` [b, n]: `config_lib.PREFIX_LM_INPUT`), output
+  float32 logits [b, n, vocab], position i's scoring the token after it
+  (the computation: `DecoderConfig`'s docstring)."""
   _check_config(config, config_lib.DecoderConfig, "build_decoder_lm")
-  tokens = front.Input("decoder_input_tokens")
-  result = run_decoder(make_lm_layers(front, config), tokens, None, None)
-  return front.Model({"decoder_input_tokens": tokens},
-                     front.named_output(result, "logits", "float32"),
+  inputs = {"decoder_input_tokens": front.Input("decoder_input_tokens")}
+  if config.prefix_lm:
+    inputs[config_lib.PREFIX_LM_INPUT] = front.Input(
+        config_lib.PREFIX_LM_INPUT)
+  result = run_decoder(make_lm_layers(front, config),
+                       inputs["decoder_input_tokens"], None, None,
+                       attention_mask=_prefix_lm_mask(front, config, inputs))
+  return front.Model(inputs, front.named_output(result, "logits", "float32"),
                      name or config.family)
 
 

@@ -10,7 +10,8 @@ calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
 abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
 silu, gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
-concatenate, arange and shape.
+concatenate, arange and shape; the masks (`thattn.ops.masks`) not_equal,
+less_equal, logical_and, logical_or and cumsum.
 """
 
 import types
@@ -63,4 +64,5 @@ TF_OPS = types.SimpleNamespace(
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
     zeros_like=_zeros_like, relu=tf.nn.relu, silu=tf.nn.silu, gelu=_gelu,
     cos=tf.cos, sin=tf.sin, concatenate=_concatenate, arange=_arange,
-    shape=_shape)
+    shape=_shape, not_equal=tf.not_equal, less_equal=tf.less_equal,
+    logical_and=tf.logical_and, logical_or=tf.logical_or, cumsum=tf.cumsum)

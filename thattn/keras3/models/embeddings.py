@@ -1,5 +1,5 @@
 """The layers around the Transformer blocks, in Keras 3: embeddings, the
-stack's position bias, the pooler, the padding mask.
+stack's position bias, the pooler, the padding and prefix LM masks.
 
 `thattn.models.embeddings` in `keras.ops`, with the same weights (names,
 shapes, order), so a Keras 3 model and its tf_keras twin exchange weights
@@ -15,6 +15,7 @@ from thattn.core import validation
 from thattn.keras3 import initializers
 from thattn.keras3 import lookups
 from thattn.ops import embeddings
+from thattn.ops import masks
 
 _serialize = keras.saving.serialize_keras_object
 
@@ -27,6 +28,12 @@ def padding_mask(tokens, pad_id=None):
   else:
     keep = ops.not_equal(tokens, pad_id)
   return ops.expand_dims(keep, 1)
+
+
+def prefix_lm_mask(causal_attention):
+  """A prefix LM's boolean self-attention mask [b, n, n] from its
+  `decoder_causal_attention` [b, n] (`thattn.ops.masks.prefix_lm_mask`)."""
+  return masks.prefix_lm_mask(ops, causal_attention)
 
 
 @keras.saving.register_keras_serializable(package="thattn")

@@ -4,8 +4,8 @@
 this package's blocks and embeddings, and keras.layers. Where it differs
 from tf_keras's (`thattn.models.front_end.TF_KERAS`): the token types are
 thattn's `TokenEmbedding`, read in float32 and looked up by selection
-(`thattn.keras3.lookups` says why), and the padding mask is a function of
-the tokens, not a layer.
+(`thattn.keras3.lookups` says why), and the padding and prefix LM masks are
+functions of the inputs, not layers.
 
 `KERAS3_OPS` is the `thattn.models.heads_and_losses.TaskOps` of the task heads
 and losses, in `keras.ops`.
@@ -26,6 +26,11 @@ def _padding_mask(tokens, pad_id, name):
   return embeddings.padding_mask(tokens, pad_id)
 
 
+def _prefix_lm_mask(causal_attention, name):
+  del name  # as the padding mask
+  return embeddings.prefix_lm_mask(causal_attention)
+
+
 KERAS3 = wiring.front_end(
     "keras3", keras, (blocks, embeddings, relative_position),
     Input=lambda name: keras.Input((None,), dtype="int32", name=name),
@@ -33,7 +38,8 @@ KERAS3 = wiring.front_end(
                                                     name=name),
     named_output=lambda tensor, name, dtype=None: keras.layers.Identity(
         dtype=dtype, name=name)(tensor),
-    padding_mask=_padding_mask, TypeEmbedding=embeddings.TokenEmbedding)
+    padding_mask=_padding_mask, prefix_lm_mask=_prefix_lm_mask,
+    TypeEmbedding=embeddings.TokenEmbedding)
 
 
 def _cross_entropy(labels, logits):

@@ -31,6 +31,7 @@ from keras import ops
 
 from thattn.core import validation
 from thattn.keras3.models import embeddings
+from thattn.models import config as config_lib
 from thattn.models import wiring
 
 def compile_decode(decode, model):
@@ -148,7 +149,8 @@ class DecoderLMGenerator:
 
   Args:
     model: the functional model of `create_model` for a `DecoderConfig`
-      (or a T5Config with stacks="decoder").
+      (or a T5Config with stacks="decoder"); a prefix LM's prompt attends
+      to itself both ways, as tf_keras's.
     max_length: N, the new tokens.
     eos_id: the token that ends a continuation, or None.
     pad_id: what follows the end token; default `eos_id`.
@@ -157,10 +159,15 @@ class DecoderLMGenerator:
   def __init__(self, model, *, max_length, eos_id=None, pad_id=None):
     validation.positive_int("max_length", max_length)
     inputs = sorted(model.input) if isinstance(model.input, dict) else []
-    if inputs != ["decoder_input_tokens"]:
+    if inputs not in (["decoder_input_tokens"],
+                      sorted(["decoder_input_tokens",
+                              config_lib.PREFIX_LM_INPUT])):
       raise ValueError(
-          f"DecoderLMGenerator needs a decoder-only LM (one input, "
-          f"decoder_input_tokens); {model.name!r} takes {inputs}.")
+          f"DecoderLMGenerator needs a decoder-only LM (input "
+          f"decoder_input_tokens, and a prefix LM's "
+          f"{config_lib.PREFIX_LM_INPUT}); {model.name!r} takes {inputs}.")
+    # A prefix LM's prompt is its prefix, which attends both ways.
+    self._prefix_lm = config_lib.PREFIX_LM_INPUT in inputs
     self.model = model
     self.max_length = max_length
     self.eos_id = -1 if eos_id is None else eos_id  # -1: never generated
@@ -176,10 +183,12 @@ class DecoderLMGenerator:
       self._compiled, self.jitted = compile_decode(self.decode, self.model)
     return self._compiled(tokens)
 
-  def _log_probs(self, tokens, position, caches, cache_length):
+  def _log_probs(self, tokens, position, caches, cache_length,
+                 attention_mask=None):
     logits, caches = wiring.run_decoder(
         self._decoder, tokens, None, None, training=False, caches=caches,
-        decode_step=position, max_length=cache_length)
+        decode_step=position, max_length=cache_length,
+        attention_mask=attention_mask)
     return ops.log_softmax(ops.cast(logits[:, -1], "float32"),
                            axis=-1), caches
 
@@ -190,7 +199,10 @@ class DecoderLMGenerator:
     cache_length = length + self.max_length
     caches = [block.initial_cache(batch, cache_length)
               for block in self._decoder.blocks]
-    log_probs, caches = self._log_probs(prompt, 0, caches, cache_length)
+    mask = (ops.ones((batch, length, length), "bool") if self._prefix_lm
+            else None)
+    log_probs, caches = self._log_probs(prompt, 0, caches, cache_length,
+                                        mask)
     state = (log_probs, ops.zeros((batch,), "bool"),
              ops.zeros((batch,), "float32"),
              ops.zeros((batch, self.max_length), "int32"), caches)
