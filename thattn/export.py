@@ -12,6 +12,8 @@ signatures come from the run's task (`thattn.tasks.get(task)
 | classification      | text (text_b for pairs) -> logits, predictions | BERT's inputs -> logits             |
 | squad               | question, context -> answer, start/end logits  | BERT's inputs -> start/end logits   |
 | span_corruption     | text -> text (generated), tokens               | encoder_input_tokens -> tokens      |
+| causal_lm           | text -> text (a greedy continuation), tokens   | prompt_tokens -> tokens             |
+| prefix_lm           | text (the prefix) -> text, tokens              | prompt_tokens -> tokens             |
 | recall              | (no text) the token-ids signature              | tokens [b, n, 2] -> logits          |
 
 Tokenization runs inside the graph (tensorflow-text; `thattn.tasks.serving`),

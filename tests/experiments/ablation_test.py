@@ -104,7 +104,8 @@ def test_grid_errors():
   with pytest.raises(ValueError, match="heads=3 does not divide d_model=64"):
     ablation.GridOptions(heads=(3,))
   with pytest.raises(ValueError, match="task 'squad' fine-tunes; expected "
-                     "one of mlm, span_corruption, causal_lm, recall"):
+                     "one of mlm, span_corruption, causal_lm, prefix_lm, "
+                     "recall"):
     ablation.GridOptions(task="squad")
   # lm_tiny's 2 shared key and value heads do not divide 3 heads: named
   # before any run trains.

@@ -49,6 +49,6 @@ def test_keras3_decodes_what_tf_keras_decodes(backend, exchange):
   output = processes.run_pytest(backend, "decoding_checks.py",
                                 THATTN_DECODING_EXCHANGE=str(exchange))
   # The cases, the refusal, three decoder-only LMs decoded with their
-  # caches, and four continuing prompts.
-  assert re.search(rf"{len(CASES) + 8} passed", output), output
+  # caches, four continuing prompts and two prefix LMs.
+  assert re.search(rf"{len(CASES) + 10} passed", output), output
   assert not re.search(r"\d+ (failed|skipped|error)", output), output

@@ -10,6 +10,7 @@ masked LM on a T5 encoder (mtf's aligned Unitransformer) and the causal LM
 on T5's decoder (its LM Unitransformer).
 """
 
+import io
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from tests import cli
@@ -205,6 +207,51 @@ def test_the_mtf_causal_lm_converts_and_its_export_continues_text(
   want_text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(
       from_ids, padding=config["pad_id"])).numpy()[0].decode()
   assert stdout.splitlines()[-2:] == [f"> {prompt_text}", want_text]
+
+
+@pytest.fixture(scope="module")
+def t5_vocabulary_flags(tmp_path_factory, heldout_paragraphs):
+  """--train_files and --tokenizer: a T5 vocabulary (</s> = 1), as mtf's
+  delimited LM reads the end token."""
+  folder = tmp_path_factory.mktemp("t5_vocabulary")
+  model = io.BytesIO()
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(heldout_paragraphs[:2000]), model_writer=model,
+      vocab_size=300, model_type="unigram", pad_id=0, eos_id=1, unk_id=2,
+      bos_id=-1, num_threads=1, minloglevel=2)
+  tokenizers.T5SentencepieceTokenizer(model.getvalue(), extra_ids=100).save(
+      str(folder / "tokenizer"))
+  (folder / "train.txt").write_text("\n\n".join(heldout_paragraphs[:200]))
+  return [f"--train_files={folder / 'train.txt'}",
+          f"--tokenizer={folder / 'tokenizer'}"]
+
+
+def test_the_prefix_lm_is_mtfs_delimited_lm_and_converts_both_ways(
+    t5_vocabulary_flags, tmp_path):
+  """Step for step as the Keras backend (the bidirectional prefix and
+  position bias, the targets alone scored); converted to thattn, it is a
+  prefix_lm run, and back, mtf's delimited LM again."""
+  flags = ("--task=prefix_lm", "--preset=t5_tiny_lm", "--noexport")
+  _train(tmp_path / "keras", t5_vocabulary_flags, *flags)
+  _train(tmp_path / "mtf", t5_vocabulary_flags, *flags, "--backend=mtf")
+  _assert_same_losses(tmp_path / "mtf", tmp_path / "keras")
+  gin_text = mtf_models.read_operative_config(str(tmp_path / "mtf"))
+  assert mtf_models.model_type(gin_text) == "delimited_lm"
+  assert "Unitransformer.input_full_attention = True" in gin_text
+  convert.mtf_to_thattn(mtf_model_dir=str(tmp_path / "mtf"),
+                        model_dir=str(tmp_path / "converted"),
+                        vocabulary=str(tmp_path / "mtf" / "tokenizer"),
+                        sequence_length=32, log=lambda line: None)
+  config = json.loads((tmp_path / "converted" / "run_config.json")
+                      .read_text())
+  assert config["task"] == "prefix_lm"
+  assert config["overrides"]["prefix_lm"] is True
+  convert.thattn_to_mtf(model_dir=str(tmp_path / "converted"),
+                        mtf_model_dir=str(tmp_path / "back"),
+                        log=lambda line: None)
+  back = mtf_models.read_operative_config(str(tmp_path / "back"))
+  assert mtf_models.model_type(back) == "delimited_lm"
+  assert "Unitransformer.input_full_attention = True" in back
 
 
 def test_the_model_dir_is_an_mtf_model_dir_that_converts_to_keras(

@@ -130,4 +130,4 @@ def test_thattn_generate_refuses_a_run_of_another_task(run, tmp_path):
                                "--prompt=x"))
   assert result.returncode != 0
   assert ("is a --task=mlm run; thattn-generate continues text with a "
-          "causal_lm run") in result.stderr
+          "causal_lm or prefix_lm run") in result.stderr

@@ -277,7 +277,8 @@ def test_a_task_registered_in_a_test_trains_on_every_backend(tmp_path):
 
 def test_unknown_and_duplicate_task_names_are_refused():
   with pytest.raises(ValueError, match="Unknown task 'nonsense'; expected "
-                     "one of mlm, span_corruption, causal_lm, classification, "
+                     "one of mlm, span_corruption, causal_lm, prefix_lm, "
+                     "classification, "
                      "squad, recall, toy_copy"):
     tasks.get("nonsense")
 

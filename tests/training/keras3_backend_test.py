@@ -634,8 +634,8 @@ def test_every_built_in_task_trains_on_keras3_and_others_are_refused():
   from thattn import tasks  # pylint: disable=g-import-not-at-top
   from thattn.training import backend as backend_lib  # pylint: disable=g-import-not-at-top
   keras3 = backend_lib.get("keras3")
-  built_in = ("mlm", "span_corruption", "causal_lm", "classification",
-              "squad", "recall")
+  built_in = ("mlm", "span_corruption", "causal_lm", "prefix_lm",
+              "classification", "squad", "recall")
   for name in built_in:
     keras3.check_task(tasks.get(name), None)
 

@@ -4,8 +4,8 @@ Keras backend trains it.
 Fine-tuning starts from --init_checkpoint of a tiny masked-LM run of each
 backend (classification from the keras3 one, SQuAD from the keras one);
 span corruption (whose metrics decode greedily: the keras3 run with the
-Keras 3 model's T5Generator, under jax.jit), the causal LM and recall
-train from scratch. Each task runs with --backend=keras and --backend=keras3 (JAX,
+Keras 3 model's T5Generator, under jax.jit), the causal and prefix LMs
+and recall train from scratch. Each task runs with --backend=keras and --backend=keras3 (JAX,
 the binary's default) on the same flags: the two start from the same
 weights and read the same batches, so their per-step losses, held-out
 losses and task metrics must agree within the masked-LM comparison's
@@ -64,6 +64,12 @@ _TASKS = {
         "--num_key_value_heads=2", "--num_layers=1", "--sequence_length=16",
         "--batch_size=4", "--eval_steps=1", "--warmup_steps=1",
         "--log_every=1", "--noexport"]),
+    # A GPT-2-shaped prefix LM: bidirectional over each row's prefix.
+    "prefix_lm": (None, [
+        "--task=prefix_lm", "--preset=gpt2_tiny", "--d_model=16",
+        "--d_ff=32", "--num_heads=4", "--num_layers=1",
+        "--sequence_length=16", "--batch_size=4", "--eval_steps=1",
+        "--warmup_steps=1", "--log_every=1", "--noexport"]),
     "recall": (None, [
         "--task=recall", "--sequence_length=16", "--d_model=16",
         "--num_heads=2", "--num_layers=1", "--batch_size=4",
@@ -73,7 +79,7 @@ _TASKS = {
 
 
 # The pretraining tasks that read the masked-LM runs' text and tokenizer.
-_TEXT_TASKS = ("span_corruption", "causal_lm")
+_TEXT_TASKS = ("span_corruption", "causal_lm", "prefix_lm")
 
 
 def _train(model_dir, flags, steps=_STEPS):
@@ -138,7 +144,7 @@ def test_each_task_trains_on_keras3_as_on_keras(task_runs, task):
   assert keras3["backend"] == "keras3"
   metrics = [key for key in keras if key.startswith("held_out_")]
   # Before, after and the task's own (the causal LM's metric is ln(PPL)).
-  assert len(metrics) >= (2 if task == "causal_lm" else 3), metrics
+  assert len(metrics) >= (2 if task.endswith("_lm") else 3), metrics
   for key in metrics:
     np.testing.assert_allclose(keras3[key], keras[key], rtol=rtol,
                                atol=1e-6, err_msg=key)

@@ -5,16 +5,18 @@
     thattn-generate --model_dir=runs/gpt2 --prompt="Once upon a time" \
         --method=sample --temperature=0.8 --top_p=0.9 --seed=1
 
---model_dir is a --task=causal_lm run of any backend (a --backend=mtf
-run is converted to Keras first, in a temporary folder), or a model_dir
-that thattn-convert wrote from a Hugging Face GPT-2, Llama or GPT-NeoX
-folder. Each --prompt is tokenized with the run's tokenizer (a T5 LM's
-prompt starts with its start token 0, as its training inputs do) and
+--model_dir is a --task=causal_lm or prefix_lm run of any backend (a
+--backend=mtf run is converted to Keras first, in a temporary folder), or
+a model_dir that thattn-convert wrote from a Hugging Face GPT-2, Llama or
+GPT-NeoX folder. Each --prompt is tokenized with the run's tokenizer (a T5 LM's
+prompt starts with its start token 0, and a prefix LM's prompt is its
+prefix, ended by the end token, as their training inputs have them) and
 continued on its own with the layers' caches (`thattn.models.
 DecoderLMGenerator`): --max_length new tokens, fewer after the run's end
 token. As in the run's export, a prompt keeps its last tokens so that it
-and its continuation fit the run's sequence length (at least one). For each prompt it prints a line "> PROMPT" and then the
-continuation's text. Nothing is written.
+and its continuation fit the run's sequence length (at least one). For
+each prompt it prints a line "> PROMPT" and then the continuation's text.
+Nothing is written.
 """
 
 import sys
@@ -29,8 +31,8 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "A --task=causal_lm model_dir (of "
-                    "thattn-train or thattn-convert).")
+flags.DEFINE_string("model_dir", None, "A --task=causal_lm or prefix_lm "
+                    "model_dir (of thattn-train or thattn-convert).")
 flags.DEFINE_multi_string("prompt", None, "A text to continue; repeat the "
                           "flag for several.")
 flags.DEFINE_integer("max_length", 32, "The new tokens after each prompt.")
@@ -48,7 +50,7 @@ flags.DEFINE_string("checkpoint", None, "A checkpoint of a Keras run instead "
 flags.mark_flags_as_required(["model_dir", "prompt"])
 
 # The tasks whose models continue text.
-_LM_TASKS = ("causal_lm",)
+_LM_TASKS = ("causal_lm", "prefix_lm")
 
 
 def continuations(model_dir, prompts, *, checkpoint=None, **options):
@@ -78,7 +80,7 @@ def continuations(model_dir, prompts, *, checkpoint=None, **options):
     checkpoint = checkpoint or run_dir.latest_checkpoint(keras_dir)
     tokenizer = tokenizers.load(run_dir.path(keras_dir,
                                              config["tokenizer_dir"]))
-    generator, start = tasks.get(config["task"]).restored_generator(
+    generator, start, end = tasks.get(config["task"]).restored_generator(
         config=config, checkpoint=checkpoint, **options)
   texts = []
   for prompt in prompts:
@@ -86,13 +88,14 @@ def continuations(model_dir, prompts, *, checkpoint=None, **options):
     # As the export keeps them: the prompt and its continuation within the
     # positions the run was trained on, where they fit.
     budget = max(config["sequence_length"] - options["max_length"] -
-                 len(start), 1)
+                 len(start) - len(end), 1)
     if len(ids) > budget:
       cli.print_now(f"(the prompt's last {budget} of its {len(ids)} tokens "
                     f"are read: the run was trained on "
                     f"{config['sequence_length']} positions)")
       ids = ids[-budget:]
-    tokens = generator(tf.constant([start + ids], tf.int32))["tokens"]
+    tokens = generator(tf.constant([start + ids + end],
+                                   tf.int32))["tokens"]
     text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(
         tokens, padding=config["pad_id"]))
     texts.append(text.numpy()[0].decode("utf-8", errors="replace"))

@@ -139,6 +139,83 @@ def lm_batches(rows, *, batch_size, seed, start_step=0, num_steps=None,
   return step_dataset(make_batch, start_step=start_step, num_steps=num_steps)
 
 
+def prefix_lm_rows(documents, tokenizer, width, *, eos_id, pad_id, seed,
+                   documents_per_batch=256):
+  """int32 numpy [rows, width]: the T5 paper's prefix LM examples, in
+  Mesh TensorFlow's delimited layout [prefix, EOS, target, EOS, padding].
+
+  Each document's tokens are cut into pieces of at most width - 3 tokens
+  (so that the example and one padding slot fit), and each piece of two
+  tokens or more is split into a prefix and a target at a point drawn
+  uniformly from its inner positions, by `seed` (the same rows every run).
+  """
+  if width < 5:
+    raise ValueError(f"A prefix LM example needs width >= 5 (a token of "
+                     f"prefix and of target, two end tokens and padding), "
+                     f"got {width}.")
+  texts = tf.data.Dataset.from_tensor_slices(tf.constant(list(documents)))
+  piece = width - 3
+  rng = np.random.default_rng(seed)
+  rows = []
+  for ragged in packing.tokenized_batches(
+      texts, tokenizer, documents_per_batch=documents_per_batch):
+    for ids in ragged.to_list():
+      for start in range(0, len(ids), piece):
+        chunk = ids[start:start + piece]
+        if len(chunk) < 2:
+          continue
+        split = int(rng.integers(1, len(chunk)))
+        body = chunk[:split] + [eos_id] + chunk[split:] + [eos_id]
+        rows.append(body + [pad_id] * (width - len(body)))
+  if not rows:
+    raise ValueError(f"The {len(documents)} documents hold no piece of two "
+                     "tokens or more: no prefix LM example could be made.")
+  return np.asarray(rows, np.int32)
+
+
+def prefix_lm_batches(rows, *, eos_id, batch_size, seed, start_step=0,
+                      num_steps=None, shuffle=True, start_token=None):
+  """Prefix LM batches of `prefix_lm_rows` [R, n + 1]: `inputs`,
+  `targets`, `causal_attention` (t5x's decoder_causal_attention: 1 where
+  the inputs attend both ways, the prefix and the position that reads its
+  end token) and `loss_weights` (1 on the target's tokens and its end
+  token), each [b, n].
+
+  The inputs are a row's first n tokens and the targets its last n, as
+  `lm_batches`'s; with `start_token` (T5's LM, as Mesh TensorFlow feeds
+  it) the targets are a row's first n tokens and the inputs the targets
+  shifted right after it. Where each part ends is read from the end tokens,
+  as Mesh TensorFlow's `delimited_lm_inputs_mask` reads it.
+  """
+  rows = tf.constant(rows, tf.int32)
+
+  @autograph.unconverted
+  def make_batch(step):
+    chosen = tf.gather(rows, row_indices(
+        step, batch_size=batch_size, num_rows=rows.shape[0], seed=seed,
+        shuffle=shuffle))
+    # The end tokens before each position: 0 in the prefix and at its end
+    # token, 1 in the target and at its end token, 2 in the padding.
+    ends_before = tf.cumsum(tf.cast(tf.equal(chosen, eos_id), tf.int32),
+                            axis=1, exclusive=True)
+    if start_token is None:
+      inputs, targets = chosen[:, :-1], chosen[:, 1:]
+      region = tf.equal(ends_before[:, :-1], 0)
+      weights = tf.equal(ends_before[:, 1:], 1)
+    else:
+      targets = chosen[:, :-1]
+      starts = tf.fill([batch_size, 1], tf.constant(start_token, tf.int32))
+      inputs = tf.concat([starts, targets[:, :-1]], axis=1)
+      region = tf.concat([tf.fill([batch_size, 1], True),
+                          tf.equal(ends_before[:, :-2], 0)], axis=1)
+      weights = tf.equal(ends_before[:, :-1], 1)
+    return {"inputs": inputs, "targets": targets,
+            "causal_attention": tf.cast(region, tf.int32),
+            "loss_weights": tf.cast(weights, tf.int32)}
+
+  return step_dataset(make_batch, start_step=start_step, num_steps=num_steps)
+
+
 def span_corruption_lengths(inputs_length, **noise):
   """(raw row length, targets length) whose corrupted inputs fit."""
   return span_corruption.lengths_for_inputs_length(inputs_length, **noise)

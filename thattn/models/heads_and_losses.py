@@ -178,6 +178,18 @@ def causal_lm_loss(ops, backbone, batch, training):
   return masked_cross_entropy(ops, targets, logits, weights)
 
 
+def prefix_lm_loss(ops, backbone, batch, training):
+  """The T5 paper's prefix LM: a prefix LM (`prefix_lm=True`) reads the
+  `inputs` with `causal_attention` (1 over the prefix region, which
+  attends both ways) and is scored on the target's tokens alone
+  (`loss_weights`), as Mesh TensorFlow's `loss_on_targets_only`."""
+  logits = backbone({"decoder_input_tokens": batch["inputs"],
+                     "decoder_causal_attention": batch["causal_attention"]},
+                    training=training)
+  weights = ops.cast(batch["loss_weights"], "float32")
+  return masked_cross_entropy(ops, batch["targets"], logits, weights)
+
+
 def classification_outputs(backbone, head, batch, training):
   """The classification head's logits [b, c] (or predictions [b]) of the
   pooled output."""

@@ -20,6 +20,7 @@ What both sides must agree on, and the mtf bindings that carry it:
 | tie_embeddings | `Unitransformer.shared_embedding_and_softmax_weights` (logits scaled by d_model**-0.5 when tied) |
 | layer_norm_epsilon | `sublayer_rms_norm.epsilon` |
 | dropout_rate | `sublayer_dropout.dropout_rate` and the layers' dropout_rate |
+| stacks="decoder", prefix_lm | a Unitransformer, `utils.run.model_type` "lm", or "delimited_lm" with `Unitransformer.input_full_attention` (and `loss_on_targets_only`) |
 
 Anything else (absolute positions, separate encoder and decoder
 embeddings, other sublayers, per-layer relative biases, feed-forward
@@ -190,17 +191,20 @@ def norm_scopes(stack_name, unitransformer):
   return NORM_SCOPES[stack_layout(stack_name, unitransformer)]
 
 
-def check_stack(stack_name, unitransformer):
+def check_stack(stack_name, unitransformer, language_model=False):
   """Refuses sublayers, positions and options thattn's T5 lacks; returns
-  the stack's layout (RMS_NORM or LEGACY)."""
+  the stack's layout (RMS_NORM or LEGACY). A `language_model` (a
+  decoder-only Unitransformer) may be a prefix LM."""
   layout = stack_layout(stack_name, unitransformer)
   options = {
       "positional_embedding": (unitransformer.positional_embedding, False),
       "sinusoid_positional_embedding": (
           unitransformer.sinusoid_positional_embedding, False),
       "ensemble": (unitransformer.ensemble_dim, None),
-      "input_full_attention": (unitransformer.input_full_attention, False),
       "token_dropout_rate": (unitransformer.token_dropout_rate, 0.0)}
+  if not language_model:  # T5Config.prefix_lm needs stacks="decoder"
+    options["input_full_attention"] = (unitransformer.input_full_attention,
+                                       False)
   for name, (value, wanted) in options.items():
     if value != wanted:
       _refuse(f"{stack_name}/Unitransformer.{name} = {value!r}",
@@ -289,7 +293,7 @@ def check_relative_bias(stack_name, block_list):
 def _unitransformer_config(model, **common):
   """The one-stack T5Config of an mtf Unitransformer ("lm" or "aligned")."""
   name = model.name
-  check_stack(name, model)
+  check_stack(name, model, language_model=model.autoregressive)
   block_list = blocks(name, model, decoder=False)
   settings = feed_forward_settings(block_list, name)
   if len(settings) > 1:
@@ -306,7 +310,8 @@ def _unitransformer_config(model, **common):
       gated_feed_forward=gated,
       tie_embeddings=model.shared_embedding_and_softmax_weights,
       relative_num_buckets=check_relative_bias(name, block_list),
-      relative_max_distance=MTF_MAX_DISTANCE, stacks=stack, **common)
+      relative_max_distance=MTF_MAX_DISTANCE, stacks=stack,
+      prefix_lm=model.input_full_attention, **common)
 
 
 def t5_config(model, *, vocab_size, layer_norm_epsilon, dropout_rate):
@@ -481,7 +486,8 @@ def gin_text(config, *, layer_stack=RMS_NORM):
   if config.relative_max_distance != MTF_MAX_DISTANCE:
     _refuse(f"thattn relative_max_distance={config.relative_max_distance}",
             f"{MTF_MAX_DISTANCE} (mtf's fixed relative position distance)")
-  model_type = _MODEL_TYPES[config.stacks]
+  model_type = "delimited_lm" if config.prefix_lm else _MODEL_TYPES[
+      config.stacks]
   lines = [
       f"# Written by thattn: the Mesh TensorFlow {model_type} that computes",
       "# what the thattn T5 model computes.",
@@ -506,6 +512,9 @@ def gin_text(config, *, layer_stack=RMS_NORM):
   }[config.stacks]
   if config.stacks == "encoder_decoder":
     lines.append("Bitransformer.shared_embedding = True")
+  if config.prefix_lm:  # the T5 paper's prefix LM, as mtf trains it
+    lines += ["Unitransformer.input_full_attention = True",
+              "Unitransformer.loss_on_targets_only = True"]
   for scope, (self_attention, cross_attention, count) in stacks.items():
     layers = _stack_layers(config, self_attention=self_attention,
                            cross_attention=cross_attention, count=count)

@@ -183,8 +183,9 @@ def _run_config(config, *, task, sequence_length, tokenizer, source):
   return {
       # An aligned (encoder) model's task is the caller's (masked LM's
       # targets are not in the checkpoint); an LM's is the causal LM.
-      "task": task or {"encoder_decoder": "span_corruption",
-                       "decoder": "causal_lm"}.get(config.stacks),
+      "task": task or ("prefix_lm" if config.prefix_lm else {
+          "encoder_decoder": "span_corruption",
+          "decoder": "causal_lm"}.get(config.stacks)),
       "preset": "t5_1_1_base" if config.gated_feed_forward else "t5_base",
       "overrides": model_dir_lib.overrides(config),
       "sequence_length": sequence_length,
@@ -211,7 +212,8 @@ def mtf_to_thattn(*, mtf_model_dir, model_dir, checkpoint_step=None,
     sequence_length: the input length recorded for fine-tuning and serving.
     task: the thattn task recorded in run_config.json (what thattn-export
       serves); None: span_corruption for a Bitransformer, causal_lm for an
-      LM Unitransformer, none for an aligned one.
+      LM Unitransformer (prefix_lm for a delimited one), none for an
+      aligned one.
     log: where progress lines go.
 
   Returns:

@@ -253,6 +253,11 @@ def call(model, *, inputs, targets, mode):
   # tells its encoder; mtf's own feeding masks nothing without segment ids.
   sequence_id = ({"sequence_id": mtf.minimum(inputs, 1)}
                  if kind == "aligned" else {})
+  if kind == "lm" and model.input_full_attention:
+    # A prefix LM, told where its targets' padding is: the padding after
+    # the second end token counts as a prefix by mtf's end-token parity
+    # (`delimited_lm_inputs_mask`), and would be seen by the prefix.
+    sequence_id = {"sequence_id": mtf.minimum(targets, 1)}
   logits, _ = model.call_simple(
       inputs=inputs, targets=targets, compute_loss=False, mode=mode,
       variable_dtype=mtf.VariableDType(tf.float32), **sequence_id)

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from thattn import export as export_lib
 from thattn import models
+from thattn.models import wiring
 from thattn.io import checkpoint_reading
 from thattn.io import run_dir
 from thattn.io import staged_writes
@@ -225,6 +226,7 @@ class MtfBackend(backend_lib.Backend):
     backend's are) start the run; the step graph waits for `restore` or
     `initialize`."""
     self.task = task
+    _check_prefix_lm_ids(task)
     self.gin_text = architecture.gin_text(task.model_config)
     _check_or_write_gin(self.model_dir, self.gin_text)
     devices_lib.build_task(task, self.options.seed)
@@ -332,6 +334,22 @@ class MtfBackend(backend_lib.Backend):
     if self.session is not None:
       self.session.close()
     self._scopes.close()
+
+
+def _check_prefix_lm_ids(task):
+  """Refuses a prefix LM whose tokenizer mtf cannot read: its prefix LM
+  (`input_full_attention`, `delimited_lm_inputs_mask`) finds each part by
+  the end token 1, and T5's padding is 0."""
+  if not getattr(task.model_config, "prefix_lm", False):
+    return
+  special = task.tokenizer.special
+  if (special.eos, special.pad) != (convert.T5_EOS_ID, wiring.PAD_ID):
+    raise ValueError(
+        f"Mesh TensorFlow's prefix LM finds the prefix by the end token "
+        f"{convert.T5_EOS_ID} and the padding by {wiring.PAD_ID}; the run's "
+        f"tokenizer has eos={special.eos}, pad={special.pad}. Give "
+        "--tokenizer a T5 vocabulary (a thattn tokenizer folder of kind "
+        "t5_sentencepiece), or train on --backend=keras.")
 
 
 def export(*, model_dir, export_dir, log=print):

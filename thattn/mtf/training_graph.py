@@ -64,12 +64,18 @@ class StepGraph:
   masters: dict  # mtf variable name -> its master tf.Variable
 
 
-def _masked_cross_entropy(logits, targets):
-  """(sum over non-padding targets, their count) as mtf scalars."""
+def _masked_cross_entropy(logits, targets, targets_only=False):
+  """(sum over non-padding targets, their count) as mtf scalars; with
+  `targets_only` (a prefix LM), over the targets after each prefix, as
+  mtf's `Unitransformer.loss_on_targets_only`."""
   vocab_dim = logits.shape.dims[-1]
   cross_entropy = mtf.layers.softmax_cross_entropy_with_logits(
       logits, mtf.one_hot(targets, vocab_dim, dtype=logits.dtype), vocab_dim)
   weights = mtf.layers.weights_nonzero(targets, dtype=logits.dtype)
+  if targets_only:
+    weights *= mtf.cast(mtf.logical_not(
+        mtf_models.transformer.delimited_lm_inputs_mask(targets)),
+                        logits.dtype)
   return mtf.reduce_sum(cross_entropy * weights), mtf.reduce_sum(weights)
 
 
@@ -154,7 +160,9 @@ def _loss_and_updates(model, mesh, feeds):
   logits = mtf_models.call(
       model, inputs=mtf_models.ids_to_mtf(mesh, feeds.inputs),
       targets=mtf_targets, mode=_TRAIN)
-  loss_sum, count = _masked_cross_entropy(logits, mtf_targets)
+  loss_sum, count = _masked_cross_entropy(
+      logits, mtf_targets,
+      targets_only=getattr(model, "input_full_attention", False))
   variables = list(mesh.graph.trainable_variables)
   grads = mtf.gradients([loss_sum / count],
                         [v.outputs[0] for v in variables])

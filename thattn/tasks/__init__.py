@@ -17,6 +17,7 @@ tasks below.
 from thattn.tasks import mlm  # pylint: disable=g-bad-import-order
 from thattn.tasks import span_corruption  # pylint: disable=g-bad-import-order
 from thattn.tasks import causal_lm  # pylint: disable=g-bad-import-order
+from thattn.tasks import prefix_lm  # pylint: disable=g-bad-import-order
 from thattn.tasks import classification  # pylint: disable=g-bad-import-order
 from thattn.tasks import squad  # pylint: disable=g-bad-import-order
 from thattn.tasks import recall  # pylint: disable=g-bad-import-order

@@ -112,12 +112,20 @@ class CausalLM(text.TextTask):
                 pad_id=self.tokenizer.special.pad)
 
   @classmethod
+  def prompt_ids(cls, config, model_config):
+    """(start, end): the ids before and after a prompt's tokens, as the
+    training inputs have them: T5's decoder alone starts with the decoder
+    start token 0; nothing else."""
+    del config  # the run's ids: the prefix LM's end token
+    t5 = isinstance(model_config, models.T5Config)
+    return [wiring.DECODER_START_ID] if t5 else [], []
+
+  @classmethod
   def restored_generator(cls, *, config, checkpoint, **options):
     """(a `DecoderLMGenerator` of the run's backbone at `checkpoint`, the
-    ids every prompt starts with): [0] for T5's decoder alone, whose
-    training inputs start with the decoder start token, none otherwise.
-    `options` are the generator's (max_length, method, ...); the end and
-    padding ids are the run's."""
+    ids before and after a prompt's tokens: `prompt_ids`). `options` are
+    the generator's (max_length, method, ...); the end and padding ids are
+    the run's."""
     model_config = models.model_config(config["preset"],
                                        **config["overrides"])
     backbone = models.build_model(model_config)
@@ -125,27 +133,27 @@ class CausalLM(text.TextTask):
     generator = models.DecoderLMGenerator(
         backbone, eos_id=config["eos_id"], pad_id=config["pad_id"],
         **options)
-    start = ([wiring.DECODER_START_ID]
-             if isinstance(model_config, models.T5Config) else [])
-    return generator, start
+    return (generator, *cls.prompt_ids(config, model_config))
 
   @classmethod
   def serving_module(cls, *, config, checkpoint, tokenizer_dir):
     tokenizer, files = serving.load_tokenizer(tokenizer_dir)
-    generator, start = cls.restored_generator(
+    generator, start, end = cls.restored_generator(
         config=config, checkpoint=checkpoint, max_length=GENERATED_TOKENS)
     return LMServing(generator, tokenizer, config["sequence_length"], files,
-                     prompt_start=start)
+                     prompt_start=start, prompt_end=end)
 
 
 class LMServing(serving.Serving):
-  """Greedy continuations of prompts, from text or from token ids."""
+  """Greedy continuations of prompts, from text or from token ids; a text
+  prompt's tokens between `prompt_start` and `prompt_end`."""
 
   def __init__(self, generator, tokenizer, sequence_length, files=(),
-               prompt_start=()):
+               prompt_start=(), prompt_end=()):
     super().__init__({}, tokenizer, sequence_length, files)
     self.generator = generator
     self.prompt_start = list(prompt_start)
+    self.prompt_end = list(prompt_end)
     self.saved_objects["generator"] = generator
 
   def _continue_each(self, prompts):
@@ -153,11 +161,12 @@ class LMServing(serving.Serving):
     each kept to its last sequence_length - GENERATED_TOKENS tokens (the
     positions the model was trained on)."""
     budget = max(self.sequence_length - GENERATED_TOKENS -
-                 len(self.prompt_start), 1)
+                 len(self.prompt_start) - len(self.prompt_end), 1)
     start = tf.constant(self.prompt_start, tf.int32)
+    end = tf.constant(self.prompt_end, tf.int32)
     return tf.map_fn(
         lambda ids: self.generator(
-            tf.concat([start, ids[-budget:]], 0)[None])["tokens"][0],
+            tf.concat([start, ids[-budget:], end], 0)[None])["tokens"][0],
         prompts, fn_output_signature=tf.TensorSpec([GENERATED_TOKENS],
                                                    tf.int32))
 
@@ -173,5 +182,6 @@ class LMServing(serving.Serving):
                                   name="prompt_tokens"))
   def serve_token_ids(self, prompt_tokens):
     """Continuations of prompts of one length (no padding), as given (a
-    T5 LM's with its start token 0 first)."""
+    T5 LM's with its start token 0 first, a prefix LM's with its end
+    token last)."""
     return {"tokens": self.generator(prompt_tokens)["tokens"]}
