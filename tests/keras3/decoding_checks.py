@@ -8,7 +8,10 @@ case, a tf_keras T5's weights, encoder inputs and its greedy decode
 preset, sets those weights and decodes with `thattn.keras3.models.
 generation.T5Generator`: the same tokens, and scores within float32
 rounding. The decoder-only LMs' cached decoding (`run_decoder` with the
-caches) equals their whole pass on the backend.
+caches) equals their whole pass on the backend; their beam search is
+tf_keras's (the parent's `lm_tiny_beam.lm.npz`), and their sampler draws
+from the distribution a NumPy transcription gives
+(tests/models/sampling_reference.py).
 """
 
 import os
@@ -19,6 +22,7 @@ from keras import ops
 import numpy as np
 import pytest
 
+from tests.models import sampling_reference
 from thattn.keras3 import models
 from thattn.keras3.models import generation
 
@@ -145,3 +149,69 @@ def test_a_prefix_lm_continues_its_prefix_as_the_whole_passes_do(preset):
   decoded = models.generate(model, prompt, max_length=4)
   np.testing.assert_array_equal(ops.convert_to_numpy(decoded["tokens"]),
                                 tokens[:, 4:])
+
+
+def test_beam_search_equals_tf_keras_s():
+  saved = np.load(EXCHANGE / "lm_tiny_beam.lm.npz", allow_pickle=False)
+  model = models.create_model("lm_tiny", attention="talking_heads",
+                              dropout_rate=0.0)
+  model.set_weights([saved[f"weight_{index}"]
+                     for index in range(len(model.weights))])
+  decoded = models.generate(model, saved["prompt"],
+                            max_length=saved["tokens"].shape[1],
+                            method="beam", beam_size=3,
+                            eos_id=int(saved["eos"]), pad_id=0)
+  np.testing.assert_array_equal(ops.convert_to_numpy(decoded["tokens"]),
+                                saved["tokens"])
+  np.testing.assert_allclose(ops.convert_to_numpy(decoded["scores"]),
+                             saved["scores"], rtol=1e-5)
+  assert int(saved["eos"]) in saved["tokens"]  # a beam finished
+
+
+@pytest.fixture(scope="module")
+def sampled_lm():
+  model = models.create_model("lm_tiny", attention="talking_heads",
+                              dropout_rate=0.0)
+  rng = np.random.default_rng(4)
+  model.set_weights([rng.normal(0.0, 0.3, w.shape).astype("float32")
+                     for w in model.get_weights()])
+  return model
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p",
+                         [(1.5, 0, 1.0), (0.8, 8, 0.7)])
+def test_sampling_draws_from_the_filtered_distribution(
+    sampled_lm, temperature, top_k, top_p):
+  draws = 2000
+  prompt = np.array([[5, 17, 99, 3]], np.int32)
+  logits = ops.convert_to_numpy(
+      sampled_lm({"decoder_input_tokens": prompt}))[0, -1].astype("float64")
+  log_probs = logits - logits.max() - np.log(
+      np.exp(logits - logits.max()).sum())
+  want = sampling_reference.filtered_distribution(
+      log_probs, temperature, top_k or log_probs.size, top_p)
+  generator = generation.DecoderLMGenerator(
+      sampled_lm, max_length=1, method="sample", temperature=temperature,
+      top_k=top_k, top_p=top_p, seed=1)
+  tokens = ops.convert_to_numpy(
+      generator(np.repeat(prompt, draws, axis=0))["tokens"])[:, 0]
+  sampling_reference.assert_frequencies_match(tokens, want)
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy(sampled_lm):
+  prompt = np.array([[5, 17, 99, 3], [64, 2, 2, 40]], np.int32)
+
+  def sampler(seed, **options):
+    return generation.DecoderLMGenerator(sampled_lm, max_length=5,
+                                         method="sample", seed=seed,
+                                         **options)
+  first = sampler(3)
+  draws = [ops.convert_to_numpy(first(prompt)["tokens"]) for _ in range(2)]
+  np.testing.assert_array_equal(
+      ops.convert_to_numpy(sampler(3)(prompt)["tokens"]), draws[0])
+  assert not np.array_equal(draws[0], draws[1])  # each call draws anew
+  greedy = _greedy_by_whole_passes(sampled_lm, prompt, 5)
+  np.testing.assert_array_equal(
+      ops.convert_to_numpy(sampler(5, top_k=1)(prompt)["tokens"]), greedy)
+  np.testing.assert_array_equal(
+      ops.convert_to_numpy(sampler(5, top_p=1e-6)(prompt)["tokens"]), greedy)

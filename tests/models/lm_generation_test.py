@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.models import sampling_reference
 from thattn import models
 from thattn.models import generation
 
@@ -41,27 +42,6 @@ def _greedy_by_whole_passes(model, prompt, steps):
   return tokens[:, prompt.shape[1]:]
 
 
-def _filtered_distribution(log_probs, temperature, top_k, top_p):
-  """The sampling distribution, transcribed from the definitions: logits
-  over the temperature; the top_k largest kept; then the fewest largest
-  whose probabilities reach top_p."""
-  logits = log_probs / temperature
-  order = np.argsort(-logits)
-  keep = np.zeros(logits.shape, bool)
-  keep[order[:top_k]] = True
-  probs = np.exp(logits - logits.max()) * keep
-  probs /= probs.sum()
-  mass = 0.0
-  nucleus = np.zeros(logits.shape, bool)
-  for token in order:
-    if not keep[token] or mass >= top_p:
-      break
-    nucleus[token] = True
-    mass += probs[token]
-  final = np.where(nucleus, probs, 0.0)
-  return final / final.sum()
-
-
 def test_greedy_continues_as_whole_passes_choose(model):
   got = models.generate(model, PROMPT, max_length=6)
   want = _greedy_by_whole_passes(model, PROMPT, 6)
@@ -85,12 +65,9 @@ def test_sampling_draws_from_the_filtered_distribution(model, temperature,
       top_k=top_k, top_p=top_p, seed=1)
   tokens = generator(tf.constant(prompt))["tokens"].numpy()[:, 0]
   log_probs = _whole_pass_log_probs(model, PROMPT[:1])[0]
-  want = _filtered_distribution(log_probs, temperature, top_k or 128, top_p)
-  seen = np.bincount(tokens, minlength=want.size) / draws
-  assert set(np.flatnonzero(seen)) <= set(np.flatnonzero(want))
-  # Each token's frequency within five standard errors of its probability.
-  bound = 5 * np.sqrt(want * (1 - want) / draws) + 2 / draws
-  assert np.all(np.abs(seen - want) <= bound), np.abs(seen - want) - bound
+  want = sampling_reference.filtered_distribution(log_probs, temperature,
+                                                 top_k or 128, top_p)
+  sampling_reference.assert_frequencies_match(tokens, want)
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy(model):

@@ -34,27 +34,10 @@ Methods:
 
 import tensorflow as tf
 
-from thattn.core import validation
+from thattn.core import decoding_options
 from thattn.models import config as config_lib
 from thattn.models import t5
 from thattn.models import wiring
-
-METHODS = ("greedy", "sample", "beam")
-# Scores of impossible beams: far below any real log-probability, but finite
-# so that sums of them never produce NaN.
-_IMPOSSIBLE = -1e9
-
-
-def _check_options(max_length, method, temperature, top_k, beam_size,
-                   top_p=1.0):
-  validation.one_of("method", method, METHODS)
-  validation.positive_int("max_length", max_length)
-  validation.non_negative_int("top_k", top_k)
-  validation.positive_int("beam_size", beam_size)
-  if not temperature > 0:
-    raise ValueError(f"temperature must be positive, got {temperature!r}.")
-  if not 0 < top_p <= 1:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
 
 
 def choose_tokens(log_probs, method, rng, temperature=1.0, top_k=0,
@@ -70,14 +53,14 @@ def choose_tokens(log_probs, method, rng, temperature=1.0, top_k=0,
   logits = log_probs / temperature
   if top_k:
     kth_best = tf.math.top_k(logits, k=top_k).values[:, -1:]
-    logits = tf.where(logits < kth_best, _IMPOSSIBLE, logits)
+    logits = tf.where(logits < kth_best, decoding_options.IMPOSSIBLE, logits)
   if top_p < 1.0:
     ranked = tf.sort(logits, axis=-1, direction="DESCENDING")
     # Each token's probability mass before it: the first always stays.
     before = tf.math.cumsum(tf.nn.softmax(ranked), axis=-1, exclusive=True)
-    kept = tf.where(before < top_p, ranked, -_IMPOSSIBLE)
+    kept = tf.where(before < top_p, ranked, -decoding_options.IMPOSSIBLE)
     threshold = tf.reduce_min(kept, axis=-1, keepdims=True)
-    logits = tf.where(logits < threshold, _IMPOSSIBLE, logits)
+    logits = tf.where(logits < threshold, decoding_options.IMPOSSIBLE, logits)
   seed = rng.make_seeds(1)[:, 0]
   return tf.cast(tf.random.stateless_categorical(logits, 1, seed)[:, 0],
                  tf.int32)
@@ -107,7 +90,7 @@ class T5Generator(tf.Module):
                top_k=0, beam_size=4, length_penalty=0.6, eos_id=wiring.EOS_ID,
                seed=0, name=None):
     super().__init__(name=name)
-    _check_options(max_length, method, temperature, top_k, beam_size)
+    decoding_options.check(max_length, method, temperature, top_k, beam_size)
     self.max_length = max_length
     self.method = method
     self.temperature = float(temperature)
@@ -183,13 +166,14 @@ class T5Generator(tf.Module):
     memory_mask, caches = self._start(encoder_tokens, repeat=beams)
     batch = tf.shape(encoder_tokens)[0]
     # All beams start equal; only the first may expand at the first step.
-    scores = tf.tile(tf.constant([[0.0] + [_IMPOSSIBLE] * (beams - 1)]),
+    impossible = decoding_options.IMPOSSIBLE
+    scores = tf.tile(tf.constant([[0.0] + [impossible] * (beams - 1)]),
                      [batch, 1])
     sequences = tf.zeros([batch, beams, length], tf.int32)
     finished = tf.zeros([batch, beams], tf.bool)
     tokens = tf.fill([batch * beams], wiring.DECODER_START_ID)
     # A finished beam may only continue with padding, at no cost.
-    pad_only = tf.where(tf.range(vocab) == wiring.PAD_ID, 0.0, _IMPOSSIBLE)
+    pad_only = tf.where(tf.range(vocab) == wiring.PAD_ID, 0.0, impossible)
     for step in tf.range(length):
       log_probs, caches = self._step(tokens, step, memory_mask, caches)
       log_probs = tf.reshape(log_probs, [batch, beams, vocab])
@@ -203,7 +187,8 @@ class T5Generator(tf.Module):
                     tf.one_hot(step, length, dtype=tf.int32))
       finished = (tf.gather(finished, parent, batch_dims=1) |
                   tf.equal(token, self.eos_id))
-      rows = tf.reshape(parent + beams * tf.expand_dims(tf.range(batch), 1), [-1])
+      rows = tf.reshape(parent + beams * tf.expand_dims(tf.range(batch), 1),
+                        [-1])
       caches = [self._reorder(cache, rows) for cache in caches]
       tokens = tf.reshape(token, [-1])
     best = tf.argmax(scores / self._penalty(sequences), axis=-1,
@@ -263,7 +248,8 @@ class DecoderLMGenerator(tf.Module):
                top_k=0, top_p=1.0, beam_size=4, eos_id=None, pad_id=None,
                seed=0, name=None):
     super().__init__(name=name)
-    _check_options(max_length, method, temperature, top_k, beam_size, top_p)
+    decoding_options.check(max_length, method, temperature, top_k, beam_size,
+                           top_p)
     inputs = sorted(model.input) if isinstance(model.input, dict) else []
     if inputs not in _LM_INPUTS:
       raise ValueError(
@@ -349,12 +335,13 @@ class DecoderLMGenerator(tf.Module):
     batch, start = tf.shape(prompt)[0], tf.shape(prompt)[1]
     log_probs, caches = self._prefill(tf.repeat(prompt, beams, axis=0))
     # All beams start equal; only the first may expand at the first step.
-    scores = tf.tile(tf.constant([[0.0] + [_IMPOSSIBLE] * (beams - 1)]),
+    impossible = decoding_options.IMPOSSIBLE
+    scores = tf.tile(tf.constant([[0.0] + [impossible] * (beams - 1)]),
                      [batch, 1])
     sequences = tf.zeros([batch, beams, length], tf.int32)
     finished = tf.zeros([batch, beams], tf.bool)
     # A finished beam may only continue with padding, at no cost.
-    pad_only = tf.where(tf.range(vocab) == self.pad_id, 0.0, _IMPOSSIBLE)
+    pad_only = tf.where(tf.range(vocab) == self.pad_id, 0.0, impossible)
     for step in tf.range(length):
       log_probs = tf.reshape(log_probs, [batch, beams, vocab])
       log_probs = tf.where(tf.expand_dims(finished, 2), pad_only, log_probs)

@@ -21,18 +21,20 @@ steps, compiled whole per backend:
   a `tf.function` to trace it);
 - PyTorch: a Python loop under `torch.no_grad()`.
 
-`DecoderLMGenerator` continues prompts of a decoder-only LM the same way.
-Sampling and beam search stay tf_keras-only for now (`thattn.models.
-generation`).
+`DecoderLMGenerator` continues prompts of a decoder-only LM the same way,
+greedily, by sampling or by beam search (`choose_tokens`, `beam_decode`),
+as tf_keras's `thattn.models.DecoderLMGenerator` does.
 """
 
 import keras
 from keras import ops
 
+from thattn.core import decoding_options
 from thattn.core import validation
 from thattn.keras3.models import embeddings
 from thattn.models import config as config_lib
 from thattn.models import wiring
+
 
 def compile_decode(decode, model):
   """`decode` (tensors -> tensors, reading `model`'s weights) compiled
@@ -43,14 +45,15 @@ def compile_decode(decode, model):
     import jax  # pylint: disable=g-import-not-at-top
     variables = list(model.variables)
 
-    def pure(values, tokens):
+    def pure(values, *arguments):
       with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-        return decode(tokens)
+        return decode(*arguments)
 
     jitted = jax.jit(pure)
     # The variables' current values on each call: a changed weight needs
     # no new compile.
-    return lambda tokens: jitted([v.value for v in variables], tokens), jitted
+    return (lambda *arguments: jitted([v.value for v in variables],
+                                      *arguments)), jitted
   if backend == "tensorflow":
     # Eager: keras.ops.fori_loop is a tf.while_loop run step by step.
     # (A tf.function would need TensorFlow imported here, which the
@@ -58,9 +61,9 @@ def compile_decode(decode, model):
     return decode, None
   import torch  # pylint: disable=g-import-not-at-top
 
-  def decode_without_gradients(tokens):
+  def decode_without_gradients(*arguments):
     with torch.no_grad():
-      return decode(tokens)
+      return decode(*arguments)
   return decode_without_gradients, None
 
 
@@ -134,10 +137,40 @@ class T5Generator:
 
 
 
+def choose_tokens(log_probs, method, noise=None, temperature=1.0, top_k=0,
+                  top_p=1.0):
+  """int32 tokens [batch] from log-probabilities [batch, vocab], as
+  tf_keras's `thattn.models.generation.choose_tokens` chooses them: the
+  most likely ("greedy"), or ("sample") a draw from softmax(log_probs /
+  temperature) restricted to the `top_k` most likely (0: all), then to the
+  fewest most likely whose probabilities sum to `top_p` or more. A draw is
+  the Gumbel-max trick, argmax(logits - log(-log(noise))), with `noise`
+  uniform (0, 1) [batch, vocab] drawn outside the compiled loop (a seed
+  generator cannot advance inside a jax.jit)."""
+  if method == "greedy":
+    return ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+  impossible = decoding_options.IMPOSSIBLE
+  logits = log_probs / temperature
+  if top_k:
+    kth_best = ops.top_k(logits, k=top_k)[0][:, -1:]
+    logits = ops.where(logits < kth_best, impossible, logits)
+  if top_p < 1.0:
+    ranked = -ops.sort(-logits, axis=-1)
+    probs = ops.softmax(ranked, axis=-1)
+    # Each token's probability mass before it: the first always stays.
+    before = ops.cumsum(probs, axis=-1) - probs
+    kept = ops.where(before < top_p, ranked, -impossible)
+    threshold = ops.min(kept, axis=-1, keepdims=True)
+    logits = ops.where(logits < threshold, impossible, logits)
+  gumbel = -ops.log(-ops.log(noise))
+  return ops.cast(ops.argmax(logits + gumbel, axis=-1), "int32")
+
+
 class DecoderLMGenerator:
-  """Greedy continuations of prompts from a decoder-only LM of
+  """Continuations of prompts from a decoder-only LM of
   `thattn.keras3.models`, as `thattn.models.DecoderLMGenerator` gives them
-  for tf_keras (method "greedy").
+  for tf_keras: greedy, sampled (temperature, top-k, top-p) or by beam
+  search.
 
   `generator(prompt_tokens)`: int32 [batch, p], every prompt p tokens
   long -> `{"tokens": int32 [batch, max_length], "scores": float32
@@ -152,12 +185,25 @@ class DecoderLMGenerator:
       (or a T5Config with stacks="decoder"); a prefix LM's prompt attends
       to itself both ways, as tf_keras's.
     max_length: N, the new tokens.
+    method: "greedy", "sample" or "beam".
+    temperature, top_k, top_p: for "sample" (`choose_tokens`). Each call
+      draws [N, batch, vocab] uniform numbers first, from a
+      `keras.random.SeedGenerator(seed)`: the same draws as tf_keras's
+      only in distribution, not token for token.
+    beam_size: for "beam", as tf_keras's (the best `beam_size`
+      continuations by total log-probability kept at each step, a finished
+      one continued with `pad_id` at no cost, no length penalty): the same
+      tokens and scores.
     eos_id: the token that ends a continuation, or None.
     pad_id: what follows the end token; default `eos_id`.
+    seed: of the sampler's draws.
   """
 
-  def __init__(self, model, *, max_length, eos_id=None, pad_id=None):
-    validation.positive_int("max_length", max_length)
+  def __init__(self, model, *, max_length, method="greedy", temperature=1.0,
+               top_k=0, top_p=1.0, beam_size=4, eos_id=None, pad_id=None,
+               seed=0):
+    decoding_options.check(max_length, method, temperature, top_k,
+                           beam_size, top_p)
     inputs = sorted(model.input) if isinstance(model.input, dict) else []
     if inputs not in (["decoder_input_tokens"],
                       sorted(["decoder_input_tokens",
@@ -170,9 +216,16 @@ class DecoderLMGenerator:
     self._prefix_lm = config_lib.PREFIX_LM_INPUT in inputs
     self.model = model
     self.max_length = max_length
+    self.method = method
+    self.temperature = float(temperature)
+    self.top_k = top_k
+    self.top_p = float(top_p)
+    self.beam_size = beam_size
     self.eos_id = -1 if eos_id is None else eos_id  # -1: never generated
     self.pad_id = self.eos_id if pad_id is None else pad_id
     self._decoder = wiring.decoder_layers(model)
+    self._vocab_size = self._decoder.embedding.vocab_size
+    self._seeds = keras.random.SeedGenerator(seed)
     self._compiled = None
     self.jitted = None  # JAX: the jax.jit of the decode, once compiled
 
@@ -180,8 +233,16 @@ class DecoderLMGenerator:
     """{"tokens": [batch, max_length], "scores": [batch]}."""
     tokens = ops.convert_to_tensor(prompt_tokens, "int32")
     if self._compiled is None:
-      self._compiled, self.jitted = compile_decode(self.decode, self.model)
-    return self._compiled(tokens)
+      decode = (self.beam_decode if self.method == "beam" else
+                self.decode)
+      self._compiled, self.jitted = compile_decode(decode, self.model)
+    noise = None
+    if self.method == "sample":
+      # Never 0: log(0) would make the draw -inf.
+      noise = keras.random.uniform(
+          (self.max_length, tokens.shape[0], self._vocab_size),
+          minval=1e-12, maxval=1.0, seed=self._seeds)
+    return self._compiled(tokens, noise)
 
   def _log_probs(self, tokens, position, caches, cache_length,
                  attention_mask=None):
@@ -192,24 +253,34 @@ class DecoderLMGenerator:
     return ops.log_softmax(ops.cast(logits[:, -1], "float32"),
                            axis=-1), caches
 
-  def decode(self, prompt):
-    """The prompt's pass and the whole decode on tensors (traced once by
-    `__call__` per prompt shape)."""
+  def _prefill(self, prompt):
+    """The caches holding the prompt (of `length + max_length`
+    positions), and the log-probabilities [batch, vocab] after it."""
     batch, length = prompt.shape[0], prompt.shape[1]
     cache_length = length + self.max_length
     caches = [block.initial_cache(batch, cache_length)
               for block in self._decoder.blocks]
     mask = (ops.ones((batch, length, length), "bool") if self._prefix_lm
             else None)
-    log_probs, caches = self._log_probs(prompt, 0, caches, cache_length,
-                                        mask)
+    return self._log_probs(prompt, 0, caches, cache_length, mask)
+
+  def decode(self, prompt, noise=None):
+    """Greedy or sampled: the prompt's pass and the whole decode on
+    tensors (traced once by `__call__` per prompt shape); `noise` the
+    sampler's uniform draws [max_length, batch, vocab]."""
+    batch, length = prompt.shape[0], prompt.shape[1]
+    cache_length = length + self.max_length
+    log_probs, caches = self._prefill(prompt)
     state = (log_probs, ops.zeros((batch,), "bool"),
              ops.zeros((batch,), "float32"),
              ops.zeros((batch, self.max_length), "int32"), caches)
 
     def step(index, state):
       log_probs, finished, scores, outputs, caches = state
-      chosen = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+      chosen = choose_tokens(
+          log_probs, self.method,
+          None if noise is None else ops.take(noise, index, axis=0),
+          self.temperature, self.top_k, self.top_p)
       tokens = ops.where(finished, self.pad_id, chosen)
       token_scores = ops.take_along_axis(
           log_probs, ops.expand_dims(tokens, 1), axis=1)[:, 0]
@@ -226,11 +297,64 @@ class DecoderLMGenerator:
     _, _, scores, outputs, _ = ops.fori_loop(0, self.max_length, step, state)
     return {"tokens": outputs, "scores": scores}
 
+  def beam_decode(self, prompt, noise=None):
+    """Beam search, as tf_keras's `_beam_search`, on tensors (traced once
+    by `__call__` per prompt shape)."""
+    del noise  # nothing is drawn
+    beams, vocab, length = self.beam_size, self._vocab_size, self.max_length
+    batch, start = prompt.shape[0], prompt.shape[1]
+    impossible = decoding_options.IMPOSSIBLE
+    log_probs, caches = self._prefill(ops.repeat(prompt, beams, axis=0))
+    # All beams start equal; only the first may expand at the first step.
+    scores = ops.tile(ops.convert_to_tensor(
+        [[0.0] + [impossible] * (beams - 1)], "float32"), (batch, 1))
+    # A finished beam may only continue with padding, at no cost.
+    pad_only = ops.where(ops.equal(ops.arange(vocab), self.pad_id), 0.0,
+                         impossible)
+    # Row r of a step's [batch * beams] inputs is beam r % beams of
+    # example r // beams.
+    example_rows = ops.expand_dims(ops.arange(batch) * beams, 1)
+    state = (log_probs, scores, ops.zeros((batch, beams, length), "int32"),
+             ops.zeros((batch, beams), "bool"), caches)
+
+    def step(index, state):
+      log_probs, scores, sequences, finished, caches = state
+      log_probs = ops.reshape(log_probs, (batch, beams, vocab))
+      log_probs = ops.where(ops.expand_dims(finished, 2), pad_only,
+                            log_probs)
+      candidates = ops.reshape(ops.expand_dims(scores, 2) + log_probs,
+                               (batch, beams * vocab))
+      scores, best = ops.top_k(candidates, k=beams)
+      parent = ops.cast(best // vocab, "int32")
+      token = ops.cast(best % vocab, "int32")
+      sequences = ops.take_along_axis(
+          sequences, ops.repeat(ops.expand_dims(parent, 2), length, axis=2),
+          axis=1)
+      sequences = sequences + ops.expand_dims(token, 2) * ops.one_hot(
+          index, length, dtype="int32")
+      finished = ops.logical_or(ops.take_along_axis(finished, parent, axis=1),
+                                ops.equal(token, self.eos_id))
+      rows = ops.reshape(parent + example_rows, (-1,))
+      caches = keras.tree.map_structure(
+          lambda tensor: ops.take(tensor, rows, axis=0), caches)
+      log_probs, caches = self._log_probs(ops.reshape(token, (-1, 1)),
+                                          start + index, caches,
+                                          start + length)
+      return log_probs, scores, sequences, finished, caches
+
+    _, scores, sequences, _, _ = ops.fori_loop(0, length, step, state)
+    best = ops.expand_dims(ops.argmax(scores, axis=-1), 1)
+    return {"tokens": ops.take_along_axis(
+        sequences, ops.repeat(ops.expand_dims(best, 2), length, axis=2),
+        axis=1)[:, 0],
+            "scores": ops.take_along_axis(scores, best, axis=1)[:, 0]}
+
 
 def generate(model, tokens, *, max_length, **options):
   """Decodes greedily with a T5 (`tokens`: its encoder's input; see
   `T5Generator`) or continues prompts with a decoder-only LM (`tokens`:
-  the prompts; see `DecoderLMGenerator`), by the model's inputs. Keep one
+  the prompts; `options` as `DecoderLMGenerator`'s: greedy, sampled or
+  beam search), by the model's inputs. Keep one
   generator to decode many batches: each one compiles once."""
   inputs = model.input if isinstance(model.input, dict) else {}
   kind = (T5Generator if "encoder_input_tokens" in inputs else
