@@ -222,7 +222,8 @@ def test_the_keras3_layers_import_no_tf_keras():
 _SHARED_MODEL_MODULES = ("thattn.models.config", "thattn.models.presets",
                          "thattn.models.wiring",
                          "thattn.models.heads_and_losses",
-                         "thattn.models.hugging_face_decoders")
+                         "thattn.models.hugging_face_decoders",
+                         "thattn.models.hugging_face_encoders")
 
 
 # What thattn.keras3.models.load reads a run with: the model_dir's layout
@@ -236,7 +237,7 @@ _KERAS3_RUN_READERS = ("thattn.io.run_dir", "thattn.io.checkpoint_reading",
 _KERAS3_LAZY_TF_KERAS = {("thattn.keras3.models.loading",
                           "thattn.models.loading")}
 # A Hugging Face folder's files, read with NumPy and safetensors: what
-# thattn.models.hugging_face_decoders (shared) reads them with.
+# thattn.models.hugging_face_decoders and _encoders (shared) read them with.
 _HUGGING_FACE_FILES = ("thattn.io.hugging_face_files",)
 
 

@@ -5,7 +5,8 @@ Run by `hugging_face_test.py` in a process per backend (JAX, PyTorch),
 with THATTN_HF_EXCHANGE naming a folder where the parent left tiny GPT-2,
 Llama and GPT-NeoX folders that transformers saved (`<family>/`) and
 transformers' logits and greedy continuation for them
-(`<family>.npz`). Each check loads a folder with
+(`<family>.npz`), and tiny BERT and ALBERT folders with their encoder
+outputs (`<family>.encoder.npz`). Each check loads a folder with
 `thattn.keras3.models.load`, as multi-head attention and upgraded to
 talking heads at the identity: transformers' logits within 1e-5 of their
 scale, and its greedy tokens; and nothing here imports TensorFlow.
@@ -25,7 +26,15 @@ EXCHANGE = pathlib.Path(os.environ.get("THATTN_HF_EXCHANGE", "."))
 
 
 def families():
-  return sorted(path.stem for path in EXCHANGE.glob("*.npz"))
+  """The decoder-only LMs' folders (`<family>.npz`)."""
+  return sorted(path.stem for path in EXCHANGE.glob("*.npz")
+                if "." not in path.stem)
+
+
+def encoders():
+  """The BERT and ALBERT folders (`<family>.encoder.npz`)."""
+  return sorted(path.name.split(".")[0]
+                for path in EXCHANGE.glob("*.encoder.npz"))
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
@@ -44,8 +53,22 @@ def test_a_folder_loads_with_transformers_logits(family, attention):
       ops.convert_to_numpy(continuation["tokens"]), saved["greedy"])
 
 
+@pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])
+@pytest.mark.parametrize("family", encoders())
+def test_an_encoder_folder_loads_with_transformers_outputs(family,
+                                                          attention):
+  saved = np.load(EXCHANGE / f"{family}.encoder.npz")
+  model = models.load(str(EXCHANGE / family), attention=attention)
+  outputs = model({name: saved[name] for name in
+                   ("input_word_ids", "input_mask", "input_type_ids")})
+  for name in ("sequence_output", "pooled_output"):
+    np.testing.assert_allclose(ops.convert_to_numpy(outputs[name]),
+                               saved[name], rtol=0, atol=1e-5,
+                               err_msg=name)
+
+
 def test_nothing_imported_tensorflow():
-  for family in families():
+  for family in families() + encoders():
     models.load(str(EXCHANGE / family))
   assert not [name for name in ("tensorflow", "tf_keras", "tensorflow_text")
               if name in sys.modules]

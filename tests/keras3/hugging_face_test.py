@@ -1,18 +1,25 @@
-"""`thattn.keras3.models.load` of Hugging Face GPT-2, Llama and GPT-NeoX
-folders on JAX and PyTorch without TensorFlow (hugging_face_checks.py, a
-process per backend), against transformers' own logits and greedy
-`generate` for the tiny models tests/models/hugging_face_decoders_test.py
-saves."""
+"""`thattn.keras3.models.load` of Hugging Face GPT-2, Llama, GPT-NeoX,
+BERT and ALBERT folders on JAX and PyTorch without TensorFlow
+(hugging_face_checks.py, a process per backend), against transformers' own
+logits and greedy `generate` for the tiny models
+tests/models/hugging_face_decoders_test.py saves, and its encoder outputs
+for tiny BERT and ALBERT models saved here."""
 
 import re
 
 import numpy as np
 import pytest
 
-from tests.models import hugging_face_decoders_test as sources
+from tests.converters import checks
 from tests.keras3 import processes
+from tests.models import hugging_face_decoders_test as sources
 
 torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+_ENCODER = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=32, type_vocab_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +40,25 @@ def exchange(tmp_path_factory):
              logits=sources._reference_logits(model, tokens),  # pylint: disable=protected-access
              prompt=prompt,
              greedy=sources._reference_continuation(model, prompt, 5))  # pylint: disable=protected-access
+  # BERT and ALBERT: transformers' encoder outputs on a padded batch with
+  # both token types (no tokenizer: Keras 3 does not read it).
+  torch.manual_seed(0)
+  encoders = {
+      "bert": transformers.BertModel(transformers.BertConfig(**_ENCODER)),
+      "albert": transformers.AlbertModel(transformers.AlbertConfig(
+          **_ENCODER, embedding_size=16))}
+  batch = checks.padded_batch(_ENCODER["vocab_size"])
+  for family, model in encoders.items():
+    model.eval().save_pretrained(folder / family)
+    with torch.no_grad():
+      outputs = model(
+          input_ids=torch.tensor(batch["input_word_ids"], dtype=torch.long),
+          attention_mask=torch.tensor(batch["input_mask"], dtype=torch.long),
+          token_type_ids=torch.tensor(batch["input_type_ids"],
+                                      dtype=torch.long))
+    np.savez(folder / f"{family}.encoder.npz", **batch,
+             sequence_output=outputs.last_hidden_state.numpy(),
+             pooled_output=outputs.pooler_output.numpy())
   return folder
 
 
@@ -42,5 +68,6 @@ def test_folders_load_without_tensorflow_with_transformers_logits(backend,
   processes.require(backend)
   output = processes.run_pytest(backend, "hugging_face_checks.py",
                                 THATTN_HF_EXCHANGE=str(exchange))
-  # Three families as two variants, the imports, the refusal.
-  assert re.search(r"\b8 passed", output), output
+  # Three decoder families and two encoder families as two variants, the
+  # imports, the refusal.
+  assert re.search(r"\b12 passed", output), output

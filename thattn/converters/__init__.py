@@ -43,6 +43,7 @@ from thattn.core import variants
 from thattn.core import weight_maps
 from thattn.io import run_dir
 from thattn.models import hugging_face_decoders
+from thattn.models import hugging_face_encoders
 from thattn.converters import google_albert
 from thattn.converters import google_bert
 from thattn.converters import hugging_face
@@ -82,7 +83,7 @@ def detect(source):
     raise ValueError(f"--source={source!r} is not a folder; expected a "
                      "Hugging Face BERT or ALBERT folder or a Mesh "
                      "TensorFlow model_dir.")
-  if hugging_face.is_source(source):
+  if hugging_face_encoders.is_source(source):
     return HUGGING_FACE
   if hugging_face_decoders.is_source(source):
     return HUGGING_FACE_LM

@@ -32,10 +32,11 @@ _EXPORTS = {
 
 
 _SUBMODULES = ("bert", "blocks", "config", "embeddings", "factory", "heads",
-               "generation", "hugging_face_decoders", "loading", "presets",
-               "recall_encoder", "t5")
+               "generation", "hugging_face_decoders", "hugging_face_encoders",
+               "loading", "presets", "recall_encoder", "t5")
 # The submodules that are plain Python; the others build tf_keras models.
-_PLAIN = ("config", "presets", "hugging_face_decoders")
+_PLAIN = ("config", "presets", "hugging_face_decoders",
+          "hugging_face_encoders")
 
 
 def _submodule(name):

@@ -26,13 +26,14 @@ Which checkpoints need what:
 The head of a fine-tuning task is not part of the backbone, as in
 `thattn.models.load`.
 
-A Hugging Face GPT-2, Llama or GPT-NeoX folder (what `save_pretrained`
-writes: config.json and safetensors) loads straight, as KerasHub's presets
-do, read with NumPy and safetensors alone
-(`thattn.models.hugging_face_decoders`), so on JAX or PyTorch with
-only the `[jax]` or `[torch]` extra installed; `attention=` (a projected
-variant) upgrades it at load, started at the identity, its logits the
-source's.
+A Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder (what
+`save_pretrained` writes: config.json and safetensors) loads straight, as
+KerasHub's presets do, read with NumPy and safetensors alone
+(`thattn.models.hugging_face_encoders` and `hugging_face_decoders`), so on
+JAX or PyTorch with only the `[jax]` or `[torch]` extra installed;
+`attention=` (a projected variant) upgrades it at load, started at the
+identity, its outputs the source's. The folder's tokenizer is not read
+(`thattn-convert` reads it, with TensorFlow).
 """
 
 from thattn.core import requirements
@@ -43,6 +44,11 @@ from thattn.io import checkpoint_reading
 from thattn.io import run_dir
 from thattn.keras3.models import factory
 from thattn.models import hugging_face_decoders
+from thattn.models import hugging_face_encoders
+
+# The Hugging Face folders `load` reads: BERT and ALBERT; GPT-2, Llama and
+# GPT-NeoX.
+_HUGGING_FACE_MAPS = (hugging_face_encoders, hugging_face_decoders)
 
 
 def load(model_dir, *, checkpoint=None, attention=None):
@@ -51,7 +57,7 @@ def load(model_dir, *, checkpoint=None, attention=None):
 
   Args:
     model_dir: a folder `thattn-train` or `thattn-convert` wrote, or a
-      Hugging Face GPT-2, Llama or GPT-NeoX folder.
+      Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder.
     checkpoint: a checkpoint (a step folder or a `tf.train`
       prefix) to read instead of the latest (a thattn model_dir's).
     attention: for a Hugging Face folder, the variant to load it as (default
@@ -72,11 +78,14 @@ def load(model_dir, *, checkpoint=None, attention=None):
     ImportError naming the pip command for a `tf.train` checkpoint where
     TensorFlow is not installed.
   """
-  if hugging_face_decoders.is_source(model_dir):
+  hugging_face = next((module for module in _HUGGING_FACE_MAPS
+                       if module.is_source(model_dir)), None)
+  if hugging_face is not None:
     if checkpoint is not None:
       raise ValueError(f"{model_dir} is a Hugging Face folder, read whole; "
                        f"checkpoint={checkpoint!r} is for thattn model_dirs.")
-    return _from_hugging_face(model_dir, attention or "multi_head")
+    return _from_hugging_face(hugging_face, model_dir,
+                              attention or "multi_head")
   if attention is not None:
     raise ValueError(f"attention={attention!r} upgrades a Hugging Face "
                      f"folder as it loads; {model_dir} is a thattn model_dir, "
@@ -110,15 +119,16 @@ def tf_train_values(model_dir, checkpoint):
           for weight in backbone.weights}
 
 
-def _from_hugging_face(path, attention):
-  """The Keras 3 model of a Hugging Face decoder-only LM folder, its
-  weights mapped by the converter's rules onto the Keras 3 paths."""
+def _from_hugging_face(hugging_face, path, attention):
+  """The Keras 3 model of a Hugging Face folder, its weights mapped by
+  the converter's rules (of `hugging_face`, one of _HUGGING_FACE_MAPS)
+  onto the Keras 3 paths."""
   if attention not in variants.identity_starts():
     variants.get(attention, owner=f"attention={attention!r}")
     raise ValueError(
         f"attention={attention!r}: a multi-head source starts only "
         f"{list(variants.identity_starts())} at its own outputs.")
-  read = hugging_face_decoders.read(path, attention)
+  read = hugging_face.read(path, attention)
   model = factory.create_model(read.config)
   names = [weight_names.shared_name(weight.path) for weight in model.weights]
   values = weight_maps.plan_shapes(
