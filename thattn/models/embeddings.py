@@ -37,6 +37,8 @@ class TokenEmbedding(tf_keras.layers.Layer):
     self.embeddings_initializer = tf_keras.initializers.get(
         embeddings_initializer)
     self.logits_scale = float(logits_scale)
+    # Whether mode="logits" was called: a tied table (see `call`).
+    self._used_for_logits = False
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
@@ -53,13 +55,21 @@ class TokenEmbedding(tf_keras.layers.Layer):
     validation.one_of("mode", mode, ("embed", "logits"), owner=self.name)
     if mode == "embed":
       table = self.embeddings
-      # DTensor (TF 2.21) refuses ResourceGather from a table sharded along
-      # its first axis (a vocab:<mesh axis> rule), but lays out GatherV2 on
-      # the table's value (its gradient then comes back replicated). Only a
-      # DVariable has a `layout`; ordinary variables keep ResourceGather.
-      if getattr(table, "layout", None) is not None:
+      # A table the layer also scores with (tied: T5's, GPT-2's, whose
+      # functional models call mode="logits" as they are built) is
+      # gathered from its value (GatherV2): a ResourceGather puts a
+      # resource variable in copy-on-read mode, after which every dense
+      # read, the logits' among them, copies the whole table (GPT-2's
+      # 50257 x 768 logits took 108 ms a decoding step instead of 7 ms).
+      # A table only looked up keeps ResourceGather, whose sparse updates
+      # (Adam's) would put it in that mode anyway. DTensor (TF 2.21) also
+      # needs GatherV2: it refuses ResourceGather from a table sharded
+      # along its first axis (a vocab:<mesh axis> rule); only a DVariable
+      # has a `layout`.
+      if self._used_for_logits or getattr(table, "layout", None) is not None:
         table = table.read_value()
       return tf.cast(tf.gather(table, inputs), self.compute_dtype)
+    self._used_for_logits = True
     return embeddings.embedding_logits(tf_ops.TF_OPS, inputs,
                                        self.embeddings, self.logits_scale)
 
