@@ -223,7 +223,6 @@ class BertConfig:
   dropout_rate: float = 0.1
   layer_norm_epsilon: float = 1e-12
   initializer_range: float = 0.02
-  prefix_lm: bool = False
 
   def __post_init__(self):
     owner = type(self).__name__
