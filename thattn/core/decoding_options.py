@@ -19,3 +19,22 @@ def check(max_length, method, temperature, top_k, beam_size, top_p=1.0):
     raise ValueError(f"temperature must be positive, got {temperature!r}.")
   if not 0 < top_p <= 1:
     raise ValueError(f"top_p must be in (0, 1], got {top_p!r}.")
+
+
+def is_prefix_lm(model_name, inputs, prefix_lm_input):
+  """Whether a decoder-only LM with these model inputs is a prefix LM
+  (whose prompt, its prefix, attends both ways), checking that they are a
+  decoder-only LM's: `decoder_input_tokens`, and a prefix LM's
+  `prefix_lm_input` (t5x's name, `thattn.models.config.PREFIX_LM_INPUT`).
+
+  Raises:
+    ValueError naming the model's inputs when they are another model's.
+  """
+  inputs = sorted(inputs)
+  if inputs not in (["decoder_input_tokens"],
+                    sorted(["decoder_input_tokens", prefix_lm_input])):
+    raise ValueError(
+        f"DecoderLMGenerator needs a decoder-only LM (input "
+        f"decoder_input_tokens, and a prefix LM's {prefix_lm_input}); "
+        f"{model_name!r} takes {inputs or 'a tensor'}.")
+  return prefix_lm_input in inputs

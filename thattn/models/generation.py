@@ -250,15 +250,10 @@ class DecoderLMGenerator(tf.Module):
     super().__init__(name=name)
     decoding_options.check(max_length, method, temperature, top_k, beam_size,
                            top_p)
-    inputs = sorted(model.input) if isinstance(model.input, dict) else []
-    if inputs not in _LM_INPUTS:
-      raise ValueError(
-          f"DecoderLMGenerator needs a decoder-only LM (input "
-          f"decoder_input_tokens, and a prefix LM's "
-          f"{config_lib.PREFIX_LM_INPUT}); {model.name!r} takes "
-          f"{inputs or 'a '}{'' if inputs else 'tensor'}.")
     # A prefix LM's prompt is its prefix, which attends both ways.
-    self._prefix_lm = config_lib.PREFIX_LM_INPUT in inputs
+    self._prefix_lm = decoding_options.is_prefix_lm(
+        model.name, model.input if isinstance(model.input, dict) else [],
+        config_lib.PREFIX_LM_INPUT)
     self.max_length = max_length
     self.method = method
     self.temperature = float(temperature)
@@ -363,11 +358,6 @@ class DecoderLMGenerator(tf.Module):
     best = tf.argmax(scores, axis=-1, output_type=tf.int32)
     return {"tokens": tf.gather(sequences, best, batch_dims=1),
             "scores": tf.gather(scores, best, batch_dims=1)}
-
-
-# DecoderLMGenerator's model inputs, sorted: a causal LM's, a prefix LM's.
-_LM_INPUTS = (["decoder_input_tokens"],
-              sorted(["decoder_input_tokens", config_lib.PREFIX_LM_INPUT]))
 
 
 def generate(model, tokens, *, max_length, **options):

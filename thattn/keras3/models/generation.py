@@ -204,16 +204,10 @@ class DecoderLMGenerator:
                seed=0):
     decoding_options.check(max_length, method, temperature, top_k,
                            beam_size, top_p)
-    inputs = sorted(model.input) if isinstance(model.input, dict) else []
-    if inputs not in (["decoder_input_tokens"],
-                      sorted(["decoder_input_tokens",
-                              config_lib.PREFIX_LM_INPUT])):
-      raise ValueError(
-          f"DecoderLMGenerator needs a decoder-only LM (input "
-          f"decoder_input_tokens, and a prefix LM's "
-          f"{config_lib.PREFIX_LM_INPUT}); {model.name!r} takes {inputs}.")
     # A prefix LM's prompt is its prefix, which attends both ways.
-    self._prefix_lm = config_lib.PREFIX_LM_INPUT in inputs
+    self._prefix_lm = decoding_options.is_prefix_lm(
+        model.name, model.input if isinstance(model.input, dict) else [],
+        config_lib.PREFIX_LM_INPUT)
     self.model = model
     self.max_length = max_length
     self.method = method
