@@ -122,20 +122,22 @@ def triton_programs(heads, width, length, tokens, tiles):
   return programs
 
 
-def ttir_counts(text):
+def ttir_counts(text, tiles):
   """What a Triton program (TTIR text) of bfloat16 or float16 inputs
   holds: its operations, its tensor loads and stores, and its matrix
   products by kind: `head_mixes` (float32 products over a tile's (query,
   key) pairs whose contraction runs over heads, a chunk of 8 or all H:
   L = J P_l, U = W P_w, dW, dJ), `pair_sums` (float32 products that
   contract the pairs: dP_l, dP_w) and `per_head` (the products with Q, K,
-  V and dO, in the input dtype)."""
+  V and dO: in the input dtype, or in float32 where they contract a tile
+  side shorter than 16, [Bq, Bk] x [Bk, d], `pallas_tiles.dot`)."""
   operations = collections.Counter(re.findall(r"= ([a-z_]+\.[a-z_]+)", text))
   dots = re.findall(r"tt\.dot [^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
                     r"tensor<(\d+)x(\d+)x\w+>", text)
   kinds = collections.Counter()
+  tile_sides = {str(tiles.block_q), str(tiles.block_k)}
   for rows, inner, dtype, _, _ in dots:  # [rows, inner] x [inner, cols]
-    if dtype != "f32":
+    if dtype != "f32" or {rows, inner} <= tile_sides:
       kinds["per_head"] += 1
     elif int(inner) > int(rows):
       kinds["pair_sums"] += 1
@@ -148,21 +150,21 @@ def ttir_counts(text):
                                                 "per_head")})
 
 
-def measure(program, text, warps, triton_python, folder, timeout):
+def measure(program, text, tiles, triton_python, folder, timeout):
   """The program's size, and (with a `triton_python`) its compile time,
   registers and spills."""
   path = pathlib.Path(folder) / f"{program}.ttir"
   path.write_text(text)
   row = dict(program=program.replace("thattn_talking_heads_", ""),
-             **ttir_counts(text))
+             **ttir_counts(text, tiles))
   if triton_python is None:
     return row
   try:
     # A cache of its own: Triton's default cache would answer a second
     # run from disk.
     done = subprocess.run([triton_python, "-c", _COMPILE, str(path),
-                           str(warps)], capture_output=True, text=True,
-                          timeout=timeout, check=False,
+                           str(tiles.num_warps)], capture_output=True,
+                          text=True, timeout=timeout, check=False,
                           env=dict(os.environ, TRITON_CACHE_DIR=str(
                               pathlib.Path(folder) / "triton_cache")))
   except subprocess.TimeoutExpired:
@@ -228,7 +230,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder, \
         futures.ThreadPoolExecutor(args.jobs) as pool:
       measure_one = functools.partial(
-          measure, warps=tiles.num_warps,
+          measure, tiles=tiles,
           triton_python=None if args.lower_only else args.triton_python,
           folder=folder, timeout=args.timeout)
       measured = pool.map(measure_one, programs, programs.values())

@@ -279,6 +279,46 @@ def test_the_kernel_lowers_to_triton_for_a_cuda_gpu():
     assert f"thattn_talking_heads_{kernel}" in module
 
 
+def _equations(jaxpr):
+  """Every equation of `jaxpr` and of its inner jaxprs (the programs'
+  bodies included)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for inner in (param if isinstance(param, (list, tuple)) else [param]):
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_16_bit_product_contracts_over_16_or_more(dtype):
+  """A 16-bit tensor-core product takes a contraction of at least 16; a
+  shorter one (the default tiles' 8 keys) came out as twice the product
+  on an H200 (benchmarks/RESULTS.md), which interpret mode never shows.
+  So no matrix product in any program, forward or backward, at the
+  default tiles, contracts 16-bit operands over fewer than 16."""
+  case = make_case(5, 1, 40, 40, 3, 4, 5, 16, 16, dtype, mask="keys")
+  args = tuple(case[key] for key in ("q", "k", "v", "pre", "post"))
+
+  def loss(q, k, v, pre, post):
+    out = pallas_kernel.talking_heads_attention(q, k, v, pre, post,
+                                                mask=case["mask"])
+    return jnp.sum(out.astype(jnp.float32))
+
+  traced = jax.make_jaxpr(jax.grad(loss, argnums=tuple(range(5))))(*args)
+  products = [eqn for eqn in _equations(traced.jaxpr)
+              if eqn.primitive.name == "dot_general"]
+  assert pallas_tiles.default_tiles(5).block_k < 16 and products
+  for eqn in products:
+    (contract_a, _), _ = eqn.params["dimension_numbers"]
+    a, b = (var.aval for var in eqn.invars)
+    if jnp.float32 in (a.dtype, b.dtype) and a.dtype == b.dtype:
+      continue
+    length = int(np.prod([a.shape[axis] for axis in contract_a]))
+    assert length >= pallas_tiles.HALF_CONTRACTION, (a, b, eqn.params)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(q=(2, 5, 3, 8), k=(2, 6, 3, 4), v=(2, 6, 3, 8)),
      r"key shape \(2, 6, 3, 4\) does not match query shape"),

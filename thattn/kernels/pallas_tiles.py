@@ -25,6 +25,8 @@ _PADDING_LOGIT = -1e30
 # in every program (benchmarks/RESULTS.md).
 MIX_CHUNK = 8
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# The least contraction of a 16-bit matrix product on a GPU's tensor cores.
+HALF_CONTRACTION = 16
 
 
 def power_of_two(size, smallest=1):
@@ -163,7 +165,16 @@ def dot(problem, a, b, contract_a=1, contract_b=0):
   """a @ b over the named axes, accumulated in float32. With float32
   inputs in full float32; otherwise the float32 operands (the head mixes)
   go through the GPU's TF32 tensor cores, more precise than the
-  keras.ops path's mixes in the compute dtype."""
+  keras.ops path's mixes in the compute dtype.
+
+  A contraction shorter than 16 (the default tiles' 8 keys, in O += U V
+  and dQ += dJ K) is made in float32: a 16-bit tensor-core product takes
+  at least 16, and Triton's lowering of a shorter one returned twice the
+  product on an H200 (benchmarks/RESULTS.md, "The Pallas kernel on an
+  H200"), where TF32's takes 8."""
+  if a.shape[contract_a] < HALF_CONTRACTION and (
+      a.dtype != jnp.float32 or b.dtype != jnp.float32):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
   precision = lax.Precision.HIGHEST if problem.float32_inputs else None
   return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
                          precision=precision,
