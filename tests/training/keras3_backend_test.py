@@ -25,6 +25,7 @@ import tensorflow as tf
 from tests import conftest
 from tests import cli
 from tests import forkserver
+from tests.keras3 import processes
 from tests.training import local_cluster
 from thattn.io import checkpoint_reading
 from thattn.training import run_lock
@@ -33,6 +34,10 @@ pytest.importorskip("jax")
 
 _ENV = {key: value for key, value in os.environ.items()
         if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
+# XLA compiles the runs' steps as it compiles the Keras 3 checks
+# (processes.TEST_XLA_FLAGS, which tests/keras3/processes.py explains);
+# the README's and the docs' commands run at XLA's defaults.
+_ENV["XLA_FLAGS"] = processes.TEST_XLA_FLAGS
 _ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
 _STEPS = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
