@@ -9,7 +9,7 @@ form, then the kernel's forward at a tiny size, and prints what it sees.
 What it found there: every minimal product right, and the kernel's
 half-precision O exactly twice the reference (the products contracting
 the default tiles' 8 keys; `pallas_tiles.dot` now makes those in
-float32; benchmarks/RESULTS.md, "The Pallas kernel on an H200").
+float32; benchmarks/RESULTS.md, "On an H200 after the fixes").
 
   python benchmarks/pallas_diagnose.py            # on a GPU
   python benchmarks/pallas_diagnose.py --interpret  # anywhere

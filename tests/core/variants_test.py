@@ -28,13 +28,7 @@ from tests.training import local_cluster
 from thattn.core import variants
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_ENV = {key: value for key, value in os.environ.items()
-        if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
-# XLA compiles the runs' steps as it compiles the Keras 3 checks
-# (processes.TEST_XLA_FLAGS, which tests/keras3/processes.py explains);
-# the README's and the docs' commands run at XLA's defaults.
-_ENV["XLA_FLAGS"] = processes.TEST_XLA_FLAGS
-_ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+_ENV = processes.train_environment()
 # The repository (for tests.core.grouped_variant) and the example's folder.
 _ENV["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), str(ROOT / "docs" / "examples")] +

@@ -212,19 +212,26 @@ def test_the_kernel_equals_the_paper_and_its_gradients_keras_ops(name):
                             for key in ("pre", "post", "bias"))
 
 
-def _largest_buffer(jaxpr):
-  """The most elements of any value in `jaxpr` and its inner jaxprs (the
-  kernel's body included)."""
-  largest = 0
+def _equations(jaxpr):
+  """Every equation of `jaxpr` and of its inner jaxprs (the programs'
+  bodies included)."""
   for eqn in jaxpr.eqns:
-    for var in list(eqn.invars) + list(eqn.outvars):
-      shape = getattr(getattr(var, "aval", None), "shape", ())
-      largest = max(largest, int(np.prod(shape)) if shape else 1)
+    yield eqn
     for param in eqn.params.values():
       for inner in (param if isinstance(param, (list, tuple)) else [param]):
         inner = getattr(inner, "jaxpr", inner)
         if hasattr(inner, "eqns"):
-          largest = max(largest, _largest_buffer(inner))
+          yield from _equations(inner)
+
+
+def _largest_buffer(jaxpr):
+  """The most elements of any value in `jaxpr` and its inner jaxprs (the
+  kernel's body included)."""
+  largest = 0
+  for eqn in _equations(jaxpr):
+    for var in list(eqn.invars) + list(eqn.outvars):
+      shape = getattr(getattr(var, "aval", None), "shape", ())
+      largest = max(largest, int(np.prod(shape)) if shape else 1)
   return largest
 
 
@@ -279,18 +286,6 @@ def test_the_kernel_lowers_to_triton_for_a_cuda_gpu():
     assert f"thattn_talking_heads_{kernel}" in module
 
 
-def _equations(jaxpr):
-  """Every equation of `jaxpr` and of its inner jaxprs (the programs'
-  bodies included)."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for param in eqn.params.values():
-      for inner in (param if isinstance(param, (list, tuple)) else [param]):
-        inner = getattr(inner, "jaxpr", inner)
-        if hasattr(inner, "eqns"):
-          yield from _equations(inner)
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_every_16_bit_product_contracts_over_16_or_more(dtype):
   """A 16-bit tensor-core product takes a contraction of at least 16; a
@@ -313,7 +308,7 @@ def test_every_16_bit_product_contracts_over_16_or_more(dtype):
   for eqn in products:
     (contract_a, _), _ = eqn.params["dimension_numbers"]
     a, b = (var.aval for var in eqn.invars)
-    if jnp.float32 in (a.dtype, b.dtype) and a.dtype == b.dtype:
+    if a.dtype == b.dtype == jnp.float32:
       continue
     length = int(np.prod([a.shape[axis] for axis in contract_a]))
     assert length >= pallas_tiles.HALF_CONTRACTION, (a, b, eqn.params)

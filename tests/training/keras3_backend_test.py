@@ -32,13 +32,7 @@ from thattn.training import run_lock
 
 pytest.importorskip("jax")
 
-_ENV = {key: value for key, value in os.environ.items()
-        if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
-# XLA compiles the runs' steps as it compiles the Keras 3 checks
-# (processes.TEST_XLA_FLAGS, which tests/keras3/processes.py explains);
-# the README's and the docs' commands run at XLA's defaults.
-_ENV["XLA_FLAGS"] = processes.TEST_XLA_FLAGS
-_ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+_ENV = processes.train_environment()
 _STEPS = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))

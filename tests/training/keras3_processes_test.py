@@ -31,13 +31,7 @@ from thattn.io import checkpoint_reading
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-_ENV = {key: value for key, value in os.environ.items()
-        if key not in ("KERAS_BACKEND", "XLA_FLAGS", "TF_CONFIG")}
-# XLA compiles the runs' steps as it compiles the Keras 3 checks
-# (processes.TEST_XLA_FLAGS, which tests/keras3/processes.py explains);
-# the README's and the docs' commands run at XLA's defaults.
-_ENV["XLA_FLAGS"] = processes.TEST_XLA_FLAGS
-_ENV["TF_CPP_MIN_LOG_LEVEL"] = "2"
+_ENV = processes.train_environment("TF_CONFIG")
 _STEPS = 8
 _MESH = "--mesh_shape=batch:2,model:2"
 

@@ -85,7 +85,8 @@ def default_tiles(heads):
   W, dW, dL), and while a pair sum runs, its operands, [H, Bq Bk] and
   [Bq Bk, 8], whole on every warp; so it wants the fewest pairs a tile can
   have. 16 rows are the least a matrix product takes, 8 keys the least
-  its other side takes. Compiled for sm_90 (benchmarks/pallas_compile.py),
+  its other side takes (in TF32: a product of 16-bit operands contracting
+  the 8 keys is made in float32, `dot`). Compiled for sm_90 (benchmarks/pallas_compile.py),
   16 x 8 with 8 warps spilled least at h = 24 of the tiles tried with
   this design (16 x 16, 32 x 8; 16 x 8 on 4 or 16 warps, where a thread
   has only 128 registers), and none at h = 12; the second design's
@@ -170,8 +171,8 @@ def dot(problem, a, b, contract_a=1, contract_b=0):
   A contraction shorter than 16 (the default tiles' 8 keys, in O += U V
   and dQ += dJ K) is made in float32: a 16-bit tensor-core product takes
   at least 16, and Triton's lowering of a shorter one returned twice the
-  product on an H200 (benchmarks/RESULTS.md, "The Pallas kernel on an
-  H200"), where TF32's takes 8."""
+  product on an H200 (benchmarks/RESULTS.md, "On an H200 after the
+  fixes"), where TF32's takes 8."""
   if a.shape[contract_a] < HALF_CONTRACTION and (
       a.dtype != jnp.float32 or b.dtype != jnp.float32):
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
