@@ -24,10 +24,11 @@ import transformers
 
 from tests import cli
 from tests.converters import checks
+from tests.keras3 import processes
 from thattn import models
 from thattn.data import tokenizers
 
-_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+_ENV = processes.train_environment()
 _PROBES = ["A list holds items.", "Two  spaces,   three, and a tab\there.",
            "  leading and trailing  ", "Ünïcödé and 🙂 bytes", "don't  'll"]
 

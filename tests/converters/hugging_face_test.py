@@ -21,6 +21,7 @@ import transformers
 
 from tests import forkserver
 from tests.converters import checks
+from tests.keras3 import processes
 from thattn import converters
 from thattn.core import variants
 from thattn.data import tokenizers
@@ -226,7 +227,7 @@ def test_an_unknown_folder_names_the_formats(tmp_path):
 
 
 def _run(program, *flags):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env = processes.train_environment()
   return forkserver.run(
       [os.path.join(os.path.dirname(sys.executable), program), *flags],
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,

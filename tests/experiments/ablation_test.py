@@ -1,16 +1,16 @@
 """thattn-ablate: a tiny grid end to end, and its table's arithmetic."""
 
 import json
-import os
 
 import pytest
 
 from tests import cli
 from tests import forkserver
+from tests.keras3 import processes
 from thattn import tasks
 from thattn.experiments import ablation
 
-_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+_ENV = processes.train_environment()
 
 
 _GRID = ["--task=recall", "--heads=1,4", "--d_model=16", "--d_ff=32",

@@ -30,6 +30,7 @@ import tensorflow as tf
 import tf_keras
 
 from tests import forkserver
+from tests.keras3 import processes
 from thattn import layers
 from thattn import models
 from thattn import tasks
@@ -188,7 +189,7 @@ class CopyServing(serving.Serving):
 
 
 def _run(binary, *flags):
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+  env = dict(processes.train_environment(), PYTHONPATH=os.pathsep.join(
       [ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
   return forkserver.run(
       [sys.executable, os.path.abspath(__file__), binary, *flags],
