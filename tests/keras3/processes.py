@@ -28,8 +28,14 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # run: 22.7 s -> 16.0 s on 2 cores, its held-out ln_ppl equal); what users
 # run, at XLA's defaults, is what the README's and the docs' commands run
 # (tests/readme_test.py, tests/docs_test.py, tests/install_test.py).
+# Eigen's thread pool off as well: the tests' tiny programs gain nothing
+# from a second thread, and the other pytest worker holds the second core
+# (two tiny keras3 BERT runs side by side: 11.8 s -> 10.3 s, the same
+# losses; backend_checks.py twice side by side: 27.5 s -> 26.6 s).
 UNOPTIMIZED_XLA_FLAGS = "--xla_backend_optimization_level=0"
-TEST_XLA_FLAGS = UNOPTIMIZED_XLA_FLAGS + " --xla_cpu_use_fusion_emitters=false"
+TEST_XLA_FLAGS = (UNOPTIMIZED_XLA_FLAGS +
+                  " --xla_cpu_use_fusion_emitters=false"
+                  " --xla_cpu_multi_thread_eigen=false")
 
 
 def train_environment(*unset):
