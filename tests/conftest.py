@@ -33,26 +33,27 @@ from thattn.data import albert_tokenizer
 from thattn.data import corpus
 from thattn.data import tokenizers
 
-# The files that take longest (over 35 s of one worker each in a timed run
-# of the whole suite at 5b69133, longest first). `.ci/run`
+# The files that take longest (over 35 s of one worker each, averaged over
+# two timed runs of the whole suite at b9883f0 and 676ac67, longest
+# first). `.ci/run`
 # hands whole files to two pytest-xdist workers in this order
 # (--no-loadscope-reorder: xdist would otherwise start with the files of
 # most tests, leaving these few-test long files for last, one worker busy
 # and the other idle).
 LONGEST_FILES = (
-    "tests/keras3/backends_test.py", "tests/training/keras3_backend_test.py",
-    "tests/mtf/train_backend_test.py", "tests/pallas_compile_test.py",
-    "tests/training/dtensor_train_test.py",
-    "tests/training/multi_worker_test.py", "tests/readme_test.py",
-    "tests/install_test.py", "tests/converters/hugging_face_test.py",
-    "tests/mtf/processes_test.py",
-    "tests/training/multi_client_dtensor_test.py",
-    "tests/training/model_dir_test.py", "tests/docs_test.py",
-    "tests/models/generation_test.py", "tests/benchmarks_smoke_test.py",
-    "tests/export_test.py", "tests/keras3/pallas_test.py",
-    "tests/training/trainer_test.py", "tests/sharding/dtensor_test.py",
-    "tests/layers/fused_kernel_test.py", "tests/kernels/build_test.py",
-    "tests/keras3/models_test.py", "tests/models/parameter_count_test.py")
+    "tests/training/keras3_backend_test.py", "tests/readme_test.py",
+    "tests/keras3/backends_test.py", "tests/mtf/train_backend_test.py",
+    "tests/pallas_compile_test.py", "tests/benchmarks_smoke_test.py",
+    "tests/training/keras3_tasks_test.py", "tests/mtf/processes_test.py",
+    "tests/install_test.py", "tests/training/keras3_processes_test.py",
+    "tests/training/multi_worker_test.py",
+    "tests/training/dtensor_train_test.py", "tests/keras3/decoding_test.py",
+    "tests/docs_test.py", "tests/training/model_dir_test.py",
+    "tests/training/multi_client_dtensor_test.py", "tests/export_test.py",
+    "tests/keras3/pallas_test.py", "tests/models/parameter_count_test.py",
+    "tests/converters/hugging_face_test.py", "tests/training/trainer_test.py",
+    "tests/models/generation_test.py", "tests/kernels/build_test.py",
+    "tests/sharding/dtensor_test.py", "tests/keras3/models_test.py")
 
 
 def pytest_collection_modifyitems(items):
