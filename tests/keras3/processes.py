@@ -23,8 +23,8 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # its fusion emitters compile the same programs faster again (360 tiny
 # programs: 20.9 s -> 12.8 s; gpu_paths_checks.py 25 s -> 16 s). Neither
 # changes a result the checks compare (each is against NumPy or keras.ops
-# at its own tolerance). The thattn-train runs of tests/training and
-# tests/core compile so too (`train_environment`; a fresh tiny keras3 BERT
+# at its own tolerance). The tests' thattn-train and thattn-ablate runs
+# compile so too (`train_environment`; a fresh tiny keras3 BERT
 # run: 22.7 s -> 16.0 s on 2 cores, its held-out ln_ppl equal); what users
 # run, at XLA's defaults, is what the README's and the docs' commands run
 # (tests/readme_test.py, tests/docs_test.py, tests/install_test.py).
