@@ -151,7 +151,8 @@ _KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
 # The modules of thattn.ops written in plain Python (the others are
 # TensorFlow's side of the ops namespace).
 _PLAIN_OPS = ("thattn.ops.adafactor", "thattn.ops.blocks",
-              "thattn.ops.embeddings", "thattn.ops.masks", "thattn.ops.rotary")
+              "thattn.ops.embeddings", "thattn.ops.masks",
+              "thattn.ops.output_gate", "thattn.ops.rotary")
 
 
 def _keras3_may_import(path, imported):
@@ -193,7 +194,8 @@ def test_the_kernel_compiler_imports_no_framework():
 
 @pytest.mark.parametrize(
     "path", sorted((PACKAGE / "core").glob("*.py")) +
-    [PACKAGE / "ops" / "adafactor.py", PACKAGE / "ops" / "rotary.py"],
+    [PACKAGE / "ops" / "adafactor.py", PACKAGE / "ops" / "output_gate.py",
+     PACKAGE / "ops" / "rotary.py"],
     ids=lambda p: p.name)
 def test_the_plain_python_modules_import_no_framework(path):
   """thattn.core and the plain ops are what every front end shares, on any

@@ -4,11 +4,13 @@ import dataclasses
 import os
 import re
 
+import numpy as np
 import pytest
 
 from tests import cli
 from tests import forkserver
 from thattn.core import complexity
+from thattn.core import variants
 from thattn.core.complexity import AttentionShape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +153,34 @@ def test_one_group_per_head_leaves_one_weight_per_head():
       multi_head) + 512 * 512 * 24
 
 
+@pytest.mark.parametrize("headwise", [False, True], ids=["element", "head"])
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_the_gate_adds_its_projection_and_its_products(headwise, use_bias):
+  """Gated attention (Qiu et al., 2025): P_g[d_X, h, d_v] (head-wise
+  [d_X, h]) and its bias; making G costs n d_X h d_v (n d_X h), applying
+  it n h d_v."""
+  plain = AttentionShape("multi_head", num_heads=12, key_dim=64,
+                         use_bias=use_bias)
+  gated = dataclasses.replace(plain, use_gate=True, headwise_gate=headwise)
+  gates = 12 if headwise else 12 * 64
+  assert complexity.parameters(gated) - complexity.parameters(plain) == (
+      (768 + use_bias) * gates)
+  assert complexity.multiplies(gated) - complexity.multiplies(plain) == (
+      512 * 768 * gates + 512 * 12 * 64)
+  assert complexity.variant_shape(
+      "gated_headwise" if headwise else "gated", num_heads=12,
+      use_bias=use_bias) == gated
+
+
+@pytest.mark.parametrize("name", ["gated", "gated_headwise"])
+def test_the_gated_variants_count_what_their_layers_hold(name):
+  layer = variants.make_attention("tf_keras", name, 4, 8, use_bias=True)
+  layer(np.zeros((1, 2, 24), "float32"), np.zeros((1, 2, 24), "float32"))
+  shape = complexity.variant_shape(name, num_heads=4, d_model=24,
+                                   key_dim=8, use_bias=True)
+  assert layer.count_params() == complexity.parameters(shape)
+
+
 BAD_SHAPES = [
     (dict(variant="grouped_heads", num_heads=12, key_dim=64),
      "(?i)unknown variant 'grouped_heads'; expected one of"),
@@ -191,6 +221,9 @@ BAD_SHAPES = [
      "general_bilinear takes no key_dim .* got key_dim=64"),
     (dict(variant="general_bilinear", num_heads=12, use_bias=True),
      "general_bilinear has no biases"),
+    (dict(variant="multi_head", num_heads=12, key_dim=64,
+          headwise_gate=True),
+     "headwise_gate=True .* needs use_gate=True"),
 ]
 
 

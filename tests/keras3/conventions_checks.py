@@ -1,8 +1,9 @@
 """keras.layers.MultiHeadAttention's conventions on thattn.keras3's layers.
 
 Run by `backends_test.py` in a process per backend, like backend_checks.py:
-the gate and the sliding window against the NumPy reference (extended with
-Keras 3's gate and band mask), for every variant, self and cross, with
+the gate (element-wise, Keras 3's; head-wise, thattn's) and the sliding
+window against the NumPy reference (extended with both gates and the band
+mask), for every variant, self and cross, with
 causal and explicit masks and in step-by-step decoding; masks of rank 2-4;
 Keras masks; the `_compute_attention` override point; LoRA; quantization;
 flash_attention; compute_output_shape; from_keras / to_keras.
@@ -81,6 +82,23 @@ def test_gate_and_window_equal_the_reference(variant, memory):
   if self_attention:
     want_mask &= ref.causal_mask(2, n, m)
   want = reference(x, mem, mask=want_mask, **weights)
+  ref.assert_close(_numpy(got), want)
+
+
+@pytest.mark.parametrize("variant", ["talking_heads", "general_bilinear"])
+def test_the_headwise_gate_equals_the_reference(variant):
+  """thattn's `headwise_gate`: one gate per head, P_g[d_X, heads]."""
+  make_layer, reference = VARIANTS[variant]
+  rng = np.random.default_rng(6)
+  x, mem = _inputs(rng, self_attention=True)
+  layer = make_layer(use_gate=True, headwise_gate=True)
+  layer(x.astype("float32"), mem.astype("float32"))
+  gate = layer.gate_dense
+  assert tuple(gate.kernel.shape) == (8, layer.gate_shape()[0])
+  weights = _reference_weights(layer, rng)
+  got = layer(x.astype("float32"), mem.astype("float32"),
+              use_causal_mask=True)
+  want = reference(x, mem, mask=ref.causal_mask(2, 5, 5), **weights)
   ref.assert_close(_numpy(got), want)
 
 

@@ -1,7 +1,8 @@
 """BERT, ALBERT, T5 and the decoder-only LMs in Keras 3 hold the tf_keras
 models' weights.
 
-For each preset family, with multi-head and talking-heads attention, a
+For each preset family, with multi-head and talking-heads attention (and
+the gated variants in two of them), a
 tf_keras model (thattn.models) with random weights is run here; each Keras
 3 backend (`models_checks.py`, a process per backend) builds the same
 preset with thattn.keras3.models, takes those weights by `set_weights` and
@@ -27,6 +28,10 @@ CASES = {f"{preset}-{attention}": (preset, attention)
 # residual with partial rotation.
 CASES.update({"gpt2_tiny-multi_head": ("gpt2_tiny", "multi_head"),
               "pythia_tiny-talking_heads": ("pythia_tiny", "talking_heads")})
+# The gated attention variants: an output gate (element-wise, and head-wise
+# with BERT's biases) made last on both fronts.
+CASES.update({"lm_tiny-gated": ("lm_tiny", "gated"),
+              "bert_tiny-gated_headwise": ("bert_tiny", "gated_headwise")})
 
 
 def _inputs(preset, rng):

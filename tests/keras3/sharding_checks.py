@@ -25,13 +25,14 @@ def _mesh():
       (2, MODEL_AXIS), ["batch", "model"], jax.devices()[:DEVICES])
 
 
-def _sharded(make_layer, rules=None, num_head_groups=1):
+def _sharded(make_layer, rules=None, num_head_groups=1, headwise_gate=False):
   """(sharded layer, unsharded layer with the same weights)."""
   plain = make_layer()
   plain(X, X)
   distribution = keras.distribution.ModelParallel(
       layout_map=keras3.layout_map(_mesh(), rules,
-                                   num_head_groups=num_head_groups),
+                                   num_head_groups=num_head_groups,
+                                   headwise_gate=headwise_gate),
       batch_dim_name="batch")
   with distribution.scope():
     sharded = make_layer()
@@ -83,6 +84,19 @@ def test_grouped_heads_shard_by_whole_groups():
   assert split["post_softmax_projection"] == (0,)
   assert split["m2w/kernel"] == (1,)
   assert split["query/kernel"] == (1,)
+
+
+@pytest.mark.parametrize("headwise", [False, True], ids=["element", "head"])
+def test_the_gate_is_split_along_its_heads(headwise):
+  sharded, plain = _sharded(lambda: keras3.MultiHeadAttention(
+      2 * MODEL_AXIS, 4, use_gate=True, headwise_gate=headwise),
+                            headwise_gate=headwise)
+  np.testing.assert_allclose(ops.convert_to_numpy(sharded(X, X)),
+                             ops.convert_to_numpy(plain(X, X)),
+                             rtol=1e-5, atol=1e-5)
+  gate = sharded.gate_dense.kernel  # [d_model, h_v(, d_v)]
+  assert len(gate.shape) == (2 if headwise else 3)
+  assert _split_dims(gate) == (1,)
 
 
 def test_jit_compiles_the_sharded_layer():

@@ -83,13 +83,19 @@ def _finish(Y, A, return_weights):
 
 
 def _gated(O, X, P_g):
-  """Keras 3's `use_gate` (not in the paper): O[n, heads, d] times
-  sigmoid(einsum(X[n, d_X], P_g[d_X, heads, d])), before the output
+  """The output gate of gated attention (Qiu et al., 2025; Keras 3's
+  `use_gate`), not in the talking-heads paper: O[n, heads, d] times
+  sigmoid(einsum(X[n, d_X], P_g[d_X, heads, d])) element-wise, or, for a
+  head-wise P_g[d_X, heads], each head's O times its one gate
+  sigmoid(einsum(X[n, d_X], P_g[d_X, heads])); before the output
   projection."""
   if P_g is None:
     return O
-  G = 1.0 / (1.0 + np.exp(-np.einsum("bnX,Xhv->bnhv", X,
-                                     np.asarray(P_g, np.float64))))
+  P_g = np.asarray(P_g, np.float64)
+  if P_g.ndim == 2:
+    G = 1.0 / (1.0 + np.exp(-np.einsum("bnX,Xh->bnh", X, P_g)))
+    return O * G[..., None]
+  G = 1.0 / (1.0 + np.exp(-np.einsum("bnX,Xhv->bnhv", X, P_g)))
   return O * G
 
 

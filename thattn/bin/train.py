@@ -74,9 +74,8 @@ flags.DEFINE_string("preset", None, "Model preset, one of "
                     f"{_task_defaults('default_preset')} (mlm's widened to "
                     "d_model 128 and d_ff 512: the default job).")
 flags.DEFINE_string("attention", "talking_heads", "Attention variant of "
-                    "every attention layer: a registered variant "
-                    f"({', '.join(variants.names())}, or one that an "
-                    "--attention_module registers).")
+                    f"every layer: {', '.join(variants.names())}, or one "
+                    "an --attention_module registers.")
 flags.DEFINE_list("attention_module", [], "Python modules to import before "
                   "the run, each registering attention variants with "
                   "thattn.core.variants.register (docs/examples/"

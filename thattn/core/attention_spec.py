@@ -28,9 +28,13 @@ KEY_PROJECTION = "bme,eik->bmik"
 VALUE_PROJECTION = "bme,ejv->bmjv"
 # Y[b, n, d_Y] = einsum(O[b, n, h_v, d_v], P_o[h_v, d_v, d_Y])
 OUTPUT_PROJECTION = "bnjv,jvo->bno"
-# The gate G[n, h_v, d_v] = sigmoid(einsum(X[n, d_X], P_g[d_X, h_v, d_v])),
-# which multiplies O before the output projection (Keras 3's use_gate).
+# The gate G[b, n, h_v, d_v] = sigmoid(einsum(X[b, n, d_X], P_g[d_X, h_v,
+# d_v])), which multiplies O before the output projection (Keras 3's
+# use_gate; the element-wise gate of Qiu et al., 2025).
 GATE_PROJECTION = "bnd,djv->bnjv"
+# Their head-wise gate: G[b, n, h_v] = sigmoid(einsum(X[b, n, d_X],
+# P_g[d_X, h_v])), one scalar per head multiplying all of O[b, n, h_v, :].
+HEADWISE_GATE_PROJECTION = "bnd,dj->bnj"
 # J[b, h_k, n, m] = einsum(Q[b, n, h_k, d_k], K[b, m, h_k, d_k])
 DOT_PRODUCT = "bnik,bmik->binm"
 # O[b, n, h_v, d_v] = einsum(U[b, h_v, n, m], V[b, m, h_v, d_v])
@@ -120,10 +124,12 @@ PROJECTION_AXES = {
               "bias": (dims.VALUE_HEADS, dims.D_V)},
     "output": {"kernel": (dims.VALUE_HEADS, dims.D_V, dims.D_MODEL),
                "bias": (dims.D_MODEL,)},
-    # The Keras 3 layers' gate (keras.layers.MultiHeadAttention's use_gate).
+    # The gate (keras.layers.MultiHeadAttention's use_gate).
     "gate": {"kernel": (dims.D_MODEL, dims.VALUE_HEADS, dims.D_V),
              "bias": (dims.VALUE_HEADS, dims.D_V)},
 }
+HEADWISE_GATE_AXES = {"kernel": (dims.D_MODEL, dims.VALUE_HEADS),
+                      "bias": (dims.VALUE_HEADS,)}
 BILINEAR_AXES = {"bilinear_p": (dims.D_MODEL, dims.D_K, dims.HEADS),
                  "bilinear_q": (dims.D_V, dims.D_MODEL, dims.HEADS)}
 RELATIVE_BIAS_AXES = (dims.RELATIVE_BUCKETS, dims.HEADS)
@@ -352,6 +358,33 @@ class MixingShapes:
   def fan_in(self, kind):
     """Heads each output head sums over: h_k/G for "l", h/G for "w"."""
     return self.heads[kind][0] // self.groups
+
+
+# ---- the output gate (Qiu et al., 2025; keras.layers.MultiHeadAttention's
+# use_gate) ---------------------------------------------------------------------
+def checked_gate(owner, use_gate, headwise_gate):
+  """(use_gate, headwise_gate), both bools, a head-wise gate only with a
+  gate."""
+  for name, value in (("use_gate", use_gate),
+                      ("headwise_gate", headwise_gate)):
+    if not isinstance(value, bool):
+      raise ValueError(f"{owner}: `{name}` must be True or False. Received: "
+                       f"{name}={value!r}")
+  if headwise_gate and not use_gate:
+    raise ValueError(f"{owner}: headwise_gate=True says how the gate is "
+                     "shaped, so it needs use_gate=True; got use_gate=False.")
+  return use_gate, headwise_gate
+
+
+def gate_projection(heads, width, headwise):
+  """P_g for a context O[b, n, heads, width]: (its einsum equation, its
+  output shape after b, {"kernel", "bias": logical axes}, the bias's
+  letters). Element-wise, G[b, n, heads, width]; head-wise, G[b, n,
+  heads]."""
+  if headwise:
+    return (HEADWISE_GATE_PROJECTION, (None, heads), HEADWISE_GATE_AXES,
+            "j")
+  return GATE_PROJECTION, (None, heads, width), PROJECTION_AXES["gate"], "jv"
 
 
 # ---- tf_keras's argument conventions -------------------------------------------

@@ -48,6 +48,10 @@ class AttentionShape:
   argument of that name) makes P_k and P_v project to h_kv heads, shared
   by the h_k key heads and the h_v value heads.
 
+  `use_gate` adds the output gate of gated attention (Qiu et al., 2025;
+  the layers' argument of that name): P_g[d_X, h_v, d_v], or P_g[d_X,
+  h_v] with `headwise_gate`.
+
   The properties `h_k`, `h`, `h_v`, `d_k`, `d_v` and `d_y` give the sizes in
   the paper's notation, with defaults resolved; `key_projection_heads` and
   `value_projection_heads` the heads of P_k and P_v.
@@ -64,6 +68,8 @@ class AttentionShape:
   num_head_groups: int = 1
   use_bias: bool = False
   num_key_value_heads: Optional[int] = None
+  use_gate: bool = False
+  headwise_gate: bool = False
   d_model: int = 768
   output_dim: Optional[int] = None
   query_length: int = 512
@@ -120,6 +126,19 @@ class AttentionShape:
     return self.output_dim or self.d_model
 
   @property
+  def gate_heads(self) -> int:
+    """The heads of O, which the gate multiplies: h_v (h for GBMA)."""
+    return self.h if self.variant == "general_bilinear" else self.h_v
+
+  @property
+  def gate_width(self) -> int:
+    """The gates per head: d_v element-wise (d_M for GBMA), 1 head-wise,
+    0 without a gate."""
+    if not self.use_gate:
+      return 0
+    return 1 if self.headwise_gate else self.d_v
+
+  @property
   def mixes_logits(self) -> bool:
     """Whether L[n, m, h] = einsum(J[n, m, h_k], P_l[h_k, h]) is computed."""
     return self.variant == "talking_heads" and self.project_logits
@@ -146,6 +165,8 @@ def _validate(shape: AttentionShape) -> None:
   for name in sizes:
     validation.positive_int(name, getattr(shape, name),
                             optional=name in _OPTIONAL)
+  attention_spec.checked_gate("AttentionShape", shape.use_gate,
+                              shape.headwise_gate)
   if shape.num_key_value_heads is not None:
     if shape.variant == "general_bilinear":
       raise ValueError("general_bilinear has no P_k or P_v to share, got "
@@ -227,10 +248,14 @@ def parameters(shape: AttentionShape) -> int:
   each of these is divided by G. Biases add 2*h_k*d_k + h_v*d_v + d_Y.
 
   General bilinear: P[d_X, d_M, h] + Q[d_M, d_Y, h].
+
+  The gate adds P_g[d_X, h_v, d_v] (head-wise P_g[d_X, h_v]; h and d_M for
+  general bilinear), and its bias where the projections have biases.
   """
   s, d = shape, shape.d_model
+  gate = (d + s.use_bias) * s.gate_heads * s.gate_width
   if s.variant == "general_bilinear":
-    return d * d * s.h + d * s.d_y * s.h
+    return d * d * s.h + d * s.d_y * s.h + gate
   key_heads, value_heads = s.key_projection_heads, s.value_projection_heads
   total = (d * s.d_k * (s.h_k + key_heads) + d * s.d_v * value_heads +
            s.d_y * s.d_v * s.h_v)
@@ -244,7 +269,7 @@ def parameters(shape: AttentionShape) -> int:
   if s.mixes_weights:
     generators = sum(p in WEIGHTS_DYNAMIC for p in s.dynamic_projections)
     total += (1 + generators * d) * s.h * s.h_v // s.num_head_groups
-  return total
+  return total + gate
 
 
 def multiplies(shape: AttentionShape) -> int:
@@ -268,11 +293,16 @@ def multiplies(shape: AttentionShape) -> int:
   for n*m*h_k*h.)
 
   General bilinear: see `_general_bilinear_multiplies`.
+
+  The gate adds n*d_X*h_v*d_v to make it (n*d_X*h_v head-wise) and
+  n*h_v*d_v to apply it, O times G (h and d_M for general bilinear).
   """
   s, d = shape, shape.d_model
   n, m = s.query_length, s.memory_length
+  gate = (n * d * s.gate_heads * s.gate_width +
+          s.use_gate * n * s.gate_heads * s.d_v)
   if s.variant == "general_bilinear":
-    return _general_bilinear_multiplies(n, m, d, s.d_y, s.h)
+    return _general_bilinear_multiplies(n, m, d, s.d_y, s.h) + gate
   total = ((n * d + n * m) * s.d_k * s.h_k + m * d * s.d_k *
            s.key_projection_heads
            + (n * m + n * s.d_y) * s.d_v * s.h_v + m * d * s.d_v *
@@ -286,7 +316,7 @@ def multiplies(shape: AttentionShape) -> int:
     rows = n * m + sum(generate[p] for p in s.dynamic_projections
                        if p in WEIGHTS_DYNAMIC)
     total += rows * s.h * s.h_v // s.num_head_groups
-  return total
+  return total + gate
 
 
 def _general_bilinear_multiplies(n, m, d_m, d_y, h) -> int:
@@ -333,7 +363,8 @@ def format_count(value: int) -> str:
 
 
 def describe(shape: AttentionShape) -> str:
-  """A short variant label, e.g. "talking_heads (logits only, x2l)"."""
+  """A short variant label, e.g. "talking_heads (logits only, x2l)" or
+  "multi_head (gate)"."""
   notes = []
   if shape.variant == "talking_heads":
     if not (shape.project_logits and shape.project_weights):
@@ -345,6 +376,8 @@ def describe(shape: AttentionShape) -> str:
       notes.append(f"G={shape.num_head_groups}")
   if shape.num_key_value_heads is not None:
     notes.append(f"h_kv={shape.num_key_value_heads}")
+  if shape.use_gate:
+    notes.append("head-wise gate" if shape.headwise_gate else "gate")
   return f"{shape.variant} ({', '.join(notes)})" if notes else shape.variant
 
 

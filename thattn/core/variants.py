@@ -335,4 +335,25 @@ register(Variant(
     counted_as={"variant": "general_bilinear"},
     mtf_layer="GeneralBilinearSelfAttention"))
 
+# The head-interaction methods after talking heads (docs/family_sources.md).
+_GATED = ("Qiu et al. (2025), Gated Attention for Large Language Models "
+          "(arXiv 2505.06708)")
+register(Variant(
+    name="gated",
+    source=f"{_GATED}, element-wise, as Qwen3-Next ships it",
+    summary="multi-head attention whose output O is gated element-wise: "
+            "O * sigmoid(X P_g[d_X, h, d_v])",
+    layer="MultiHeadAttention",
+    options={"use_gate": True},
+    counted_as={"variant": "multi_head", "use_gate": True}))
+register(Variant(
+    name="gated_headwise",
+    source=f"{_GATED}, head-wise",
+    summary="multi-head attention whose output O is gated head by head: "
+            "O * sigmoid(X P_g[d_X, h])",
+    layer="MultiHeadAttention",
+    options={"use_gate": True, "headwise_gate": True},
+    counted_as={"variant": "multi_head", "use_gate": True,
+                "headwise_gate": True}))
+
 _BUILT_IN = frozenset(_REGISTRY)

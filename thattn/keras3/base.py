@@ -16,7 +16,9 @@ keras.layers.MultiHeadAttention's (Keras 3.15) conventions:
   are the projections, EinsumDense layers, so `enable_lora(rank)` and
   `quantize(mode)` work on them as on Keras's layer;
 - `use_gate`: O is multiplied by sigmoid(X P_g) [b, n, heads, d] before the
-  output projection; `sliding_window`: one more mask (`thattn.keras3.masks`);
+  output projection (with thattn's `headwise_gate`, by sigmoid(X P_g)
+  [b, n, heads], one gate per head: `thattn.ops.output_gate`);
+  `sliding_window`: one more mask (`thattn.keras3.masks`);
 - masks of rank 2, 3 and 4; Keras implicit masks (`query_mask`,
   `value_mask`, `key_mask`) folded into the attention mask and cleared
   before the projections;
@@ -36,6 +38,7 @@ from thattn.keras3 import attention_math
 from thattn.keras3 import conventions
 from thattn.keras3 import initializers
 from thattn.keras3 import masks
+from thattn.ops import output_gate
 
 
 class AttentionLayer(keras.layers.Layer):
@@ -61,7 +64,8 @@ class AttentionLayer(keras.layers.Layer):
                bias_regularizer=None, activity_regularizer=None,
                kernel_constraint=None, bias_constraint=None, *,
                output_dim=None, dropout_rate=None, use_gate=False,
-               sliding_window=None, seed=None, **kwargs):
+               headwise_gate=False, sliding_window=None, seed=None,
+               **kwargs):
     super().__init__(activity_regularizer=activity_regularizer, **kwargs)
     output_name, output_shape = attention_spec.resolve_alias(
         self.name, ("output_shape", output_shape), ("output_dim", output_dim),
@@ -72,7 +76,8 @@ class AttentionLayer(keras.layers.Layer):
         output_name, attention_spec.output_width(self.name, output_shape),
         optional=True)
     self.dropout = validation.rate(dropout_name, dropout)
-    self.use_gate = masks.check_flag(self.name, "use_gate", use_gate)
+    self.use_gate, self.headwise_gate = attention_spec.checked_gate(
+        self.name, use_gate, headwise_gate)
     self.sliding_window = masks.check_window(self.name, sliding_window)
     self.seed = seed
     self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -123,7 +128,8 @@ class AttentionLayer(keras.layers.Layer):
     raise NotImplementedError
 
   def gate_shape(self):
-    """(heads, d) of O, which the gate multiplies."""
+    """(heads, d) of O, which the gate multiplies (all of its d, or each of
+    them)."""
     raise NotImplementedError
 
   def project_output(self, context):
@@ -203,8 +209,10 @@ class AttentionLayer(keras.layers.Layer):
     return layer
 
   def einsum_dense(self, name, equation, output_shape, input_shape, *,
-                   initializer, bias_axes=None, activation=None):
-    """A built projection with the layer's regularizers and constraints."""
+                   initializer, bias_axes=None, activation=None, axes=None):
+    """A built projection with the layer's regularizers and constraints;
+    `axes` ({"kernel", "bias": logical axes}) defaults to `name`'s in
+    `attention_spec.PROJECTION_AXES`."""
     layer = keras.layers.EinsumDense(
         equation, output_shape=output_shape, bias_axes=bias_axes,
         activation=activation,
@@ -216,8 +224,9 @@ class AttentionLayer(keras.layers.Layer):
         kernel_constraint=self.kernel_constraint,
         bias_constraint=self.bias_constraint,
         dtype=self.dtype_policy, name=name)
-    return self.add_axes_sublayer(layer, input_shape,
-                                  attention_spec.PROJECTION_AXES[name])
+    return self.add_axes_sublayer(
+        layer, input_shape,
+        attention_spec.PROJECTION_AXES[name] if axes is None else axes)
 
   @property
   def logical_axes(self):
@@ -246,11 +255,13 @@ class AttentionLayer(keras.layers.Layer):
     try:
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
       if self.use_gate:
+        equation, gate_shape, axes, bias_axes = attention_spec.gate_projection(
+            *self.gate_shape(), self.headwise_gate)
         self._gate_dense = self.einsum_dense(
-            "gate", attention_spec.GATE_PROJECTION,
-            (None,) + tuple(self.gate_shape()), (None, None, query_shape[-1]),
+            "gate", equation, gate_shape, (None, None, query_shape[-1]),
             initializer=self.kernel_initializer, activation="sigmoid",
-            bias_axes="jv" if getattr(self, "use_bias", False) else None)
+            bias_axes=bias_axes if getattr(self, "use_bias", False) else None,
+            axes=axes)
     except ValueError as error:
       distribution = keras.distribution.distribution()
       if distribution is None:
@@ -343,7 +354,8 @@ class AttentionLayer(keras.layers.Layer):
           dynamic_projections=conventions.dynamic_tensors(query_state,
                                                           attended))
     if gate is not None:
-      context = context * ops.cast(gate, context.dtype)
+      context = output_gate.gated_context(ops, context, gate,
+                                          self.headwise_gate)
     output = self.project_output(context)
     results = (output, scores) if return_attention_scores else (output,)
     if cache is not None:
@@ -479,6 +491,7 @@ class AttentionLayer(keras.layers.Layer):
         "output_shape": self.output_dim,
         "dropout": self.dropout,
         "use_gate": self.use_gate,
+        "headwise_gate": self.headwise_gate,
         "sliding_window": self.sliding_window,
         "seed": self.seed,
         "kernel_initializer": serialize(self.kernel_initializer),

@@ -14,7 +14,9 @@ shards the query/key/value/output kernels along their heads. Keras matches
 variables by path, not by shape, and grouped talking heads store P_l, P_w
 and the dynamic projections with one more dimension (their G blocks), so
 the map is made for one `num_head_groups`; with G a multiple of the model
-axis and the rule "head_groups:model", each device holds whole groups.
+axis and the rule "head_groups:model", each device holds whole groups. The
+same holds for the gate, P_g[d_X, h_v, d_v], or P_g[d_X, h_v] with
+`headwise_gate`.
 
 `model_layout_map(device_mesh, model, rules)` does the same for a whole
 model (`thattn.keras3.models`, or any layer built of thattn's Keras 3
@@ -34,7 +36,7 @@ from thattn.core import dims
 from thattn.sharding import rules as rules_lib
 
 
-def weight_axes(num_head_groups=1):
+def weight_axes(num_head_groups=1, headwise_gate=False):
   """{path pattern: logical axes} of every weight the Keras 3 layers make."""
   shapes = attention_spec.MixingShapes(1, 1, 1, num_head_groups)
   (_, mixing_l), (_, mixing_w) = shapes.static("l"), shapes.static("w")
@@ -44,6 +46,9 @@ def weight_axes(num_head_groups=1):
   axes = {f".*/{name}/{part}": part_axes
           for name, by_part in attention_spec.PROJECTION_AXES.items()
           for part, part_axes in by_part.items()}
+  if headwise_gate:
+    axes.update({f".*/gate/{part}": part_axes for part, part_axes in
+                 attention_spec.HEADWISE_GATE_AXES.items()})
   axes.update({
       ".*/pre_softmax_projection": mixing_l,
       ".*/post_softmax_projection": mixing_w,
@@ -58,7 +63,8 @@ def weight_axes(num_head_groups=1):
   return axes
 
 
-def layout_map(device_mesh, rules=None, *, num_head_groups=1):
+def layout_map(device_mesh, rules=None, *, num_head_groups=1,
+               headwise_gate=False):
   """A `keras.distribution.LayoutMap` of thattn's weights under `rules`.
 
   Args:
@@ -68,6 +74,8 @@ def layout_map(device_mesh, rules=None, *, num_head_groups=1):
       `thattn.sharding.DEFAULT_LAYOUT_RULES`.
     num_head_groups: the G of the model's talking-heads layers (1 for
       multi-head and ungrouped talking heads).
+    headwise_gate: whether the layers' gates are head-wise (`use_gate`
+      with `headwise_gate`), P_g[d_X, h_v] rather than P_g[d_X, h_v, d_v].
 
   Raises:
     ValueError naming the rule, if a rule names a mesh axis the device mesh
@@ -82,7 +90,7 @@ def layout_map(device_mesh, rules=None, *, num_head_groups=1):
   rules.check_mesh(mesh)
   result = keras.distribution.LayoutMap(device_mesh)
   tensors = [(pattern, (1,) * len(axes), axes) for pattern, axes in
-             weight_axes(num_head_groups).items()]
+             weight_axes(num_head_groups, headwise_gate).items()]
   # Sizes of 1 stand in for the unknown sizes: this checks the rules'
   # structure (no mesh axis twice in one weight), not divisibility.
   unit_mesh = rules_lib.MeshSpec(tuple((name, 1) for name in mesh.names))

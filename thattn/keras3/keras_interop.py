@@ -13,7 +13,9 @@ into its kernels (Keras's `kernel` property does it).
 
 Keras layers thattn's cannot compute are refused by name: attention over
 other axes or inputs of rank other than 3, a multi-dimensional
-`output_shape`, quantized projections (their float kernels are gone).
+`output_shape`, quantized projections (their float kernels are gone); and
+thattn layers Keras's cannot compute likewise (rotary positions, a
+head-wise gate).
 """
 
 import math
@@ -102,6 +104,10 @@ def to_keras(layer):
     raise ValueError(
         f"{layer.name}: rotary_base={layer.rotary_base} turns queries and "
         "keys by position, which Keras's attention layers do not.")
+  if layer.headwise_gate:
+    raise ValueError(
+        f"{layer.name}: headwise_gate=True gates each head by one scalar; "
+        "Keras's use_gate gates each element of the heads' outputs.")
   widths = layer._widths  # pylint: disable=protected-access
   if layer.num_key_value_heads is None:
     result = keras.layers.MultiHeadAttention(

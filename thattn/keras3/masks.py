@@ -128,11 +128,3 @@ def check_window(owner, sliding_window):
         f"Received: sliding_window={sliding_window!r}")
   return sliding_window
 
-
-def check_flag(owner, name, value):
-  """`value` if it is a bool (use_gate)."""
-  if not isinstance(value, bool):
-    raise ValueError(f"{owner}: `{name}` must be True or False. Received: "
-                     f"{name}={value!r}")
-  return value
-

@@ -28,6 +28,8 @@ from thattn.core import validation
 from thattn.layers import attention_ops
 from thattn.layers import initializers
 from thattn.layers import keras_arguments
+from thattn.ops import output_gate
+from thattn.ops import tf_ops
 
 # written[b, m, x] = einsum(update[b, s, x], one_hot[s, m]) (attention_spec).
 
@@ -79,7 +81,11 @@ class AttentionLayer(tf_keras.layers.Layer):
   to the query width), `dropout`, `kernel_initializer`, and tf_keras's
   `kernel_regularizer`, `bias_regularizer`, `activity_regularizer`,
   `kernel_constraint`, `bias_constraint`; `output_dim` and `dropout_rate`
-  are accepted aliases (see `thattn.layers.keras_arguments`).
+  are accepted aliases (see `thattn.layers.keras_arguments`). `use_gate`
+  (Keras 3's `keras.layers.MultiHeadAttention` argument; the element-wise
+  gate of Qiu et al., 2025) multiplies O by sigmoid(X P_g)[b, n, heads, d]
+  before the output projection; with `headwise_gate` by sigmoid(X P_g)[b,
+  n, heads], one gate per head (`thattn.ops.output_gate`).
 
   Call, in tf_keras.layers.MultiHeadAttention's positional order::
 
@@ -113,7 +119,8 @@ class AttentionLayer(tf_keras.layers.Layer):
                kernel_initializer="glorot_uniform", kernel_regularizer=None,
                bias_regularizer=None, activity_regularizer=None,
                kernel_constraint=None, bias_constraint=None, *,
-               output_dim=None, dropout_rate=None, **kwargs):
+               output_dim=None, dropout_rate=None, use_gate=False,
+               headwise_gate=False, **kwargs):
     # As in tf_keras.layers.MultiHeadAttention, the activity regularizer
     # applies to the layer's output (Keras's Layer does that).
     super().__init__(activity_regularizer=tf_keras.regularizers.get(
@@ -131,12 +138,15 @@ class AttentionLayer(tf_keras.layers.Layer):
         output_name, attention_spec.output_width(self.name, output_shape),
         optional=True)
     self.dropout = validation.rate(dropout_name, dropout)
+    self.use_gate, self.headwise_gate = attention_spec.checked_gate(
+        self.name, use_gate, headwise_gate)
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
     self.kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
     self.bias_regularizer = tf_keras.regularizers.get(bias_regularizer)
     self.kernel_constraint = tf_keras.constraints.get(kernel_constraint)
     self.bias_constraint = tf_keras.constraints.get(bias_constraint)
     self._dropout = tf_keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+    self._gate_dense = None  # P_g, made after the variant's own weights
     # The shapes the weights were built for, as a JSON string: Keras would
     # track a dict attribute and a SavedModel reload would restore it as
     # empty lists. `get_config` carries them so that `from_config` (which
@@ -188,6 +198,11 @@ class AttentionLayer(tf_keras.layers.Layer):
     raise NotImplementedError
 
   def project_output(self, context):
+    raise NotImplementedError
+
+  def gate_shape(self):
+    """(heads, d) of O, which the gate multiplies (all of its d, or each of
+    them)."""
     raise NotImplementedError
 
   @staticmethod
@@ -266,11 +281,32 @@ class AttentionLayer(tf_keras.layers.Layer):
             f"a known width, got {shape}.")
     with tf.init_scope():
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
+      if self.use_gate:
+        self._gate_dense = self._create_gate(query_shape[-1])
     self._build_shapes_json = json.dumps(
         {"query_shape": query_shape.as_list(),
          "value_shape": value_shape.as_list(),
          "key_shape": key_shape.as_list()})
     self.built = True
+
+  def _create_gate(self, query_width):
+    """P_g: an EinsumDense named "gate" ending in a sigmoid, after the
+    variant's weights, as on Keras 3 (so the weights' order is the same)."""
+    equation, shape, axes, bias_axes = attention_spec.gate_projection(
+        *self.gate_shape(), self.headwise_gate)
+    layer = tf_keras.layers.EinsumDense(
+        equation, output_shape=shape, activation="sigmoid",
+        bias_axes=bias_axes if getattr(self, "use_bias", False) else None,
+        kernel_initializer=initializers.fresh(
+            self.kernel_initializer or "glorot_uniform"),
+        bias_initializer=initializers.fresh(
+            getattr(self, "bias_initializer", "zeros")),
+        kernel_regularizer=self.kernel_regularizer,
+        bias_regularizer=self.bias_regularizer,
+        kernel_constraint=self.kernel_constraint,
+        bias_constraint=self.bias_constraint,
+        dtype=self.dtype_policy, name="gate")
+    return self.add_axes_sublayer(layer, [None, None, query_width], axes)
 
   def get_build_config(self):
     return self.build_shapes
@@ -348,6 +384,7 @@ class AttentionLayer(tf_keras.layers.Layer):
 
     decoding = cache is not None and decode_step is not None
     query_offset = decode_step if decoding else 0
+    gate = None if self._gate_dense is None else self._gate_dense(query)
     query_state = self.with_positions(self.project_query(query),
                                       query_offset)
     if cache is None:
@@ -371,6 +408,9 @@ class AttentionLayer(tf_keras.layers.Layer):
                                   mask, position_bias, training,
                                   causal_offset,
                                   need_scores=return_attention_scores)
+    if gate is not None:
+      context = output_gate.gated_context(tf_ops.TF_OPS, context, gate,
+                                          self.headwise_gate)
     output = keras_arguments.reragged(self.project_output(context),
                                       query_lengths)
     results = (output, scores) if return_attention_scores else (output,)
@@ -518,6 +558,8 @@ class AttentionLayer(tf_keras.layers.Layer):
     config.update({
         "output_shape": self.output_dim,
         "dropout": self.dropout,
+        "use_gate": self.use_gate,
+        "headwise_gate": self.headwise_gate,
         "kernel_initializer": serialize["initializer"](self.kernel_initializer),
         "kernel_regularizer": serialize["regularizer"](self.kernel_regularizer),
         "bias_regularizer": serialize["regularizer"](self.bias_regularizer),

@@ -49,6 +49,7 @@ class GeneralBilinearAttention(base.AttentionLayer):
   def create_weights(self, query_width, key_width, value_width):
     attention_spec.check_one_memory(self.name, key_width, value_width)
     h = self.num_heads
+    self._value_width = value_width
     output_dim = self.output_dim or query_width
     self._p = self.add_axes_weight(
         "bilinear_p", [query_width, key_width, h],
@@ -68,6 +69,10 @@ class GeneralBilinearAttention(base.AttentionLayer):
 
   def project_output(self, context):
     return tf.einsum(attention_spec.BILINEAR_OUTPUT, context, self._q)
+
+  def gate_shape(self):
+    """(h, d_M): the gate multiplies the weighted memory [b, n, h, d_M]."""
+    return self.num_heads, self._value_width
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):

@@ -171,6 +171,11 @@ def to_keras(layer, **kwargs):
         f"{layer.name}: rotary_base={layer.rotary_base} turns queries and "
         "keys by position, which neither tf_keras's MultiHeadAttention nor "
         "Model Garden's TalkingHeadsAttention does.")
+  if layer.use_gate:
+    raise ValueError(
+        f"{layer.name}: use_gate=True gates the heads' outputs, which neither "
+        "tf_keras's MultiHeadAttention nor Model Garden's "
+        "TalkingHeadsAttention does.")
   target_class, mixing = _keras_counterpart(layer)
   config = layer.get_config()
   arguments = {name: config[name] for name in _SHARED_ARGUMENTS}

@@ -181,6 +181,9 @@ class ProjectedAttention(base.AttentionLayer):
   def project_output(self, context):
     return self._output_dense(context)
 
+  def gate_shape(self):
+    return self.num_value_heads, self.value_dim
+
   def dynamic_terms(self, query_state, memory_state):
     """{name: R[b, n or m, ...]} of the dynamic projections of this call."""
     return attention_spec.dynamic_terms(self.dynamic_projections,
