@@ -172,13 +172,28 @@ def test_the_gate_adds_its_projection_and_its_products(headwise, use_bias):
       use_bias=use_bias) == gated
 
 
-@pytest.mark.parametrize("name", ["gated", "gated_headwise"])
-def test_the_gated_variants_count_what_their_layers_hold(name):
-  layer = variants.make_attention("tf_keras", name, 4, 8, use_bias=True)
+@pytest.mark.parametrize("name, sizes", [
+    ("gated", {}), ("gated_headwise", {}), ("differential", {}),
+    ("differential", {"num_key_value_heads": 2, "use_gate": True})])
+def test_the_family_variants_count_what_their_layers_hold(name, sizes):
+  layer = variants.make_attention("tf_keras", name, 4, 8, use_bias=True,
+                                  **sizes)
   layer(np.zeros((1, 2, 24), "float32"), np.zeros((1, 2, 24), "float32"))
   shape = complexity.variant_shape(name, num_heads=4, d_model=24,
-                                   key_dim=8, use_bias=True)
+                                   key_dim=8, use_bias=True, **sizes)
   assert layer.count_params() == complexity.parameters(shape)
+
+
+def test_differential_attention_adds_lambda_and_the_difference():
+  """h maps of d_k paired into h/2 heads of 2 d_k: multi-head attention's
+  projections and products, the four lambda vectors [d_k], lambda times
+  the second maps (n m h/2) and the heads' RMSNorm (3 n h d_k)."""
+  plain = AttentionShape("multi_head", num_heads=12, key_dim=64)
+  differential = dataclasses.replace(plain, variant="differential")
+  assert complexity.parameters(differential) - complexity.parameters(
+      plain) == 4 * 64
+  assert complexity.multiplies(differential) - complexity.multiplies(
+      plain) == 512 * 512 * 6 + 3 * 512 * 12 * 64
 
 
 BAD_SHAPES = [
@@ -224,6 +239,8 @@ BAD_SHAPES = [
     (dict(variant="multi_head", num_heads=12, key_dim=64,
           headwise_gate=True),
      "headwise_gate=True .* needs use_gate=True"),
+    (dict(variant="differential", num_heads=3, key_dim=64),
+     "num_heads .* must be even; got num_heads=3"),
 ]
 
 

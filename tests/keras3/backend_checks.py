@@ -15,6 +15,7 @@ import pytest
 
 from thattn import keras3
 from thattn.ops import rotary
+from tests.layers import family_reference
 from tests.layers import numpy_reference as ref
 
 BACKEND = keras.backend.backend()
@@ -430,3 +431,32 @@ def test_rotary_attention_decodes_each_step_at_its_position(make):
   again.set_weights(layer.get_weights())
   np.testing.assert_allclose(_numpy(again(x, x, use_causal_mask=True)),
                              whole, rtol=1e-6, atol=1e-6)
+
+
+def test_differential_attention_is_diff_llama_s():
+  """Differential attention (Ye et al., 2024) against the NumPy
+  transcription of transformers' DiffLlama (tests/layers/
+  family_reference.py; tests/layers/differential_attention_test.py holds
+  the tf_keras layer against DiffLlamaAttention itself), with shared key
+  and value heads and a mask; cached decoding equals the causal pass."""
+  layer = keras3.DifferentialAttention(4, 3, num_key_value_heads=2,
+                                       layer_index=2)
+  x = RNG.normal(size=(2, 5, 12)).astype("float32")
+  mask = RNG.random((2, 5, 5)) < 0.7
+  mask[:, :, 0] = True  # no fully masked row
+  layer(x, x)
+  for variable in layer.weights:
+    variable.assign(RNG.normal(size=variable.shape).astype("float32") * 0.3)
+  *vectors, query, key, value, output = [_numpy(w) for w in layer.weights]
+  want = family_reference.differential_attention(
+      x, x, query, key, value, output.reshape(-1, 12), *vectors,
+      layer_index=2, mask=mask)
+  ref.assert_close(_numpy(layer(x, x, attention_mask=mask)), want)
+  whole = _numpy(layer(x, x, use_causal_mask=True))
+  cache = layer.initial_cache(2, 5)
+  steps = []
+  for t in range(5):
+    y, cache = layer(x[:, t:t + 1], x[:, t:t + 1], cache=cache, decode_step=t)
+    steps.append(_numpy(y))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
+                             atol=1e-5)

@@ -387,6 +387,32 @@ def gate_projection(heads, width, headwise):
   return GATE_PROJECTION, (None, heads, width), PROJECTION_AXES["gate"], "jv"
 
 
+# ---- differential attention (Ye et al., 2024; transformers' DiffLlama) ------
+def checked_differential_heads(owner, num_heads, key_dim, value_dim,
+                               num_key_value_heads):
+  """(N, K, N_kv) of a differential attention layer: N maps, even, since
+  map j pairs with map j + N/2; each map's values as wide as its keys
+  (`value_dim` None or K); N_kv None or a divisor of N."""
+  maps = validation.layer_int("num_heads", num_heads, owner=owner)
+  key_dim = validation.layer_int("key_dim", key_dim, owner=owner)
+  if maps % 2:
+    raise ValueError(
+        f"{owner}: differential attention pairs softmax map j with map "
+        f"j + N/2, so num_heads (N) must be even; got num_heads={maps}.")
+  if value_dim is not None and value_dim != key_dim:
+    raise ValueError(
+        f"{owner}: each map's values are as wide as its keys (DiffLlama's "
+        f"head_dim), so value_dim must be None or key_dim={key_dim}; got "
+        f"value_dim={value_dim}.")
+  heads_kv = validation.positive_int(
+      "num_key_value_heads", num_key_value_heads, owner=owner, optional=True)
+  if heads_kv is not None and maps % heads_kv:
+    raise ValueError(
+        f"{owner}: num_key_value_heads={heads_kv} must divide num_heads="
+        f"{maps} (each key and value head serves N / N_kv maps).")
+  return maps, key_dim, heads_kv
+
+
 # ---- tf_keras's argument conventions -------------------------------------------
 def resolve_alias(owner, canonical, alias, default):
   """(name, value) of a canonical argument or its older alias, as given.

@@ -18,7 +18,8 @@ from thattn.core import variants
 # The layers counted here, as `AttentionShape.variant` names them: each
 # registered variant is counted as one of them with its options
 # (`thattn.core.variants.Variant.counted_as`; `variant_shape`).
-COUNTED_LAYERS = ("multi_head", "talking_heads", "general_bilinear")
+COUNTED_LAYERS = ("multi_head", "talking_heads", "general_bilinear",
+                  "differential")
 # Appendix A's dynamic projections, named as in `TalkingHeadsAttention`.
 LOGITS_DYNAMIC = ("x2l", "m2l")  # P_Xl[d_X, h_k, h], P_Ml[d_M, h_k, h]
 WEIGHTS_DYNAMIC = ("x2w", "m2w")  # P_Xw[d_X, h, h_v], P_Mw[d_M, h, h_v]
@@ -51,6 +52,11 @@ class AttentionShape:
   `use_gate` adds the output gate of gated attention (Qiu et al., 2025;
   the layers' argument of that name): P_g[d_X, h_v, d_v], or P_g[d_X,
   h_v] with `headwise_gate`.
+
+  "differential" (`DifferentialAttention`, Ye et al., 2024) has h softmax
+  maps of size d_k (= d_v) paired into h/2 heads whose values are 2 d_k
+  wide: the projections of multi-head attention with h heads, and the
+  four lambda vectors [d_k].
 
   The properties `h_k`, `h`, `h_v`, `d_k`, `d_v` and `d_y` give the sizes in
   the paper's notation, with defaults resolved; `key_projection_heads` and
@@ -127,16 +133,21 @@ class AttentionShape:
 
   @property
   def gate_heads(self) -> int:
-    """The heads of O, which the gate multiplies: h_v (h for GBMA)."""
+    """The heads of O, which the gate multiplies: h_v (h for GBMA, h/2
+    for differential attention)."""
+    if self.variant == "differential":
+      return self.h // 2
     return self.h if self.variant == "general_bilinear" else self.h_v
 
   @property
   def gate_width(self) -> int:
-    """The gates per head: d_v element-wise (d_M for GBMA), 1 head-wise,
-    0 without a gate."""
+    """The gates per head: O's width element-wise (d_v; d_M for GBMA, 2
+    d_v for differential attention), 1 head-wise, 0 without a gate."""
     if not self.use_gate:
       return 0
-    return 1 if self.headwise_gate else self.d_v
+    if self.headwise_gate:
+      return 1
+    return 2 * self.d_v if self.variant == "differential" else self.d_v
 
   @property
   def mixes_logits(self) -> bool:
@@ -177,6 +188,10 @@ def _validate(shape: AttentionShape) -> None:
     _validate_general_bilinear(shape)
   elif shape.key_dim is None:
     raise ValueError(f"{shape.variant} needs key_dim (d_k), got None")
+  elif shape.variant == "differential":
+    attention_spec.checked_differential_heads(
+        "AttentionShape", shape.num_heads, shape.key_dim, shape.value_dim,
+        shape.num_key_value_heads)
   if shape.variant != "talking_heads":
     if shape.h_k != shape.h or shape.h_v != shape.h:
       raise ValueError(f"{shape.variant} has one heads dimension, so it needs "
@@ -249,6 +264,10 @@ def parameters(shape: AttentionShape) -> int:
 
   General bilinear: P[d_X, d_M, h] + Q[d_M, d_Y, h].
 
+  Differential: multi-head attention's count with h heads of d_k (P_o
+  [h/2, 2 d_k, d_Y] holds as many weights as [h, d_k, d_Y]), and the four
+  lambda vectors, 4 d_k.
+
   The gate adds P_g[d_X, h_v, d_v] (head-wise P_g[d_X, h_v]; h and d_M for
   general bilinear), and its bias where the projections have biases.
   """
@@ -269,6 +288,8 @@ def parameters(shape: AttentionShape) -> int:
   if s.mixes_weights:
     generators = sum(p in WEIGHTS_DYNAMIC for p in s.dynamic_projections)
     total += (1 + generators * d) * s.h * s.h_v // s.num_head_groups
+  if s.variant == "differential":
+    total += 4 * s.d_k
   return total + gate
 
 
@@ -294,6 +315,11 @@ def multiplies(shape: AttentionShape) -> int:
 
   General bilinear: see `_general_bilinear_multiplies`.
 
+  Differential: multi-head attention's count with h heads of d_k (O is
+  n*m*(h/2)*(2 d_k), the same), and n*m*h/2 for lambda times the second
+  maps and 3*n*h*d_k for the heads' RMSNorm (square, normalize, scale by
+  1 - lambda_init).
+
   The gate adds n*d_X*h_v*d_v to make it (n*d_X*h_v head-wise) and
   n*h_v*d_v to apply it, O times G (h and d_M for general bilinear).
   """
@@ -316,6 +342,8 @@ def multiplies(shape: AttentionShape) -> int:
     rows = n * m + sum(generate[p] for p in s.dynamic_projections
                        if p in WEIGHTS_DYNAMIC)
     total += rows * s.h * s.h_v // s.num_head_groups
+  if s.variant == "differential":
+    total += n * m * s.h // 2 + 3 * n * s.h * s.d_k
   return total + gate
 
 

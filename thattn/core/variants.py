@@ -96,6 +96,9 @@ class Variant:
     identity_start: a multi-head model's weights, with its extra weights at
       the identity, give the multi-head model's outputs: what the
       converters' `--attention` can start from a released checkpoint.
+    takes_layer_index: its layer computes something that depends on the
+      layer's depth and takes `layer_index` (0-based), which the models
+      pass block by block (differential attention's lambda_init).
     counted_as: the `thattn.core.complexity.AttentionShape` arguments that
       count its parameters and multiplies (the layer's form and options),
       or None where thattn has no counts for it.
@@ -118,6 +121,7 @@ class Variant:
   post_softmax: bool = False
   reads_memory_width: bool = False
   identity_start: bool = False
+  takes_layer_index: bool = False
   counted_as: Optional[Mapping[str, object]] = None
   mtf_layer: Optional[str] = None
   mix_logits: Optional[Callable] = None
@@ -265,14 +269,19 @@ def import_modules(module_names):
           "it must be importable (on PYTHONPATH, or installed).") from error
 
 
-def make_attention(front_end, variant, num_heads, key_dim, **kwargs):
+def make_attention(front_end, variant, num_heads, key_dim, *, layer_index=0,
+                   **kwargs):
   """The named variant's layer on `front_end` ("tf_keras" or "keras3") with
   h heads of size d_k and `kwargs` for its constructor; a variant that
-  reads the memory width (general bilinear) ignores `key_dim`."""
+  reads the memory width (general bilinear) ignores `key_dim`, and one
+  that is the same at every depth ignores `layer_index` (the block's
+  0-based depth in a model)."""
   record = get(variant)
   cls = record.layer_class(front_end)
   if record.layer is None:  # HeadMixingAttention reads the record by name
     kwargs["variant"] = record.name
+  if record.takes_layer_index:
+    kwargs["layer_index"] = layer_index
   if record.reads_memory_width:
     return cls(num_heads, **record.options, **kwargs)
   return cls(num_heads, key_dim, **record.options, **kwargs)
@@ -355,5 +364,15 @@ register(Variant(
     options={"use_gate": True, "headwise_gate": True},
     counted_as={"variant": "multi_head", "use_gate": True,
                 "headwise_gate": True}))
+
+register(Variant(
+    name="differential",
+    source="Ye et al. (2024), Differential Transformer (arXiv 2410.05258), "
+           "as transformers' DiffLlama computes it",
+    summary="h softmax maps, map j minus lambda times map j + h/2: h/2 "
+            "heads over values 2 d_k wide, each RMS-normalized",
+    layer="DifferentialAttention",
+    takes_layer_index=True,
+    counted_as={"variant": "differential"}))
 
 _BUILT_IN = frozenset(_REGISTRY)

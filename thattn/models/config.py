@@ -154,11 +154,12 @@ class AttentionConfig:
 
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
                  kernel_initializer=None, front_end="tf_keras",
-                 rotary=None):
+                 rotary=None, layer_index=0):
     """The attention layer this config describes, from `front_end`'s
     layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3).
     `rotary`: the layer's rotary arguments (`rotary_base`, `rotary_pct`,
-    `rotary_scaling`), which a model's positions decide, or None."""
+    `rotary_scaling`), which a model's positions decide, or None.
+    `layer_index`: the block's 0-based depth (`variants.make_attention`)."""
     record = variants.get(self.variant)
     if record.reads_memory_width:
       if rotary:
@@ -184,7 +185,8 @@ class AttentionConfig:
     if record.takes_dynamic_projections:
       kwargs["dynamic_projections"] = self.dynamic_projections
     return variants.make_attention(front_end, self.variant, self.num_heads,
-                                   key_dim, **kwargs)
+                                   key_dim, layer_index=layer_index,
+                                   **kwargs)
 
 
 def _check_sizes(config, names):

@@ -53,7 +53,7 @@ class RecallEncoder(tf_keras.Model):
               name=f"block_{index}_attention_norm"),
           "attention": variants.make_attention(
               "tf_keras", attention, num_heads, key_dim,
-              name=f"block_{index}_attention"),
+              layer_index=index, name=f"block_{index}_attention"),
           "ff_norm": layers.LayerNormalization(name=f"block_{index}_ff_norm"),
           "ff_in": layers.Dense(d_ff, activation="relu",
                                 name=f"block_{index}_ff_in"),

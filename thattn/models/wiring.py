@@ -178,13 +178,13 @@ def _check_config(config, kind, builder):
     raise ValueError(f"{builder} needs a {kind.__name__}, got {config!r}.")
 
 
-def _bert_block(front, config, name):
+def _bert_block(front, config, name, index):
   initializer = lambda: front.truncated_normal(config.initializer_range)
   return front.PostNormBlock(
       attention=config.attention.make_layer(
           config.d_model, name="attention", dropout_rate=config.dropout_rate,
           use_bias=config.use_bias, kernel_initializer=initializer(),
-          front_end=front.name),
+          front_end=front.name, layer_index=index),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation, use_bias=config.use_bias,
           kernel_initializer=initializer(), name="feed_forward"),
@@ -236,10 +236,11 @@ def build_bert(config, front, name=None):
             name="relative_position_bias"),
         name="position_bias")(x)
   if config.share_layers:
-    shared = _bert_block(front, config, "shared_block")
+    # ALBERT's one block serves every depth: it is the block at depth 0.
+    shared = _bert_block(front, config, "shared_block", 0)
     layer_blocks = [shared] * config.num_layers
   else:
-    layer_blocks = [_bert_block(front, config, f"block_{index}")
+    layer_blocks = [_bert_block(front, config, f"block_{index}", index)
                     for index in range(config.num_layers)]
   for block in layer_blocks:
     x = block(x, attention_mask=mask, position_bias=bias)
@@ -254,12 +255,12 @@ def build_bert(config, front, name=None):
   return front.Model(inputs, outputs, name or config.family)
 
 
-def _t5_attention(front, config, attention_config, name):
+def _t5_attention(front, config, attention_config, name, index):
   return attention_config.make_layer(
       config.d_model, name=name, dropout_rate=config.dropout_rate,
       use_bias=False,
       kernel_initializer=front.random_normal(config.d_model ** -0.5),
-      front_end=front.name)
+      front_end=front.name, layer_index=index)
 
 
 def _t5_feed_forward(front, config):
@@ -305,11 +306,11 @@ def make_decoder_layers(front, config, embedding):
           self_attention=_t5_attention(
               front, config,
               config.layer_attention("decoder_self_attention", index),
-              "self_attention"),
+              "self_attention", index),
           cross_attention=_t5_attention(
               front, config,
               config.layer_attention("encoder_decoder_attention", index),
-              "cross_attention") if cross else None,
+              "cross_attention", index) if cross else None,
           feed_forward=_t5_feed_forward(front, config),
           causal=not config.prefix_lm,  # a prefix LM's mask is the model's
           dropout_rate=config.dropout_rate,
@@ -345,7 +346,7 @@ def _t5_encoder(front, config, embedding, tokens):
         self_attention=_t5_attention(
             front, config,
             config.layer_attention("encoder_self_attention", index),
-            "self_attention"),
+            "self_attention", index),
         feed_forward=_t5_feed_forward(front, config),
         dropout_rate=config.dropout_rate, epsilon=config.layer_norm_epsilon,
         name=f"encoder_block_{index}")
@@ -400,7 +401,7 @@ def _lm_block(front, config, index):
           config.d_model, name="self_attention",
           dropout_rate=config.dropout_rate, use_bias=config.use_bias,
           kernel_initializer=initializer(), front_end=front.name,
-          rotary=config.rotary_arguments()),
+          rotary=config.rotary_arguments(), layer_index=index),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation,
           gated=config.gated_feed_forward, use_bias=config.use_bias,

@@ -9,7 +9,7 @@ axes)`, `sum(x, axis, keepdims)`). A head mix written for both fronts
 calls only these: cast, power, sqrt, rsqrt, square, mean, maximum,
 minimum, expand_dims, einsum, matmul, softmax, sigmoid, tanh, exp, log,
 abs, sum, reshape, transpose, where, ones_like, zeros_like, relu,
-silu, gelu; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
+silu, gelu, repeat; the rotary embeddings (`thattn.ops.rotary`) also cos, sin,
 concatenate, arange and shape; the masks (`thattn.ops.masks`) not_equal,
 less_equal, logical_and, logical_or and cumsum.
 """
@@ -63,6 +63,7 @@ TF_OPS = types.SimpleNamespace(
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
     zeros_like=_zeros_like, relu=tf.nn.relu, silu=tf.nn.silu, gelu=_gelu,
+    repeat=tf.repeat,
     cos=tf.cos, sin=tf.sin, concatenate=_concatenate, arange=_arange,
     shape=_shape, not_equal=tf.not_equal, less_equal=tf.less_equal,
     logical_and=tf.logical_and, logical_or=tf.logical_or, cumsum=tf.cumsum)
