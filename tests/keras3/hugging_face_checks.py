@@ -5,8 +5,9 @@ Run by `hugging_face_test.py` in a process per backend (JAX, PyTorch),
 with THATTN_HF_EXCHANGE naming a folder where the parent left tiny GPT-2,
 Llama and GPT-NeoX folders that transformers saved (`<family>/`) and
 transformers' logits and greedy continuation for them
-(`<family>.npz`), and tiny BERT and ALBERT folders with their encoder
-outputs (`<family>.encoder.npz`). Each check loads a folder with
+(`<family>.npz`; a DiffLlama's `<family>.held.npz`: it loads as its own
+differential attention), and tiny BERT and ALBERT folders with their
+encoder outputs (`<family>.encoder.npz`). Each check loads a folder with
 `thattn.keras3.models.load`, as multi-head attention and upgraded to
 talking heads at the identity: transformers' logits within 1e-5 of their
 scale, and its greedy tokens; and nothing here imports TensorFlow.
@@ -31,6 +32,13 @@ def families():
                 if "." not in path.stem)
 
 
+def held_families():
+  """The folders of another variant than multi-head
+  (`<family>.held.npz`: DiffLlama)."""
+  return sorted(path.name.split(".")[0]
+                for path in EXCHANGE.glob("*.held.npz"))
+
+
 def encoders():
   """The BERT and ALBERT folders (`<family>.encoder.npz`)."""
   return sorted(path.name.split(".")[0]
@@ -51,6 +59,26 @@ def test_a_folder_loads_with_transformers_logits(family, attention):
                                  max_length=saved["greedy"].shape[1])
   np.testing.assert_array_equal(
       ops.convert_to_numpy(continuation["tokens"]), saved["greedy"])
+
+
+@pytest.mark.parametrize("family", held_families())
+def test_a_folder_of_another_variant_loads_as_itself(family):
+  """DiffLlama's folder as differential attention (no `attention`: the
+  folder's own), with transformers' logits and greedy tokens; upgrading
+  it to another variant is refused."""
+  saved = np.load(EXCHANGE / f"{family}.held.npz")
+  model = models.load(str(EXCHANGE / family))
+  logits = ops.convert_to_numpy(
+      model({"decoder_input_tokens": saved["tokens"]}))
+  want = saved["logits"]
+  np.testing.assert_allclose(logits, want, rtol=0,
+                             atol=1e-5 * np.abs(want).max())
+  continuation = models.generate(model, saved["prompt"],
+                                 max_length=saved["greedy"].shape[1])
+  np.testing.assert_array_equal(
+      ops.convert_to_numpy(continuation["tokens"]), saved["greedy"])
+  with pytest.raises(ValueError, match="converts only as itself"):
+    models.load(str(EXCHANGE / family), attention="talking_heads")
 
 
 @pytest.mark.parametrize("attention", ["multi_head", "talking_heads"])

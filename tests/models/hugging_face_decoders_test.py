@@ -1,5 +1,5 @@
-"""Hugging Face GPT-2, Llama and GPT-NeoX folders into thattn's decoder-only
-LM, against transformers.
+"""Hugging Face GPT-2, Llama, GPT-NeoX and DiffLlama folders into thattn's
+decoder-only LM, against transformers.
 
 Each source is a tiny model that transformers makes and saves with
 `save_pretrained`, its weights redrawn at a scale where attention is not
@@ -10,8 +10,13 @@ map fills gives transformers' logits within 1e-5 of their scale, as
 multi-head attention and as the projected variants started at the
 identity, and its greedy and beam-search continuations (with the caches)
 are transformers' `generate`'s; what thattn cannot represent is refused by
-name.
+name. A DiffLlama (differential attention over shared key and value heads,
+its own rms_norm_eps) converts as differential attention only, with the
+same logits and continuations, through `thattn-convert`'s
+`converters.convert` too.
 """
+
+import json
 
 import numpy as np
 import pytest
@@ -19,6 +24,7 @@ import tensorflow as tf
 import torch
 import transformers
 
+from thattn import converters
 from thattn import models
 from thattn.core import weight_maps
 from thattn.models import hugging_face_decoders
@@ -43,12 +49,23 @@ SOURCES = {
             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                  partial_rotary_factor=0.25))),
 }
+# Sources of another variant than multi-head, converted as that variant:
+# DiffLlama, 4 maps over 2 key and value heads, three layers (three
+# lambda_init), rms_norm_eps 1e-6 (its heads' RMSNorm's too).
+HELD_SOURCES = {
+    "diffllama": lambda: transformers.DiffLlamaForCausalLM(
+        transformers.DiffLlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+            num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+            rms_norm_eps=1e-6, tie_word_embeddings=False)),
+}
 
 
 def _saved(model_type, tmp_path_factory):
   """(model_type, the transformers model, its saved folder)."""
   torch.manual_seed(0)
-  model = SOURCES[model_type]().eval()
+  model = {**SOURCES, **HELD_SOURCES}[model_type]().eval()
   with torch.no_grad():
     for name, weight in model.named_parameters():
       # Biases small: at the weights' scale they would pick one token
@@ -222,3 +239,56 @@ def test_greedy_and_beam_continuations_equal_transformers_generate(source):
   np.testing.assert_array_equal(
       models.generate(model, prompt, max_length=5, method="beam",
                       beam_size=3)["tokens"].numpy(), beams)
+
+
+# ---- DiffLlama: differential attention, converted as itself -----------------
+
+
+@pytest.fixture(scope="module")
+def diff_llama(tmp_path_factory):
+  """(the transformers DiffLlamaForCausalLM, its saved folder)."""
+  _, model, folder = _saved("diffllama", tmp_path_factory)
+  return model, folder
+
+
+def test_a_diff_llama_folder_gives_transformers_logits_and_continuations(
+    diff_llama):
+  reference, folder = diff_llama
+  config, model = _converted(folder, "differential")
+  assert (config.attention.variant, config.layer_norm_epsilon) == (
+      "differential", 1e-6)
+  # lambda_init by depth; the heads' RMSNorm takes rms_norm_eps.
+  assert [(layer.layer_index, layer.norm_epsilon) for layer in
+          model.submodules if type(layer).__name__ ==
+          "DifferentialAttention"] == [(0, 1e-6), (1, 1e-6), (2, 1e-6)]
+  tokens = _tokens()
+  _assert_close(model({"decoder_input_tokens": tf.constant(tokens)}).numpy(),
+                _reference_logits(reference, tokens))
+  prompt = np.random.default_rng(3).integers(0, VOCAB, size=(2, 4),
+                                             dtype=np.int32)
+  np.testing.assert_array_equal(
+      models.generate(model, prompt, max_length=6)["tokens"].numpy(),
+      _reference_continuation(reference, prompt, 6))
+
+
+def test_a_diff_llama_folder_converts_as_differential_only(diff_llama,
+                                                          tmp_path):
+  reference, folder = diff_llama
+  out = tmp_path / "converted"
+  config = converters.convert(source=str(folder), model_dir=str(out),
+                              log=lambda line: None)
+  assert config.attention.variant == "differential"
+  run_config = json.loads((out / "run_config.json").read_text())
+  assert run_config["converted_from"]["attention"] == "differential"
+  tokens = _tokens()
+  _assert_close(
+      models.load(str(out))({"decoder_input_tokens": tf.constant(tokens)})
+      .numpy(), _reference_logits(reference, tokens))
+  with pytest.raises(ValueError, match=r"holds differential attention, "
+                     r"which converts only as itself"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "th"),
+                       attention="talking_heads")
+  with pytest.raises(ValueError, match="attention='multi_head'; thattn "
+                     "represents only DiffLlama's differential attention"):
+    hugging_face_decoders.read(str(folder), "multi_head")
+  assert not (tmp_path / "th").exists()

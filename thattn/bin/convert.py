@@ -1,7 +1,8 @@
 """thattn-convert: checkpoints people have to thattn model_dirs, and back.
 
-    # A Hugging Face BERT or ALBERT folder -> thattn, as multi-head attention
-    # or any projected variant started at the identity (equal outputs):
+    # A Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder -> thattn,
+    # as multi-head attention or any projected variant started at the
+    # identity (equal outputs); a DiffLlama folder as differential attention:
     thattn-convert --source=bert-base-uncased --model_dir=runs/bert \
         --attention=talking_heads
     # A T5-style mtf model_dir (operative_config.gin + model.ckpt-N) -> thattn
@@ -35,18 +36,22 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from thattn import converters  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.core import variants  # pylint: disable=g-import-not-at-top,wrong-import-position
 from thattn.io import write_failures  # pylint: disable=g-import-not-at-top,wrong-import-position
+from thattn.models import hugging_face_decoders  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("source", None, "--to=thattn: the folder to convert, "
-                    "its format found from its files: a Hugging Face BERT or "
-                    "ALBERT folder, or a Mesh TensorFlow model_dir.")
+                    "its format found from its files: a Hugging Face BERT, "
+                    "ALBERT or decoder-only LM folder, a KerasHub preset, "
+                    "Google's release, or a Mesh TensorFlow model_dir.")
 flags.DEFINE_enum("source_format", None, list(converters.FORMATS),
                   "--source's format, where its files do not say.")
-flags.DEFINE_enum("attention", "multi_head",
-                  list(variants.identity_starts()),
-                  "--source=<BERT or ALBERT>: the attention of the thattn "
-                  "model; a projected variant starts at the identity, so "
-                  "its outputs equal the multi-head source's.")
+flags.DEFINE_enum("attention", None,
+                  list(variants.identity_starts()) + sorted(set(
+                      hugging_face_decoders.SOURCE_ATTENTION.values())),
+                  "--source=<Hugging Face, KerasHub or Google folder>: the "
+                  "attention of the thattn model (default: the source's "
+                  "own); a multi-head source starts a projected variant at "
+                  "the identity, its outputs the source's.")
 flags.DEFINE_enum("to", "thattn", ["thattn", "mtf"], "thattn: read "
                   "--mtf_model_dir, write --model_dir. mtf: read --model_dir, "
                   "write --mtf_model_dir.")
@@ -88,7 +93,7 @@ def _to_thattn():
     return _mtf_to_thattn(FLAGS.mtf_model_dir)
   source_format = FLAGS.source_format or converters.detect(FLAGS.source)
   if source_format == converters.MTF:
-    if FLAGS.attention != "multi_head":
+    if FLAGS.attention is not None:
       raise app.UsageError("--attention converts a BERT or ALBERT; a Mesh "
                            "TensorFlow model keeps the attention it has.")
     return _mtf_to_thattn(FLAGS.source)

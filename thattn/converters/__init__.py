@@ -14,9 +14,9 @@ staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
-- `hugging_face_lm`: a Hugging Face GPT-2, Llama or GPT-NeoX folder (the
-  same files, tokenizer.json read by Hugging Face `tokenizers`), a
-  causal-LM backbone;
+- `hugging_face_lm`: a Hugging Face GPT-2, Llama, GPT-NeoX or DiffLlama
+  folder (the same files, tokenizer.json read by Hugging Face
+  `tokenizers`), a causal-LM backbone;
 - `keras_hub`: a KerasHub `BertBackbone` or `AlbertBackbone` preset
   (config.json, model.weights.h5, BERT's tokenizer vocabulary);
 - `google_bert`: google-research/bert's release (bert_config.json,
@@ -33,7 +33,9 @@ A projected variant (`attention="talking_heads"`, "project_logits",
 "project_weights", "dynamic") starts from the multi-head source at the
 identity: P_l = P_w = I and the dynamic projections at zero, so the
 converted model's outputs equal the source's, and fine-tuning trains the
-mixes from there.
+mixes from there. A source of another variant (a DiffLlama folder's
+differential attention) converts as itself
+(`thattn.core.variants.converted_attention`).
 """
 
 import os
@@ -73,7 +75,8 @@ _TASKS_AND_PRESETS = {"bert": ("mlm", "bert_base"),
                       "albert": ("mlm", "albert_base"),
                       "gpt2": ("causal_lm", "gpt2"),
                       "llama": ("causal_lm", "llama_3_2_1b"),
-                      "gpt_neox": ("causal_lm", "pythia_160m")}
+                      "gpt_neox": ("causal_lm", "pythia_160m"),
+                      "diffllama": ("causal_lm", "llama_3_2_1b")}
 
 
 def detect(source):
@@ -99,27 +102,23 @@ def detect(source):
     return MTF
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
-      "Face config.json with model_type bert, albert, gpt2, llama or "
-      "gpt_neox, a KerasHub "
+      "Face config.json with model_type bert, albert, gpt2, llama, "
+      "gpt_neox or diffllama, a KerasHub "
       "config.json of a BertBackbone, Google's bert_config.json or "
       "albert_config.json beside a checkpoint, and Mesh TensorFlow's "
       "operative_config.gin); name it with --source_format.")
 
 
-def _check_attention(attention):
-  # What a multi-head source can start: the variants whose extra weights
-  # have an identity start (the registry's `identity_start`). General
-  # bilinear attention has no weights of multi-head's shape to start from.
-  starts = variants.identity_starts()
-  if attention not in starts:
-    variants.get(attention, owner=f"attention={attention!r}")
-    raise ValueError(
-        f"attention={attention!r}: a multi-head checkpoint starts only "
-        f"{list(starts)} at its own outputs (general bilinear "
-        "attention has no weights of multi-head attention's shape).")
+def held_attention(source, source_format):
+  """The attention variant the checkpoint `source` holds: multi-head but
+  for the Hugging Face decoders of another variant (DiffLlama's
+  differential attention)."""
+  if source_format == HUGGING_FACE_LM:
+    return hugging_face_decoders.source_attention(source)
+  return "multi_head"
 
 
-def convert(*, source, model_dir, attention="multi_head", source_format=None,
+def convert(*, source, model_dir, attention=None, source_format=None,
             log=print):
   """Writes the thattn model_dir of a BERT, ALBERT or decoder-only LM
   checkpoint folder.
@@ -127,8 +126,10 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
   Args:
     source: the folder to read.
     model_dir: the thattn model_dir to write; must not exist or be empty.
-    attention: the thattn variant to convert into; the projected ones
-      start at the identity (the module says why).
+    attention: the thattn variant to convert into; None: the one the
+      source holds. A multi-head source starts the projected ones at the
+      identity (the module says why); another variant's source converts
+      only as itself.
     source_format: one of FORMATS but MTF (which `thattn.mtf.convert`
       converts); None finds it from the files.
     log: where progress lines go.
@@ -141,12 +142,13 @@ def convert(*, source, model_dir, attention="multi_head", source_format=None,
     nothing is written then.
   """
   model_dir_lib.check_output(model_dir, "--model_dir")
-  _check_attention(attention)
   source_format = source_format or detect(source)
   if source_format not in _READERS:
     raise ValueError(f"--source_format={source_format!r}: this converts "
                      f"{sorted(_READERS)}; Mesh TensorFlow model_dirs are "
                      "thattn.mtf.convert.mtf_to_thattn's.")
+  attention = variants.converted_attention(
+      attention, held_attention(source, source_format), where=source)
   read = _READERS[source_format].read(source, attention)
   config, tokenizer = read.config, read.tokenizer
   model = models.build_model(config)

@@ -99,6 +99,9 @@ class Variant:
     takes_layer_index: its layer computes something that depends on the
       layer's depth and takes `layer_index` (0-based), which the models
       pass block by block (differential attention's lambda_init).
+    takes_norm_epsilon: its layer normalizes inside the attention and
+      takes `norm_epsilon`, which the models set to their own norms'
+      (DiffLlama's heads' RMSNorm uses its rms_norm_eps).
     counted_as: the `thattn.core.complexity.AttentionShape` arguments that
       count its parameters and multiplies (the layer's form and options),
       or None where thattn has no counts for it.
@@ -122,6 +125,7 @@ class Variant:
   reads_memory_width: bool = False
   identity_start: bool = False
   takes_layer_index: bool = False
+  takes_norm_epsilon: bool = False
   counted_as: Optional[Mapping[str, object]] = None
   mtf_layer: Optional[str] = None
   mix_logits: Optional[Callable] = None
@@ -246,6 +250,29 @@ def identity_starts():
   return tuple(v.name for v in _REGISTRY.values() if v.identity_start)
 
 
+def converted_attention(attention, held, *, where):
+  """The variant a checkpoint holding `held` attention converts into when
+  `attention` is asked for (None: `held`, as it is). A multi-head
+  checkpoint starts any variant with an identity start at its own outputs;
+  a checkpoint of another variant (a DiffLlama folder's differential
+  attention) converts only as itself."""
+  if attention is None:
+    return held
+  get(attention, owner=f"attention={attention!r}")
+  if held == "multi_head":
+    if attention not in identity_starts():
+      raise ValueError(
+          f"attention={attention!r}: a multi-head checkpoint ({where}) "
+          f"starts only {list(identity_starts())} at its own outputs; "
+          f"{attention} has weights multi-head attention has no values "
+          "for.")
+  elif attention != held:
+    raise ValueError(
+        f"attention={attention!r}: {where} holds {held} attention, which "
+        f"converts only as itself (attention={held!r}, or none given).")
+  return attention
+
+
 def sized(name):
   """`name` if its variant's heads have a size d_k (a fixed head size can be
   given to every variant but those reading the memory width)."""
@@ -270,18 +297,21 @@ def import_modules(module_names):
 
 
 def make_attention(front_end, variant, num_heads, key_dim, *, layer_index=0,
-                   **kwargs):
+                   norm_epsilon=None, **kwargs):
   """The named variant's layer on `front_end` ("tf_keras" or "keras3") with
   h heads of size d_k and `kwargs` for its constructor; a variant that
-  reads the memory width (general bilinear) ignores `key_dim`, and one
-  that is the same at every depth ignores `layer_index` (the block's
-  0-based depth in a model)."""
+  reads the memory width (general bilinear) ignores `key_dim`, one that is
+  the same at every depth ignores `layer_index` (the block's 0-based depth
+  in a model), and one without a norm of its own `norm_epsilon` (a
+  model's norms' epsilon; None: the layer's default)."""
   record = get(variant)
   cls = record.layer_class(front_end)
   if record.layer is None:  # HeadMixingAttention reads the record by name
     kwargs["variant"] = record.name
   if record.takes_layer_index:
     kwargs["layer_index"] = layer_index
+  if record.takes_norm_epsilon and norm_epsilon is not None:
+    kwargs["norm_epsilon"] = norm_epsilon
   if record.reads_memory_width:
     return cls(num_heads, **record.options, **kwargs)
   return cls(num_heads, key_dim, **record.options, **kwargs)
@@ -373,6 +403,7 @@ register(Variant(
             "heads over values 2 d_k wide, each RMS-normalized",
     layer="DifferentialAttention",
     takes_layer_index=True,
+    takes_norm_epsilon=True,
     counted_as={"variant": "differential"}))
 
 _BUILT_IN = frozenset(_REGISTRY)

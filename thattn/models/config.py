@@ -154,12 +154,14 @@ class AttentionConfig:
 
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
                  kernel_initializer=None, front_end="tf_keras",
-                 rotary=None, layer_index=0):
+                 rotary=None, layer_index=0, norm_epsilon=None):
     """The attention layer this config describes, from `front_end`'s
     layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3).
     `rotary`: the layer's rotary arguments (`rotary_base`, `rotary_pct`,
     `rotary_scaling`), which a model's positions decide, or None.
-    `layer_index`: the block's 0-based depth (`variants.make_attention`)."""
+    `layer_index` (the block's 0-based depth) and `norm_epsilon` (the
+    model's norms' epsilon): for the variants that take them
+    (`variants.make_attention`)."""
     record = variants.get(self.variant)
     if record.reads_memory_width:
       if rotary:
@@ -186,7 +188,7 @@ class AttentionConfig:
       kwargs["dynamic_projections"] = self.dynamic_projections
     return variants.make_attention(front_end, self.variant, self.num_heads,
                                    key_dim, layer_index=layer_index,
-                                   **kwargs)
+                                   norm_epsilon=norm_epsilon, **kwargs)
 
 
 def _check_sizes(config, names):

@@ -1,9 +1,11 @@
-"""Hugging Face decoder-only LM folders: GPT-2, Llama and GPT-NeoX (Pythia).
+"""Hugging Face decoder-only LM folders: GPT-2, Llama, GPT-NeoX (Pythia) and
+DiffLlama.
 
-What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM` and
-`GPTNeoXForCausalLM` (config.json with `model_type` "gpt2", "llama" or
-"gpt_neox", and the weights, `thattn.io.hugging_face_files`), read
-as a thattn `DecoderConfig` and a name-and-shape map (`weight_maps.Rule`s).
+What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM`,
+`GPTNeoXForCausalLM` and `DiffLlamaForCausalLM` (config.json with
+`model_type` "gpt2", "llama", "gpt_neox" or "diffllama", and the weights,
+`thattn.io.hugging_face_files`), read as a thattn `DecoderConfig` and a
+name-and-shape map (`weight_maps.Rule`s).
 Plain Python over NumPy: `thattn.keras3.models.load` reads these folders
 with it on JAX or PyTorch alone.
 
@@ -26,6 +28,14 @@ logits at run time, folds into the query kernel and bias. Llama's
 gate_proj is thattn's `input` kernel (the one under the SiLU) and up_proj
 its `gate`.
 
+DiffLlama is Llama with differential attention (Ye et al., 2024): its
+folders convert as the `differential` variant only (`SOURCE_ATTENTION`),
+N maps of `head_dim`, o_proj's input [N K] read as P_o's [N/2, 2K] (index
+j 2K + c is channel c of differential head j in both), the four lambda
+vectors as they are, and lambda_init from each layer's depth, as
+DiffLlama's; its heads' RMSNorm has no weights, and its epsilon is the
+model's `rms_norm_eps`.
+
 Refused by name, before anything is read or written: a rope type other
 than "default" and "llama3" (yarn, dynamic, linear, longrope, ...), a
 sliding window, GPT-2's `scale_attn_by_inverse_layer_idx`, unscaled
@@ -41,7 +51,10 @@ from thattn.core import weight_maps
 from thattn.io import hugging_face_files
 from thattn.models import config as config_lib
 
-MODEL_TYPES = ("gpt2", "llama", "gpt_neox")
+MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama")
+# The attention of the model types that do not hold multi-head attention:
+# they convert as that variant only (`variants.converted_attention`).
+SOURCE_ATTENTION = {"diffllama": "differential"}
 # config.json's activation -> DecoderConfig.activation.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
                "gelu_pytorch_tanh": "gelu_approximate",
@@ -50,7 +63,7 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
 # The weights' prefix in a task model's checkpoint; a bare model (what
 # GPT2Model, LlamaModel, GPTNeoXModel save) has none.
 _PREFIXES = {"gpt2": "transformer.", "llama": "model.",
-             "gpt_neox": "gpt_neox."}
+             "gpt_neox": "gpt_neox.", "diffllama": "model."}
 # Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
 # GPT-NeoX's masks and inverse frequencies): thattn computes them.
 DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
@@ -58,8 +71,16 @@ DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
 
 
 def is_source(path):
-  """Whether `path` is a Hugging Face GPT-2, Llama or GPT-NeoX folder."""
+  """Whether `path` is a Hugging Face GPT-2, Llama, GPT-NeoX or DiffLlama
+  folder."""
   return hugging_face_files.model_type(path) in MODEL_TYPES
+
+
+def source_attention(path):
+  """The attention variant the folder `path` holds: "multi_head", or
+  `SOURCE_ATTENTION`'s for its model type."""
+  return SOURCE_ATTENTION.get(hugging_face_files.model_type(path),
+                              "multi_head")
 
 
 def _where(path):
@@ -165,6 +186,18 @@ def _llama_config(hf_config, path, attention):
       initializer_range=hf_config.get("initializer_range", 0.02))
 
 
+def _diff_llama_config(hf_config, path, attention):
+  if attention != SOURCE_ATTENTION["diffllama"]:
+    _refuse(path, "attention", attention, "DiffLlama's differential "
+            "attention (attention='differential')")
+  if hf_config.get("attention_dropout", 0.0):
+    _refuse(path, "attention_dropout", hf_config["attention_dropout"],
+            "DiffLlama without attention dropout (transformers refuses it)")
+  # Its heads' RMSNorm takes the model's epsilon, rms_norm_eps, as
+  # DiffLlama's (the models pass their norms' epsilon to the layer).
+  return _llama_config(hf_config, path, attention)
+
+
 def _gpt_neox_config(hf_config, path, attention):
   if not hf_config.get("attention_bias", True):
     _refuse(path, "attention_bias", False, "attention_bias=True (GPT-NeoX's "
@@ -193,7 +226,7 @@ def _gpt_neox_config(hf_config, path, attention):
 
 
 _CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config,
-            "gpt_neox": _gpt_neox_config}
+            "gpt_neox": _gpt_neox_config, "diffllama": _diff_llama_config}
 
 
 def decoder_config(hf_config, path, attention="multi_head"):
@@ -204,7 +237,8 @@ def decoder_config(hf_config, path, attention="multi_head"):
     _refuse(path, "model_type", model_type, f"{list(MODEL_TYPES)}")
   width = hf_config.get("n_embd", hf_config.get("hidden_size"))
   heads = hf_config.get("n_head", hf_config.get("num_attention_heads"))
-  if (model_type != "llama" or not hf_config.get("head_dim")) and (
+  if (model_type not in ("llama", "diffllama") or
+      not hf_config.get("head_dim")) and (
       width and heads and width % heads):
     raise ValueError(f"{_where(path)}: the width {width} is not a multiple "
                      f"of the {heads} heads (nothing was written).")
@@ -246,13 +280,16 @@ def _dense(target, source, transform, use_bias):
   return rules
 
 
-def _attention(block, config, query_key_value, output, use_bias):
+def _attention(block, config, query_key_value, output, use_bias,
+               output_heads=None):
   """One attention layer's rules. `query_key_value`: {"query", "key",
   "value": (source name of the weight, [...] -> that part's [in, out]
   kernel or bias, before its split into heads)}; `output`: the output
-  layer's source name and its [in, out] kernel transform."""
+  layer's source name and its [in, out] kernel transform; `output_heads`:
+  (heads, width) of P_o's input, (h, d_v) unless given."""
   h = config.attention.num_heads
   d_k, d_v = config.attention.head_dims(config.d_model)
+  output_heads = output_heads or (h, d_v)
   h_kv = config.attention.num_key_value_heads or h
   sizes = {"query": (h, d_k, d_k ** -0.5), "key": (h_kv, d_k, 1.0),
            "value": (h_kv, d_v, 1.0)}
@@ -268,7 +305,7 @@ def _attention(block, config, query_key_value, output, use_bias):
           _heads(piece(array), heads, size, scale)))
   source, kernel = output
   rules.append(_rule(f"{target}/output/kernel", f"{source}.weight",
-                     lambda array: kernel(array).reshape(h, d_v, -1)))
+                     lambda array: kernel(array).reshape(*output_heads, -1)))
   if use_bias:
     rules.append(_rule(f"{target}/output/bias", f"{source}.bias"))
   return rules
@@ -297,7 +334,8 @@ def _gpt2_rules(config):
   return rules
 
 
-def _llama_rules(config):
+def _llama_rules(config, output_heads=None):
+  """Llama's rules; `output_heads` as `_attention`'s."""
   rules = [_rule("token_embedding/embeddings", "embed_tokens.weight")]
   rules += _norm("decoder_final_norm", "norm", config)
   linear = lambda array: np.asarray(array).T  # a Linear's [out, in]
@@ -308,7 +346,7 @@ def _llama_rules(config):
                                  ("value", "v"))}
     rules += _attention(block, config, parts,
                         (f"{layer}.self_attn.o_proj", linear),
-                        config.use_bias)
+                        config.use_bias, output_heads)
     # SiLU(x W_gate) * x W_up: thattn's gated network applies its
     # activation to the `input` kernel's output.
     for target, source in (("input", "gate_proj"), ("gate", "up_proj"),
@@ -319,6 +357,20 @@ def _llama_rules(config):
                    f"{layer}.input_layernorm", config)
     rules += _norm(f"{block}/feed_forward_norm",
                    f"{layer}.post_attention_layernorm", config)
+  return rules
+
+
+def _diff_llama_rules(config):
+  """Llama's rules, o_proj's input as N/2 heads of 2K, and each layer's
+  four lambda vectors."""
+  maps = config.attention.num_heads
+  d_k, _ = config.attention.head_dims(config.d_model)
+  rules = _llama_rules(config, output_heads=(maps // 2, 2 * d_k))
+  for index in range(config.num_layers):
+    rules += [_rule(f"decoder_block_{index}/self_attention/self_attention/"
+                    f"{name}", f"layers.{index}.self_attn.{name}")
+              for name in ("lambda_q1", "lambda_k1", "lambda_q2",
+                           "lambda_k2")]
   return rules
 
 
@@ -356,9 +408,10 @@ def _gpt_neox_rules(config):
 
 
 _RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules,
-          "gpt_neox": _gpt_neox_rules}
+          "gpt_neox": _gpt_neox_rules, "diffllama": _diff_llama_rules}
 # The untied output layer's source name.
-_LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out"}
+_LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out",
+             "diffllama": "lm_head"}
 
 
 def rules(config, model_type):

@@ -184,7 +184,8 @@ def _bert_block(front, config, name, index):
       attention=config.attention.make_layer(
           config.d_model, name="attention", dropout_rate=config.dropout_rate,
           use_bias=config.use_bias, kernel_initializer=initializer(),
-          front_end=front.name, layer_index=index),
+          front_end=front.name, layer_index=index,
+          norm_epsilon=config.layer_norm_epsilon),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation, use_bias=config.use_bias,
           kernel_initializer=initializer(), name="feed_forward"),
@@ -260,7 +261,8 @@ def _t5_attention(front, config, attention_config, name, index):
       config.d_model, name=name, dropout_rate=config.dropout_rate,
       use_bias=False,
       kernel_initializer=front.random_normal(config.d_model ** -0.5),
-      front_end=front.name, layer_index=index)
+      front_end=front.name, layer_index=index,
+      norm_epsilon=config.layer_norm_epsilon)
 
 
 def _t5_feed_forward(front, config):
@@ -401,7 +403,8 @@ def _lm_block(front, config, index):
           config.d_model, name="self_attention",
           dropout_rate=config.dropout_rate, use_bias=config.use_bias,
           kernel_initializer=initializer(), front_end=front.name,
-          rotary=config.rotary_arguments(), layer_index=index),
+          rotary=config.rotary_arguments(), layer_index=index,
+          norm_epsilon=config.layer_norm_epsilon),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation,
           gated=config.gated_feed_forward, use_bias=config.use_bias,

@@ -26,7 +26,7 @@ Which checkpoints need what:
 The head of a fine-tuning task is not part of the backbone, as in
 `thattn.models.load`.
 
-A Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder (what
+A Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX or DiffLlama folder (what
 `save_pretrained` writes: config.json and safetensors) loads straight, as
 KerasHub's presets do, read with NumPy and safetensors alone
 (`thattn.models.hugging_face_encoders` and `hugging_face_decoders`), so on
@@ -57,12 +57,13 @@ def load(model_dir, *, checkpoint=None, attention=None):
 
   Args:
     model_dir: a folder `thattn-train` or `thattn-convert` wrote, or a
-      Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder.
+      Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX or DiffLlama
+      folder.
     checkpoint: a checkpoint (a step folder or a `tf.train`
       prefix) to read instead of the latest (a thattn model_dir's).
-    attention: for a Hugging Face folder, the variant to load it as (default
-      multi-head; a projected one starts at the identity). A thattn
-      model_dir keeps its run's variant.
+    attention: for a Hugging Face folder, the variant to load it as
+      (default: the folder's own; a multi-head folder starts a projected
+      one at the identity). A thattn model_dir keeps its run's variant.
 
   Returns:
     A Keras 3 functional model, the twin of `thattn.models.load`'s: for T5
@@ -84,8 +85,7 @@ def load(model_dir, *, checkpoint=None, attention=None):
     if checkpoint is not None:
       raise ValueError(f"{model_dir} is a Hugging Face folder, read whole; "
                        f"checkpoint={checkpoint!r} is for thattn model_dirs.")
-    return _from_hugging_face(hugging_face, model_dir,
-                              attention or "multi_head")
+    return _from_hugging_face(hugging_face, model_dir, attention)
   if attention is not None:
     raise ValueError(f"attention={attention!r} upgrades a Hugging Face "
                      f"folder as it loads; {model_dir} is a thattn model_dir, "
@@ -123,12 +123,10 @@ def _from_hugging_face(hugging_face, path, attention):
   """The Keras 3 model of a Hugging Face folder, its weights mapped by
   the converter's rules (of `hugging_face`, one of _HUGGING_FACE_MAPS)
   onto the Keras 3 paths."""
-  if attention not in variants.identity_starts():
-    variants.get(attention, owner=f"attention={attention!r}")
-    raise ValueError(
-        f"attention={attention!r}: a multi-head source starts only "
-        f"{list(variants.identity_starts())} at its own outputs.")
-  read = hugging_face.read(path, attention)
+  held = (hugging_face_decoders.source_attention(path)
+          if hugging_face is hugging_face_decoders else "multi_head")
+  read = hugging_face.read(path, variants.converted_attention(
+      attention, held, where=path))
   model = factory.create_model(read.config)
   names = [weight_names.shared_name(weight.path) for weight in model.weights]
   values = weight_maps.plan_shapes(
