@@ -36,6 +36,17 @@ PAIRS = {
     "rotary": lambda module: module.MultiHeadAttention(
         4, 4, num_key_value_heads=2, rotary_base=500000.0,
         rotary_scaling={"factor": 8.0, "original_max_position_embeddings": 4}),
+    # Qwen3-Next's layout: the gate, q/k RMSNorm, half of each head turned.
+    "gated_query_key_norm": lambda module: module.MultiHeadAttention(
+        4, 4, num_key_value_heads=2, use_gate=True,
+        query_key_norm_epsilon=1e-6, rotary_base=10000.0, rotary_pct=0.5),
+    "headwise_gated_talking_heads": lambda module: (
+        module.TalkingHeadsAttention(3, 4, use_gate=True, headwise_gate=True,
+                                     use_bias=True,
+                                     bias_initializer="random_normal")),
+    "differential": lambda module: module.DifferentialAttention(
+        4, 2, num_key_value_heads=2, layer_index=1, use_gate=True,
+        query_key_norm_epsilon=1e-6),
 }
 
 

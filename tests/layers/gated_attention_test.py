@@ -2,7 +2,9 @@
 layers: `use_gate` (element-wise, Keras 3's argument) and `headwise_gate`
 (one gate per head), against the NumPy reference, in decoding, through a
 config, and beside the Keras 3 layers (their three backends are checked in
-tests/keras3/conventions_checks.py)."""
+tests/keras3/conventions_checks.py); and the layout Qwen3-Next ships, the
+gate with q/k RMSNorm (`query_key_norm_epsilon`) and a quarter of each
+head rotated, against transformers' `Qwen3NextAttention`."""
 
 import numpy as np
 import pytest
@@ -109,3 +111,83 @@ def test_tf_keras_s_own_layers_have_no_gate_to_take():
   with pytest.raises(ValueError, match="use_gate=True gates the heads' "
                      "outputs, which neither tf_keras's"):
     keras_interop.to_keras(layer)
+
+
+def _qwen3_next_attention():
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from transformers.models.qwen3_next import modeling_qwen3_next  # pylint: disable=g-import-not-at-top
+  config = transformers.Qwen3NextConfig(
+      hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=64,
+      layer_types=["full_attention"], num_hidden_layers=1)
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  torch.manual_seed(0)
+  attention = modeling_qwen3_next.Qwen3NextAttention(config, 0).eval()
+  for weight in attention.parameters():
+    torch.nn.init.normal_(weight, std=0.3)
+  return (torch, attention,
+          modeling_qwen3_next.Qwen3NextRotaryEmbedding(config))
+
+
+def test_a_qwen3_next_layer_gives_transformers_output():
+  """Qwen3-Next's full attention: `q_proj` holds each head's query rows,
+  then its gate rows (K each), so they split head by head into P_q and
+  P_g; its (1 + w) q/k norms are scales 1 + w here, the query's times
+  d_k**-0.5 (the logits' scale, applied after the norm there)."""
+  torch, attention, rotary_embedding = _qwen3_next_attention()
+  rotary_pct = attention.config.rope_parameters["partial_rotary_factor"]
+  assert rotary_pct == 0.25  # Qwen3-Next's default
+  layer = layers.MultiHeadAttention(
+      4, 8, num_key_value_heads=2, use_gate=True, query_key_norm_epsilon=1e-6,
+      rotary_base=attention.config.rope_parameters["rope_theta"],
+      rotary_pct=rotary_pct)
+  probe = tf.zeros([1, 2, 16])
+  layer(probe, probe)
+  weight = lambda module: module.weight.detach().numpy()
+  query_and_gate = weight(attention.q_proj).reshape(4, 2, 8, 16)
+  kernel = lambda rows: np.transpose(rows, (2, 0, 1))  # [h, K, d] -> [d, h, K]
+  layer.set_weights([
+      (1 + weight(attention.q_norm)) * 8 ** -0.5, 1 + weight(attention.k_norm),
+      kernel(query_and_gate[:, 0]),
+      kernel(weight(attention.k_proj).reshape(2, 8, 16)),
+      kernel(weight(attention.v_proj).reshape(2, 8, 16)),
+      weight(attention.o_proj).T.reshape(4, 8, 16),
+      kernel(query_and_gate[:, 1])])
+  x = np.random.default_rng(4).normal(size=(2, 7, 16)).astype(np.float32)
+  hidden = torch.from_numpy(x)
+  causal = torch.full((7, 7), torch.finfo(torch.float32).min).triu(1)
+  with torch.no_grad():
+    want = attention(hidden, rotary_embedding(
+        hidden, torch.arange(7)[None].repeat(2, 1)),
+                     attention_mask=causal[None, None])[0].numpy()
+  got = layer(x, x, use_causal_mask=True).numpy()
+  np.testing.assert_allclose(got, want, rtol=0,
+                             atol=2e-5 * np.abs(want).max())
+
+
+def test_the_query_key_norm_is_an_rms_norm_of_each_head():
+  """Q and K through the norm: x / sqrt(mean(x**2) + eps) * scale over
+  d_k, head by head, before the rotation; the config keeps it."""
+  layer = layers.TalkingHeadsAttention(3, 4, query_key_norm_epsilon=1e-5)
+  x = np.random.default_rng(5).normal(size=(1, 3, 8)).astype("float32")
+  layer(x, x)
+  # After P_l and P_w: the two scales [d_k], then P_q.
+  query_scale, key_scale, query_kernel = layer.weights[2:5]
+  assert [w.name.split("/")[-1] for w in (query_scale, key_scale)] == [
+      "query_norm:0", "key_norm:0"]
+  assert query_kernel.name.endswith("query/kernel:0")
+  np.testing.assert_allclose(query_scale.numpy(), [0.5] * 4)  # d_k**-0.5
+  for scale in (query_scale, key_scale):
+    scale.assign(np.arange(1, 5, dtype="float32"))
+  raw = np.einsum("bnd,dhk->bnhk", x, query_kernel.numpy())
+  want = raw / np.sqrt(np.mean(raw ** 2, -1, keepdims=True) + 1e-5) * (
+      np.arange(1, 5))
+  np.testing.assert_allclose(
+      layer.project_query(tf.constant(x))["query"].numpy(), want, rtol=1e-5,
+      atol=1e-5)
+  assert layers.TalkingHeadsAttention.from_config(
+      layer.get_config()).query_key_norm_epsilon == 1e-5
+  with pytest.raises(ValueError, match="query_key_norm_epsilon must be None"):
+    layers.MultiHeadAttention(2, 4, query_key_norm_epsilon=0)
+

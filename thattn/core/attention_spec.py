@@ -317,17 +317,32 @@ def talking_heads_config(layer):
   }
 
 
-def shared_heads_and_rotary_config(layer):
-  """`num_key_value_heads` and the rotary arguments of a projected layer's
-  config, as both front ends write them: only those set, so that other
-  layers' configs stay as they were (and load in an earlier thattn)."""
+def projected_options_config(layer):
+  """`num_key_value_heads`, the rotary arguments and
+  `query_key_norm_epsilon` of a projected layer's config, as both front
+  ends write them: only those set, so that other layers' configs stay as
+  they were (and load in an earlier thattn)."""
   config = {}
   if layer.num_key_value_heads is not None:
     config["num_key_value_heads"] = layer.num_key_value_heads
   if layer.rotary_base is not None:
     config.update(rotary_base=layer.rotary_base, rotary_pct=layer.rotary_pct,
                   rotary_scaling=layer.rotary_scaling)
+  if layer.query_key_norm_epsilon is not None:
+    config["query_key_norm_epsilon"] = layer.query_key_norm_epsilon
   return config
+
+
+def checked_query_key_norm(owner, epsilon):
+  """`query_key_norm_epsilon`: None (no norm) or a positive float."""
+  if epsilon is None:
+    return None
+  if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or (
+      epsilon <= 0):
+    raise ValueError(f"{owner}: query_key_norm_epsilon must be None (no "
+                     "norm of the queries and keys) or a positive number, "
+                     f"got {epsilon!r}.")
+  return float(epsilon)
 
 
 class MixingShapes:

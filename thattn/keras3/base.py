@@ -132,6 +132,12 @@ class AttentionLayer(keras.layers.Layer):
     them)."""
     raise NotImplementedError
 
+  def create_query_key_norms(self):
+    """The weights of the queries' and keys' norms, made after the
+    variant's own weights and before the gate (the same order on both
+    fronts); none here: projected layers make them (`query_key_norm_
+    epsilon`)."""
+
   def project_output(self, context):
     """Y[b, n, d_Y] from O (the output projection)."""
     return self._output_dense(context)
@@ -254,6 +260,7 @@ class AttentionLayer(keras.layers.Layer):
                     "value": value_shape[-1]}
     try:
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
+      self.create_query_key_norms()
       if self.use_gate:
         equation, gate_shape, axes, bias_axes = attention_spec.gate_projection(
             *self.gate_shape(), self.headwise_gate)

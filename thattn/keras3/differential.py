@@ -47,8 +47,8 @@ class DifferentialAttention(projected.ProjectedAttention):
     norm_epsilon: the epsilon of the heads' RMSNorm (DiffLlama's
       `rms_norm_eps`).
     lambda_std_dev: the stddev of the lambda vectors' normal initializer.
-    use_bias, bias_initializer, rotary_base, rotary_pct, rotary_scaling:
-      as in `MultiHeadAttention`.
+    use_bias, bias_initializer, rotary_base, rotary_pct, rotary_scaling,
+      query_key_norm_epsilon: as in `MultiHeadAttention`.
     **kwargs: as `MultiHeadAttention` (output_shape, dropout,
       kernel_initializer, use_gate, sliding_window, seed, ...); the
       dropout drops U's entries (DiffLlama drops each map's W before the

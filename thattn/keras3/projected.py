@@ -39,6 +39,7 @@ from thattn.keras3 import base
 from thattn.keras3 import flash
 from thattn.keras3 import fused
 from thattn.keras3 import initializers
+from thattn.ops import blocks
 from thattn.ops import rotary
 
 
@@ -58,7 +59,7 @@ class ProjectedAttention(base.AttentionLayer):
   def __init__(self, num_key_heads, num_heads, num_value_heads, key_dim,
                value_dim=None, use_bias=False, bias_initializer="zeros",
                num_key_value_heads=None, rotary_base=None, rotary_pct=1.0,
-               rotary_scaling=None, **kwargs):
+               rotary_scaling=None, query_key_norm_epsilon=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -81,6 +82,11 @@ class ProjectedAttention(base.AttentionLayer):
     self.rotary_base = rotary_base
     self.rotary_pct = rotary_pct
     self.rotary_scaling = rotary.scaling_config(scaling)  # as configs hold it
+    # Q and K RMS-normalized per head over d_k, each with a learned scale
+    # [d_k] (Qwen3's, DCFormer's), before the rotation; None: no norm.
+    self.query_key_norm_epsilon = attention_spec.checked_query_key_norm(
+        self.name, query_key_norm_epsilon)
+    self._query_key_norms = {}
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -132,14 +138,33 @@ class ProjectedAttention(base.AttentionLayer):
         for name, heads in (("key", self.num_key_heads),
                             ("value", self.num_value_heads))})
 
+  def create_query_key_norms(self):
+    """With `query_key_norm_epsilon`: the scales [d_k] of the queries' and
+    keys' RMSNorm. The queries' starts at d_k**-0.5: the norm undoes any
+    scale of P_q, so the logits' 1/sqrt(d_k) is folded into it instead."""
+    if self.query_key_norm_epsilon is None:
+      return
+    for name, initial in (("query", self.key_dim ** -0.5), ("key", 1.0)):
+      self._query_key_norms[name] = self.add_axes_weight(
+          f"{name}_norm", [self.key_dim], (dims.D_K,),
+          keras.initializers.Constant(initial))
+
+  def _normalized(self, name, tensor):
+    """Q or K [b, n, heads, d_k], RMS-normalized over d_k with its scale."""
+    if self.query_key_norm_epsilon is None:
+      return tensor
+    return blocks.rms_norm(ops, tensor, self._query_key_norms[name],
+                           self.query_key_norm_epsilon, tensor.dtype)
+
   def project_query(self, query):
-    state = {"query": self._query_dense(query)}
+    state = {"query": self._normalized("query", self._query_dense(query))}
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  query=query))
     return state
 
   def project_memory(self, key, value):
-    state = {"key": self._key_dense(key), "value": self._value_dense(value)}
+    state = {"key": self._normalized("key", self._key_dense(key)),
+             "value": self._value_dense(value)}
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  key=key, value=value))
     return state
@@ -231,7 +256,7 @@ class ProjectedAttention(base.AttentionLayer):
                 value_dim=self.value_dim, use_bias=self.use_bias,
                 bias_initializer=keras.saving.serialize_keras_object(
                     self.bias_initializer),
-                **attention_spec.shared_heads_and_rotary_config(self))
+                **attention_spec.projected_options_config(self))
 
 
 @keras.saving.register_keras_serializable(package="thattn")
@@ -279,6 +304,11 @@ class MultiHeadAttention(ProjectedAttention):
     rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
       of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
       `rope_scaling` of rope_type "llama3" reads as is).
+    query_key_norm_epsilon: None (the default) or an epsilon: Q and K
+      RMS-normalized over d_k, head by head, each with a learned scale
+      [d_k] (`query_norm`, `key_norm`; Qwen3's and DCFormer's q/k norm),
+      before the rotation; the queries' scale starts at d_k**-0.5, the
+      logits' scale, which the norm would undo in P_q.
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
   """
 
@@ -378,6 +408,11 @@ class TalkingHeadsAttention(ProjectedAttention):
     rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
       of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
       `rope_scaling` of rope_type "llama3" reads as is).
+    query_key_norm_epsilon: None (the default) or an epsilon: Q and K
+      RMS-normalized over d_k, head by head, each with a learned scale
+      [d_k] (`query_norm`, `key_norm`; Qwen3's and DCFormer's q/k norm),
+      before the rotation; the queries' scale starts at d_k**-0.5, the
+      logits' scale, which the norm would undo in P_q.
     use_gate, sliding_window, seed: as in `keras.layers.MultiHeadAttention`.
     kernel_regularizer, bias_regularizer, activity_regularizer: as in
       Keras; the kernel regularizer also applies to P_l, P_w and the

@@ -205,6 +205,12 @@ class AttentionLayer(tf_keras.layers.Layer):
     them)."""
     raise NotImplementedError
 
+  def create_query_key_norms(self):
+    """The weights of the queries' and keys' norms, made after the
+    variant's own weights and before the gate (the same order on both
+    fronts); none here: projected layers make them (`query_key_norm_
+    epsilon`)."""
+
   @staticmethod
   def full_mask(mask, causal_offset, query_length, memory_length):
     """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None."""
@@ -281,6 +287,7 @@ class AttentionLayer(tf_keras.layers.Layer):
             f"a known width, got {shape}.")
     with tf.init_scope():
       self.create_weights(query_shape[-1], key_shape[-1], value_shape[-1])
+      self.create_query_key_norms()
       if self.use_gate:
         self._gate_dense = self._create_gate(query_shape[-1])
     self._build_shapes_json = json.dumps(

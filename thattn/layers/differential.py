@@ -52,7 +52,8 @@ class DifferentialAttention(projected.ProjectedAttention):
     lambda_std_dev: the stddev of the lambda vectors' normal initializer
       (DiffLlama's `lambda_std_dev`).
     **kwargs: as `MultiHeadAttention` (use_bias, output_shape, dropout,
-      kernel_initializer, use_gate, rotary_base, ...). `query_chunk_size`
+      kernel_initializer, use_gate, rotary_base, query_key_norm_epsilon,
+      ...). `query_chunk_size`
       is refused: the chunked core mixes heads with P_l and P_w only.
   """
 

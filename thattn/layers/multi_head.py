@@ -63,6 +63,11 @@ class MultiHeadAttention(projected.ProjectedAttention):
     rotary_scaling: None or Llama 3.1 and 3.2's frequency scaling, a dict
       of `thattn.ops.rotary.Llama3Scaling`'s fields (a Hugging Face
       `rope_scaling` of rope_type "llama3" reads as is).
+    query_key_norm_epsilon: None (the default) or an epsilon: Q and K
+      RMS-normalized over d_k, head by head, each with a learned scale
+      [d_k] (`query_norm`, `key_norm`; Qwen3's and DCFormer's q/k norm),
+      before the rotation; the queries' scale starts at d_k**-0.5, the
+      logits' scale, which the norm would undo in P_q.
     query_chunk_size: if set, compute the attention core in chunks of this
       many queries with recomputation in the backward pass (see
       `TalkingHeadsAttention`).

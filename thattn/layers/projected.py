@@ -24,12 +24,14 @@ import tensorflow as tf
 import tf_keras
 
 from thattn.core import attention_spec
+from thattn.core import dims
 from thattn.core import validation
 from thattn.kernels import dispatch
 from thattn.layers import attention_ops
 from thattn.layers import base
 from thattn.layers import core
 from thattn.layers import initializers
+from thattn.ops import blocks
 from thattn.ops import rotary
 from thattn.ops import tf_ops
 
@@ -71,7 +73,7 @@ class ProjectedAttention(base.AttentionLayer):
                value_dim=None, use_bias=False, bias_initializer="zeros",
                query_chunk_size=None, num_key_value_heads=None,
                rotary_base=None, rotary_pct=1.0, rotary_scaling=None,
-               **kwargs):
+               query_key_norm_epsilon=None, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = validation.layer_int("num_heads", num_heads)
     self.num_key_heads = validation.layer_int("num_key_heads",
@@ -96,6 +98,11 @@ class ProjectedAttention(base.AttentionLayer):
     self.rotary_base = rotary_base
     self.rotary_pct = rotary_pct
     self.rotary_scaling = rotary.scaling_config(scaling)  # as configs hold it
+    # Q and K RMS-normalized per head over d_k, each with a learned scale
+    # [d_k] (Qwen3's, DCFormer's), before the rotation; None: no norm.
+    self.query_key_norm_epsilon = attention_spec.checked_query_key_norm(
+        self.name, query_key_norm_epsilon)
+    self._query_key_norms = {}
     # P_l[h_k, h] and P_w[h, h_v]; None means identity (multi-head).
     self._pre_softmax_projection = None
     self._post_softmax_projection = None
@@ -149,14 +156,33 @@ class ProjectedAttention(base.AttentionLayer):
         [None, None, h_v, d_v],
         attention_spec.PROJECTION_AXES["output"])
 
+  def create_query_key_norms(self):
+    """With `query_key_norm_epsilon`: the scales [d_k] of the queries' and
+    keys' RMSNorm. The queries' starts at d_k**-0.5: the norm undoes any
+    scale of P_q, so the logits' 1/sqrt(d_k) is folded into it instead."""
+    if self.query_key_norm_epsilon is None:
+      return
+    for name, initial in (("query", self.key_dim ** -0.5), ("key", 1.0)):
+      self._query_key_norms[name] = self.add_axes_weight(
+          f"{name}_norm", [self.key_dim], (dims.D_K,),
+          tf_keras.initializers.Constant(initial))
+
+  def _normalized(self, name, tensor):
+    """Q or K [b, n, heads, d_k], RMS-normalized over d_k with its scale."""
+    if self.query_key_norm_epsilon is None:
+      return tensor
+    return blocks.rms_norm(tf_ops.TF_OPS, tensor, self._query_key_norms[name],
+                           self.query_key_norm_epsilon, tensor.dtype)
+
   def project_query(self, query):
-    state = {"query": self._query_dense(query)}
+    state = {"query": self._normalized("query", self._query_dense(query))}
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  query=query))
     return state
 
   def project_memory(self, key, value):
-    state = {"key": self._key_dense(key), "value": self._value_dense(value)}
+    state = {"key": self._normalized("key", self._key_dense(key)),
+             "value": self._value_dense(value)}
     state.update(attention_spec.generate_dynamic(self._dynamic_dense,
                                                  key=key, value=value))
     return state
@@ -236,4 +262,4 @@ class ProjectedAttention(base.AttentionLayer):
                 bias_initializer=tf_keras.initializers.serialize(
                     self.bias_initializer),
                 query_chunk_size=self.query_chunk_size,
-                **attention_spec.shared_heads_and_rotary_config(self))
+                **attention_spec.projected_options_config(self))
