@@ -5,9 +5,9 @@ Run by `hugging_face_test.py` in a process per backend (JAX, PyTorch),
 with THATTN_HF_EXCHANGE naming a folder where the parent left tiny GPT-2,
 Llama and GPT-NeoX folders that transformers saved (`<family>/`) and
 transformers' logits and greedy continuation for them
-(`<family>.npz`; a DiffLlama's `<family>.held.npz`: it loads as its own
-differential attention), and tiny BERT and ALBERT folders with their
-encoder outputs (`<family>.encoder.npz`). Each check loads a folder with
+(`<family>.npz`; DiffLlama's and Qwen3-Next's `<family>.held.npz`: they
+load as their own differential and gated attention), and tiny BERT and
+ALBERT folders with their encoder outputs (`<family>.encoder.npz`). Each check loads a folder with
 `thattn.keras3.models.load`, as multi-head attention and upgraded to
 talking heads at the identity: transformers' logits within 1e-5 of their
 scale, and its greedy tokens; and nothing here imports TensorFlow.
@@ -34,7 +34,7 @@ def families():
 
 def held_families():
   """The folders of another variant than multi-head
-  (`<family>.held.npz`: DiffLlama)."""
+  (`<family>.held.npz`: DiffLlama, Qwen3-Next)."""
   return sorted(path.name.split(".")[0]
                 for path in EXCHANGE.glob("*.held.npz"))
 
@@ -63,9 +63,9 @@ def test_a_folder_loads_with_transformers_logits(family, attention):
 
 @pytest.mark.parametrize("family", held_families())
 def test_a_folder_of_another_variant_loads_as_itself(family):
-  """DiffLlama's folder as differential attention (no `attention`: the
-  folder's own), with transformers' logits and greedy tokens; upgrading
-  it to another variant is refused."""
+  """DiffLlama's folder as differential attention, Qwen3-Next's as gated
+  attention (no `attention`: the folder's own), with transformers' logits
+  and greedy tokens; upgrading them to another variant is refused."""
   saved = np.load(EXCHANGE / f"{family}.held.npz")
   model = models.load(str(EXCHANGE / family))
   logits = ops.convert_to_numpy(

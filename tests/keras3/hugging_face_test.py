@@ -1,5 +1,5 @@
 """`thattn.keras3.models.load` of Hugging Face GPT-2, Llama, GPT-NeoX,
-DiffLlama, BERT and ALBERT folders on JAX and PyTorch without TensorFlow
+DiffLlama, Qwen3-Next, BERT and ALBERT folders on JAX and PyTorch without TensorFlow
 (hugging_face_checks.py, a process per backend), against transformers' own
 logits and greedy `generate` for the tiny models
 tests/models/hugging_face_decoders_test.py saves, and its encoder outputs
@@ -72,5 +72,5 @@ def test_folders_load_without_tensorflow_with_transformers_logits(backend,
   output = processes.run_pytest(backend, "hugging_face_checks.py",
                                 THATTN_HF_EXCHANGE=str(exchange))
   # Three decoder families and two encoder families as two variants,
-  # DiffLlama as itself, the imports, the refusals.
-  assert re.search(r"\b13 passed", output), output
+  # DiffLlama and Qwen3-Next as themselves, the imports, the refusals.
+  assert re.search(r"\b14 passed", output), output

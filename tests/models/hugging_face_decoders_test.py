@@ -51,13 +51,22 @@ SOURCES = {
 }
 # Sources of another variant than multi-head, converted as that variant:
 # DiffLlama, 4 maps over 2 key and value heads, three layers (three
-# lambda_init), rms_norm_eps 1e-6 (its heads' RMSNorm's too).
+# lambda_init), rms_norm_eps 1e-6 (its heads' RMSNorm's too); Qwen3-Next
+# with full attention and dense MLPs in every layer (the gate in q_proj,
+# the q/k norms, a quarter of each head rotated, the (1 + w) norms).
 HELD_SOURCES = {
     "diffllama": lambda: transformers.DiffLlamaForCausalLM(
         transformers.DiffLlamaConfig(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
             num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+            rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    "qwen3_next": lambda: transformers.Qwen3NextForCausalLM(
+        transformers.Qwen3NextConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+            num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+            layer_types=["full_attention"] * 2, num_experts=0,
             rms_norm_eps=1e-6, tie_word_embeddings=False)),
 }
 
@@ -178,6 +187,10 @@ def test_a_missing_weight_is_named_and_nothing_assigned(source, tmp_path):
      "activation_function='swish'"),
     (dict(model_type="gpt_neox", attention_bias=False), "attention_bias"),
     (dict(model_type="mistral"), "model_type='mistral'"),
+    (dict(model_type="qwen3_next", layer_types=["linear_attention"]),
+     r"layer_types=\['linear_attention'\].*layers \[0\] are not"),
+    (dict(model_type="qwen3_next", num_experts=4),
+     r"num_experts=4.*layers \[0\] would be mixtures of experts"),
 ])
 def test_what_thattn_cannot_represent_is_refused_by_name(change, message):
   base = {
@@ -189,10 +202,17 @@ def test_what_thattn_cannot_represent_is_refused_by_name(change, message):
                                              num_hidden_layers=1,
                                              num_attention_heads=4,
                                              intermediate_size=64),
+      "qwen3_next": transformers.Qwen3NextConfig(
+          hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+          intermediate_size=64, layer_types=["full_attention"],
+          num_experts=0),
   }.get(change["model_type"], transformers.LlamaConfig()).to_dict()
   hf_config = dict(base, **change)
+  attention = hugging_face_decoders.SOURCE_ATTENTION.get(
+      change["model_type"], "multi_head")
   with pytest.raises(ValueError, match=message):
-    hugging_face_decoders.decoder_config(hf_config, "/some/folder")
+    hugging_face_decoders.decoder_config(hf_config, "/some/folder",
+                                         attention)
 
 
 def test_the_released_files_rope_keys_read_as_transformers_5s():
@@ -292,3 +312,37 @@ def test_a_diff_llama_folder_converts_as_differential_only(diff_llama,
                      "represents only DiffLlama's differential attention"):
     hugging_face_decoders.read(str(folder), "multi_head")
   assert not (tmp_path / "th").exists()
+
+
+# ---- Qwen3-Next: gated attention, converted as itself ----------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(tmp_path_factory):
+  """(the transformers Qwen3NextForCausalLM, its saved folder)."""
+  _, model, folder = _saved("qwen3_next", tmp_path_factory)
+  return model, folder
+
+
+def test_a_qwen3_next_folder_converts_as_gated_attention(qwen3_next,
+                                                         tmp_path):
+  reference, folder = qwen3_next
+  out = tmp_path / "converted"
+  config = converters.convert(source=str(folder), model_dir=str(out),
+                              log=lambda line: None)
+  assert (config.attention.variant, config.query_key_norm,
+          config.rotary_pct) == ("gated", True, 0.25)
+  model = models.load(str(out))
+  tokens = _tokens()
+  _assert_close(model({"decoder_input_tokens": tf.constant(tokens)}).numpy(),
+                _reference_logits(reference, tokens))
+  prompt = np.random.default_rng(3).integers(0, VOCAB, size=(2, 4),
+                                             dtype=np.int32)
+  np.testing.assert_array_equal(
+      models.generate(model, prompt, max_length=6)["tokens"].numpy(),
+      _reference_continuation(reference, prompt, 6))
+  with pytest.raises(ValueError, match=r"holds gated attention, which "
+                     r"converts only as itself"):
+    converters.convert(source=str(folder), model_dir=str(tmp_path / "mh"),
+                       attention="multi_head")
+

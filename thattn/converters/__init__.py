@@ -14,8 +14,8 @@ staged, whole or nothing):
 
 - `hugging_face`: a Hugging Face BERT or ALBERT folder (config.json,
   model.safetensors or pytorch_model.bin, the tokenizer files);
-- `hugging_face_lm`: a Hugging Face GPT-2, Llama, GPT-NeoX or DiffLlama
-  folder (the same files, tokenizer.json read by Hugging Face
+- `hugging_face_lm`: a Hugging Face GPT-2, Llama, GPT-NeoX, DiffLlama or
+  Qwen3-Next folder (the same files, tokenizer.json read by Hugging Face
   `tokenizers`), a causal-LM backbone;
 - `keras_hub`: a KerasHub `BertBackbone` or `AlbertBackbone` preset
   (config.json, model.weights.h5, BERT's tokenizer vocabulary);
@@ -34,7 +34,8 @@ A projected variant (`attention="talking_heads"`, "project_logits",
 identity: P_l = P_w = I and the dynamic projections at zero, so the
 converted model's outputs equal the source's, and fine-tuning trains the
 mixes from there. A source of another variant (a DiffLlama folder's
-differential attention) converts as itself
+differential attention, a Qwen3-Next folder's gated attention) converts
+as itself
 (`thattn.core.variants.converted_attention`).
 """
 
@@ -76,7 +77,8 @@ _TASKS_AND_PRESETS = {"bert": ("mlm", "bert_base"),
                       "gpt2": ("causal_lm", "gpt2"),
                       "llama": ("causal_lm", "llama_3_2_1b"),
                       "gpt_neox": ("causal_lm", "pythia_160m"),
-                      "diffllama": ("causal_lm", "llama_3_2_1b")}
+                      "diffllama": ("causal_lm", "llama_3_2_1b"),
+                      "qwen3_next": ("causal_lm", "llama_3_2_1b")}
 
 
 def detect(source):
@@ -103,7 +105,7 @@ def detect(source):
   raise ValueError(
       f"--source={source!r}: no known format found (looked for a Hugging "
       "Face config.json with model_type bert, albert, gpt2, llama, "
-      "gpt_neox or diffllama, a KerasHub "
+      "gpt_neox, diffllama or qwen3_next, a KerasHub "
       "config.json of a BertBackbone, Google's bert_config.json or "
       "albert_config.json beside a checkpoint, and Mesh TensorFlow's "
       "operative_config.gin); name it with --source_format.")

@@ -154,14 +154,16 @@ class AttentionConfig:
 
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
                  kernel_initializer=None, front_end="tf_keras",
-                 rotary=None, layer_index=0, norm_epsilon=None):
+                 rotary=None, layer_index=0, norm_epsilon=None,
+                 query_key_norm_epsilon=None):
     """The attention layer this config describes, from `front_end`'s
     layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3).
     `rotary`: the layer's rotary arguments (`rotary_base`, `rotary_pct`,
     `rotary_scaling`), which a model's positions decide, or None.
     `layer_index` (the block's 0-based depth) and `norm_epsilon` (the
     model's norms' epsilon): for the variants that take them
-    (`variants.make_attention`)."""
+    (`variants.make_attention`). `query_key_norm_epsilon`: the layers' q/k
+    norm, or None."""
     record = variants.get(self.variant)
     if record.reads_memory_width:
       if rotary:
@@ -177,6 +179,8 @@ class AttentionConfig:
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
                   dropout=dropout_rate, name=name, **(rotary or {}))
+    if query_key_norm_epsilon is not None:
+      kwargs["query_key_norm_epsilon"] = query_key_norm_epsilon
     if self.num_key_value_heads is not None:
       kwargs["num_key_value_heads"] = self.num_key_value_heads
     if kernel_initializer is not None:
@@ -399,6 +403,9 @@ class DecoderConfig:
       over each row's prefix and causal after it, and the model takes
       `decoder_causal_attention` too (see PREFIX_LM_INPUT). The weights
       are a causal LM's, so either loads the other's.
+    query_key_norm: every attention layer RMS-normalizes its queries and
+      keys per head, with learned scales and `layer_norm_epsilon`
+      (Qwen3's q/k norm; the layers' `query_key_norm_epsilon`).
   """
   vocab_size: int = 50257
   d_model: int = 768
@@ -421,11 +428,19 @@ class DecoderConfig:
   layer_norm_epsilon: float = 1e-5
   initializer_range: float = 0.02
   prefix_lm: bool = False
+  query_key_norm: bool = False
 
   def __post_init__(self):
     owner = type(self).__name__
     _check_sizes(self, ("vocab_size", "d_model", "num_layers", "d_ff",
                         "max_position_embeddings"))
+    if self.query_key_norm not in (False, True) or (
+        self.query_key_norm and
+        variants.get(self.attention.variant).reads_memory_width):
+      raise ValueError(
+          f"{owner}: query_key_norm={self.query_key_norm!r} needs True or "
+          "False, and True a variant with queries and keys (not "
+          f"{self.attention.variant!r}).")
     validation.one_of("position_embedding", self.position_embedding,
                       DECODER_POSITIONS, owner=owner)
     validation.one_of("norm", self.norm, DECODER_NORMS, owner=owner)
@@ -455,6 +470,11 @@ class DecoderConfig:
   @property
   def family(self):
     return "decoder_lm"
+
+  def query_key_norm_epsilon(self):
+    """The attention layers' `query_key_norm_epsilon`: None without the
+    q/k norm."""
+    return self.layer_norm_epsilon if self.query_key_norm else None
 
   def rotary_arguments(self):
     """The attention layers' rotary arguments, or None for learned

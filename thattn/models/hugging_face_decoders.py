@@ -1,11 +1,12 @@
-"""Hugging Face decoder-only LM folders: GPT-2, Llama, GPT-NeoX (Pythia) and
-DiffLlama.
+"""Hugging Face decoder-only LM folders: GPT-2, Llama, GPT-NeoX (Pythia),
+DiffLlama and Qwen3-Next (its full-attention, dense form).
 
 What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM`,
-`GPTNeoXForCausalLM` and `DiffLlamaForCausalLM` (config.json with
-`model_type` "gpt2", "llama", "gpt_neox" or "diffllama", and the weights,
-`thattn.io.hugging_face_files`), read as a thattn `DecoderConfig` and a
-name-and-shape map (`weight_maps.Rule`s).
+`GPTNeoXForCausalLM`, `DiffLlamaForCausalLM` and `Qwen3NextForCausalLM`
+(config.json with `model_type` "gpt2", "llama", "gpt_neox", "diffllama"
+or "qwen3_next", and the weights, `thattn.io.hugging_face_files`), read
+as a thattn `DecoderConfig` and a name-and-shape map
+(`weight_maps.Rule`s).
 Plain Python over NumPy: `thattn.keras3.models.load` reads these folders
 with it on JAX or PyTorch alone.
 
@@ -36,6 +37,16 @@ vectors as they are, and lambda_init from each layer's depth, as
 DiffLlama's; its heads' RMSNorm has no weights, and its epsilon is the
 model's `rms_norm_eps`.
 
+Qwen3-Next is Llama with gated attention (Qiu et al., 2025): it converts
+as the `gated` variant only. `q_proj` holds each head's K query rows then
+its K gate rows, split head by head into P_q and P_g; its q/k RMSNorm
+(the `query_key_norm` of the config) and every block norm scale by
+(1 + w), thattn's scales hold 1 + w; the logits' 1/sqrt(K), which it
+applies after the query's norm, folds into the query norm's scale.
+Only folders whose layers are all full attention with dense MLPs
+convert: a linear-attention (Gated DeltaNet) or mixture-of-experts layer
+is refused by name, nothing written.
+
 Refused by name, before anything is read or written: a rope type other
 than "default" and "llama3" (yarn, dynamic, linear, longrope, ...), a
 sliding window, GPT-2's `scale_attn_by_inverse_layer_idx`, unscaled
@@ -43,6 +54,7 @@ attention or cross-attention, biases in only some of the projections
 (thattn's `use_bias` is all or none), an activation thattn lacks.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -51,10 +63,10 @@ from thattn.core import weight_maps
 from thattn.io import hugging_face_files
 from thattn.models import config as config_lib
 
-MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama")
+MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama", "qwen3_next")
 # The attention of the model types that do not hold multi-head attention:
 # they convert as that variant only (`variants.converted_attention`).
-SOURCE_ATTENTION = {"diffllama": "differential"}
+SOURCE_ATTENTION = {"diffllama": "differential", "qwen3_next": "gated"}
 # config.json's activation -> DecoderConfig.activation.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
                "gelu_pytorch_tanh": "gelu_approximate",
@@ -63,11 +75,12 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
 # The weights' prefix in a task model's checkpoint; a bare model (what
 # GPT2Model, LlamaModel, GPTNeoXModel save) has none.
 _PREFIXES = {"gpt2": "transformer.", "llama": "model.",
-             "gpt_neox": "gpt_neox.", "diffllama": "model."}
+             "gpt_neox": "gpt_neox.", "diffllama": "model.",
+             "qwen3_next": "model."}
 # Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
 # GPT-NeoX's masks and inverse frequencies): thattn computes them.
 DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
-           r".*rotary_emb\.inv_freq")
+           r".*rotary_emb\.inv_freq", r"mtp\..*")
 
 
 def is_source(path):
@@ -198,6 +211,33 @@ def _diff_llama_config(hf_config, path, attention):
   return _llama_config(hf_config, path, attention)
 
 
+def _qwen3_next_config(hf_config, path, attention):
+  if attention != SOURCE_ATTENTION["qwen3_next"]:
+    _refuse(path, "attention", attention, "Qwen3-Next's gated attention "
+            "(attention='gated')")
+  layers = _field(hf_config, "num_hidden_layers", path)
+  layer_types = hf_config.get("layer_types") or []
+  linear = [index for index, kind in enumerate(layer_types)
+            if kind != "full_attention"]
+  if len(layer_types) != layers or linear:
+    _refuse(path, "layer_types", layer_types, "full attention in every "
+            f"layer (layers {linear} are not; linear attention, Gated "
+            "DeltaNet, has no thattn layer)")
+  step = hf_config.get("decoder_sparse_step", 1)
+  experts = [index for index in range(layers)
+             if hf_config.get("num_experts", 0) > 0 and
+             index not in (hf_config.get("mlp_only_layers") or []) and
+             (index + 1) % step == 0]
+  if experts:
+    _refuse(path, "num_experts", hf_config["num_experts"], "dense MLPs "
+            f"(layers {experts} would be mixtures of experts)")
+  if hf_config.get("attention_bias"):
+    _refuse(path, "attention_bias", True, "Qwen3-Next without biases (its "
+            "q_proj's would interleave query and gate biases too)")
+  return dataclasses.replace(_llama_config(hf_config, path, attention),
+                             query_key_norm=True)
+
+
 def _gpt_neox_config(hf_config, path, attention):
   if not hf_config.get("attention_bias", True):
     _refuse(path, "attention_bias", False, "attention_bias=True (GPT-NeoX's "
@@ -226,7 +266,8 @@ def _gpt_neox_config(hf_config, path, attention):
 
 
 _CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config,
-            "gpt_neox": _gpt_neox_config, "diffllama": _diff_llama_config}
+            "gpt_neox": _gpt_neox_config, "diffllama": _diff_llama_config,
+            "qwen3_next": _qwen3_next_config}
 
 
 def decoder_config(hf_config, path, attention="multi_head"):
@@ -237,7 +278,7 @@ def decoder_config(hf_config, path, attention="multi_head"):
     _refuse(path, "model_type", model_type, f"{list(MODEL_TYPES)}")
   width = hf_config.get("n_embd", hf_config.get("hidden_size"))
   heads = hf_config.get("n_head", hf_config.get("num_attention_heads"))
-  if (model_type not in ("llama", "diffllama") or
+  if (model_type not in ("llama", "diffllama", "qwen3_next") or
       not hf_config.get("head_dim")) and (
       width and heads and width % heads):
     raise ValueError(f"{_where(path)}: the width {width} is not a multiple "
@@ -264,10 +305,11 @@ def _heads(array, heads, head_dim, scale=1.0):
   return array.reshape(array.shape[:-1] + (heads, head_dim))
 
 
-def _norm(target, source, config):
-  """A norm's rules: RMSNorm's scale, or LayerNorm's gamma and beta."""
+def _norm(target, source, config, transform=None):
+  """A norm's rules: RMSNorm's scale (`transform`ed: Qwen3-Next's 1 + w),
+  or LayerNorm's gamma and beta."""
   if config.norm == "rms_norm":
-    return [_rule(f"{target}/scale", f"{source}.weight")]
+    return [_rule(f"{target}/scale", f"{source}.weight", transform)]
   return [_rule(f"{target}/gamma", f"{source}.weight"),
           _rule(f"{target}/beta", f"{source}.bias")]
 
@@ -286,12 +328,15 @@ def _attention(block, config, query_key_value, output, use_bias,
   "value": (source name of the weight, [...] -> that part's [in, out]
   kernel or bias, before its split into heads)}; `output`: the output
   layer's source name and its [in, out] kernel transform; `output_heads`:
-  (heads, width) of P_o's input, (h, d_v) unless given."""
+  (heads, width) of P_o's input, (h, d_v) unless given. The logits'
+  1/sqrt(d_k) folds into P_q, or with the q/k norm into the query norm's
+  scale (`_qwen3_next_rules`)."""
   h = config.attention.num_heads
   d_k, d_v = config.attention.head_dims(config.d_model)
   output_heads = output_heads or (h, d_v)
   h_kv = config.attention.num_key_value_heads or h
-  sizes = {"query": (h, d_k, d_k ** -0.5), "key": (h_kv, d_k, 1.0),
+  query_scale = 1.0 if config.query_key_norm else d_k ** -0.5
+  sizes = {"query": (h, d_k, query_scale), "key": (h_kv, d_k, 1.0),
            "value": (h_kv, d_v, 1.0)}
   target = f"{block}/self_attention/self_attention"
   rules = []
@@ -374,6 +419,49 @@ def _diff_llama_rules(config):
   return rules
 
 
+def _qwen3_next_rules(config):
+  """Llama's rules with q_proj split head by head into P_q and P_g, the
+  q/k norms, and every norm's (1 + w) as the scale."""
+  h = config.attention.num_heads
+  d_k, _ = config.attention.head_dims(config.d_model)
+  linear = lambda array: np.asarray(array).T  # a Linear's [out, in]
+  plus_one = lambda array: 1.0 + np.asarray(array)
+
+  def query_or_gate(array, which):
+    """[in, h K] of q_proj's query (0) or gate (1) rows, head by head."""
+    rows = np.asarray(array).reshape(h, 2, d_k, -1)[:, which]
+    return rows.reshape(h * d_k, -1).T
+
+  rules = [_rule("token_embedding/embeddings", "embed_tokens.weight")]
+  rules += _norm("decoder_final_norm", "norm", config, plus_one)
+  for index in range(config.num_layers):
+    block, layer = f"decoder_block_{index}", f"layers.{index}"
+    attention = f"{layer}.self_attn"
+    target = f"{block}/self_attention/self_attention"
+    parts = {"query": (f"{attention}.q_proj",
+                       lambda array: query_or_gate(array, 0)),
+             "key": (f"{attention}.k_proj", linear),
+             "value": (f"{attention}.v_proj", linear)}
+    rules += _attention(block, config, parts, (f"{attention}.o_proj", linear),
+                        False)
+    rules += [
+        _rule(f"{target}/gate/kernel", f"{attention}.q_proj.weight",
+              lambda array: _heads(query_or_gate(array, 1), h, d_k)),
+        # 1/sqrt(d_k), applied after the query's norm there.
+        _rule(f"{target}/query_norm", f"{attention}.q_norm.weight",
+              lambda array: plus_one(array) * d_k ** -0.5),
+        _rule(f"{target}/key_norm", f"{attention}.k_norm.weight", plus_one)]
+    for part, source in (("input", "gate_proj"), ("gate", "up_proj"),
+                         ("output", "down_proj")):
+      rules += _dense(f"{block}/feed_forward/{part}",
+                      f"{layer}.mlp.{source}", linear, False)
+    rules += _norm(f"{block}/self_attention_norm",
+                   f"{layer}.input_layernorm", config, plus_one)
+    rules += _norm(f"{block}/feed_forward_norm",
+                   f"{layer}.post_attention_layernorm", config, plus_one)
+  return rules
+
+
 def _gpt_neox_rules(config):
   h = config.attention.num_heads
   d_k, _ = config.attention.head_dims(config.d_model)
@@ -408,10 +496,11 @@ def _gpt_neox_rules(config):
 
 
 _RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules,
-          "gpt_neox": _gpt_neox_rules, "diffllama": _diff_llama_rules}
+          "gpt_neox": _gpt_neox_rules, "diffllama": _diff_llama_rules,
+          "qwen3_next": _qwen3_next_rules}
 # The untied output layer's source name.
 _LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out",
-             "diffllama": "lm_head"}
+             "diffllama": "lm_head", "qwen3_next": "lm_head"}
 
 
 def rules(config, model_type):

@@ -404,7 +404,8 @@ def _lm_block(front, config, index):
           dropout_rate=config.dropout_rate, use_bias=config.use_bias,
           kernel_initializer=initializer(), front_end=front.name,
           rotary=config.rotary_arguments(), layer_index=index,
-          norm_epsilon=config.layer_norm_epsilon),
+          norm_epsilon=config.layer_norm_epsilon,
+          query_key_norm_epsilon=config.query_key_norm_epsilon()),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation,
           gated=config.gated_feed_forward, use_bias=config.use_bias,
