@@ -302,7 +302,7 @@ def make_attention(front_end, variant, num_heads, key_dim, *, layer_index=0,
   h heads of size d_k and `kwargs` for its constructor; a variant that
   reads the memory width (general bilinear) ignores `key_dim`, one that is
   the same at every depth ignores `layer_index` (the block's 0-based depth
-  in a model), and one without a norm of its own `norm_epsilon` (a
+  in a model), and one without a norm of its own ignores `norm_epsilon` (a
   model's norms' epsilon; None: the layer's default)."""
   record = get(variant)
   cls = record.layer_class(front_end)

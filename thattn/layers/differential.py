@@ -53,8 +53,8 @@ class DifferentialAttention(projected.ProjectedAttention):
       (DiffLlama's `lambda_std_dev`).
     **kwargs: as `MultiHeadAttention` (use_bias, output_shape, dropout,
       kernel_initializer, use_gate, rotary_base, query_key_norm_epsilon,
-      ...). `query_chunk_size`
-      is refused: the chunked core mixes heads with P_l and P_w only.
+      ...). `query_chunk_size` is refused: the chunked core mixes heads
+      with P_l and P_w only.
   """
 
   def __init__(self, num_heads, key_dim, value_dim=None,

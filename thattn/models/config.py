@@ -434,7 +434,7 @@ class DecoderConfig:
     owner = type(self).__name__
     _check_sizes(self, ("vocab_size", "d_model", "num_layers", "d_ff",
                         "max_position_embeddings"))
-    if self.query_key_norm not in (False, True) or (
+    if not isinstance(self.query_key_norm, bool) or (
         self.query_key_norm and
         variants.get(self.attention.variant).reads_memory_width):
       raise ValueError(
