@@ -39,10 +39,10 @@ model's `rms_norm_eps`.
 
 Qwen3-Next is Llama with gated attention (Qiu et al., 2025): it converts
 as the `gated` variant only. `q_proj` holds each head's K query rows then
-its K gate rows, split head by head into P_q and P_g; its q/k RMSNorm
-(the `query_key_norm` of the config) and every block norm scale by
-(1 + w), thattn's scales hold 1 + w; the logits' 1/sqrt(K), which it
-applies after the query's norm, folds into the query norm's scale.
+its K gate rows, split head by head into P_q and P_g. Its q/k RMSNorm
+(the config's `query_key_norm`) and its block norms scale by (1 + w);
+thattn's scales hold 1 + w. The logits' 1/sqrt(K), which it applies
+after the query's norm, folds into the query norm's scale.
 Only folders whose layers are all full attention with dense MLPs
 convert: a linear-attention (Gated DeltaNet) or mixture-of-experts layer
 is refused by name, nothing written.
@@ -78,7 +78,9 @@ _PREFIXES = {"gpt2": "transformer.", "llama": "model.",
              "gpt_neox": "gpt_neox.", "diffllama": "model.",
              "qwen3_next": "model."}
 # Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
-# GPT-NeoX's masks and inverse frequencies): thattn computes them.
+# GPT-NeoX's masks and inverse frequencies), which thattn computes, and
+# Qwen3-Next's multi-token-prediction module (`mtp.*`), which transformers
+# does not load either.
 DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
            r".*rotary_emb\.inv_freq", r"mtp\..*")
 
