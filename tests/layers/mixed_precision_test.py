@@ -18,6 +18,13 @@ VARIANTS = {
         4, 4, num_key_heads=2, num_value_heads=6, num_head_groups=2,
         dynamic_projections=layers.DYNAMIC_PROJECTIONS, **kw),
     "general_bilinear": lambda **kw: layers.GeneralBilinearAttention(2, **kw),
+    # The family after talking heads: the gate with the q/k norm, and
+    # differential attention (its lambda and heads' norm in float32).
+    "gated_query_key_norm": lambda **kw: layers.MultiHeadAttention(
+        2, 4, use_gate=True, query_key_norm_epsilon=1e-6, **kw),
+    "differential": lambda **kw: layers.DifferentialAttention(
+        4, 2, num_key_value_heads=2, layer_index=1, use_gate=True,
+        headwise_gate=True, **kw),
 }
 
 
