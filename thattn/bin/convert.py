@@ -2,7 +2,8 @@
 
     # A Hugging Face BERT, ALBERT, GPT-2, Llama or GPT-NeoX folder -> thattn,
     # as multi-head attention or any projected variant started at the
-    # identity (equal outputs); a DiffLlama folder as differential attention:
+    # identity (equal outputs); a DiffLlama or Qwen3-Next folder as its own
+    # differential or gated attention:
     thattn-convert --source=bert-base-uncased --model_dir=runs/bert \
         --attention=talking_heads
     # A T5-style mtf model_dir (operative_config.gin + model.ckpt-N) -> thattn

@@ -111,10 +111,10 @@ def detect(source):
       "operative_config.gin); name it with --source_format.")
 
 
-def held_attention(source, source_format):
+def _held_attention(source, source_format):
   """The attention variant the checkpoint `source` holds: multi-head but
   for the Hugging Face decoders of another variant (DiffLlama's
-  differential attention)."""
+  differential attention, Qwen3-Next's gated attention)."""
   if source_format == HUGGING_FACE_LM:
     return hugging_face_decoders.source_attention(source)
   return "multi_head"
@@ -150,7 +150,7 @@ def convert(*, source, model_dir, attention=None, source_format=None,
                      f"{sorted(_READERS)}; Mesh TensorFlow model_dirs are "
                      "thattn.mtf.convert.mtf_to_thattn's.")
   attention = variants.converted_attention(
-      attention, held_attention(source, source_format), where=source)
+      attention, _held_attention(source, source_format), where=source)
   read = _READERS[source_format].read(source, attention)
   config, tokenizer = read.config, read.tokenizer
   model = models.build_model(config)

@@ -26,13 +26,14 @@ Which checkpoints need what:
 The head of a fine-tuning task is not part of the backbone, as in
 `thattn.models.load`.
 
-A Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX or DiffLlama folder (what
-`save_pretrained` writes: config.json and safetensors) loads straight, as
-KerasHub's presets do, read with NumPy and safetensors alone
+A Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX, DiffLlama or Qwen3-Next
+folder (what `save_pretrained` writes: config.json and safetensors) loads
+straight, as KerasHub's presets do, read with NumPy and safetensors alone
 (`thattn.models.hugging_face_encoders` and `hugging_face_decoders`), so on
 JAX or PyTorch with only the `[jax]` or `[torch]` extra installed;
-`attention=` (a projected variant) upgrades it at load, started at the
-identity, its outputs the source's. The folder's tokenizer is not read
+`attention=` (a projected variant) upgrades a multi-head folder at load,
+started at the identity, its outputs the source's (a DiffLlama or
+Qwen3-Next folder loads as its own variant only). The folder's tokenizer is not read
 (`thattn-convert` reads it, with TensorFlow).
 """
 
@@ -57,8 +58,8 @@ def load(model_dir, *, checkpoint=None, attention=None):
 
   Args:
     model_dir: a folder `thattn-train` or `thattn-convert` wrote, or a
-      Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX or DiffLlama
-      folder.
+      Hugging Face BERT, ALBERT, GPT-2, Llama, GPT-NeoX, DiffLlama or
+      Qwen3-Next folder.
     checkpoint: a checkpoint (a step folder or a `tf.train`
       prefix) to read instead of the latest (a thattn model_dir's).
     attention: for a Hugging Face folder, the variant to load it as
