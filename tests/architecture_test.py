@@ -151,7 +151,7 @@ _KERAS3_KERNELS = tuple(f"thattn.kernels.{name}" for name in (
 # The modules of thattn.ops written in plain Python (the others are
 # TensorFlow's side of the ops namespace).
 _PLAIN_OPS = ("thattn.ops.adafactor", "thattn.ops.blocks",
-              "thattn.ops.differential", "thattn.ops.embeddings",
+              "thattn.ops.dcmha", "thattn.ops.differential", "thattn.ops.embeddings",
               "thattn.ops.masks",
               "thattn.ops.output_gate", "thattn.ops.rotary")
 
@@ -195,7 +195,8 @@ def test_the_kernel_compiler_imports_no_framework():
 
 @pytest.mark.parametrize(
     "path", sorted((PACKAGE / "core").glob("*.py")) +
-    [PACKAGE / "ops" / "adafactor.py", PACKAGE / "ops" / "differential.py",
+    [PACKAGE / "ops" / "adafactor.py", PACKAGE / "ops" / "dcmha.py",
+     PACKAGE / "ops" / "differential.py",
      PACKAGE / "ops" / "output_gate.py",
      PACKAGE / "ops" / "rotary.py"],
     ids=lambda p: p.name)

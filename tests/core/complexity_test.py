@@ -174,7 +174,10 @@ def test_the_gate_adds_its_projection_and_its_products(headwise, use_bias):
 
 @pytest.mark.parametrize("name, sizes", [
     ("gated", {}), ("gated_headwise", {}), ("differential", {}),
-    ("differential", {"num_key_value_heads": 2, "use_gate": True})])
+    ("differential", {"num_key_value_heads": 2, "use_gate": True}),
+    ("dcmha", {}), ("dcmha", {"dynamic_hidden_dim": 5}),
+    ("dcmha", {"num_key_value_heads": 2, "dynamic_rank": 3,
+               "static_mix": True, "use_gate": True})])
 def test_the_family_variants_count_what_their_layers_hold(name, sizes):
   layer = variants.make_attention("tf_keras", name, 4, 8, use_bias=True,
                                   **sizes)
@@ -194,6 +197,39 @@ def test_differential_attention_adds_lambda_and_the_difference():
       plain) == 4 * 64
   assert complexity.multiplies(differential) - complexity.multiplies(
       plain) == 512 * 512 * 6 + 3 * 512 * 12 * 64
+
+
+def test_dcmha_s_weights_are_the_released_state_dicts():
+  """D_1, Q_kw and D_d at DCFormer-2.8B's shape are the 1,703,936 weights
+  per layer of its state dict's dw1 [2560, 1, 4, 128], qkw [1, 4, 128, 4,
+  32] and dd [2560, 1, 128] (docs/family_sources.md, 1.3); DCPythia-6.9B's
+  (d = 4096, d_k = 128) 2,686,976."""
+  for d_model, key_dim, extra in ((2560, 80, 1_703_936),
+                                  (4096, 128, 2_686_976)):
+    plain = AttentionShape("multi_head", num_heads=32, key_dim=key_dim,
+                           d_model=d_model)
+    dcmha = dataclasses.replace(plain, variant="dcmha")
+    assert complexity.parameters(dcmha) - complexity.parameters(
+        plain) == extra
+    assert extra == (d_model * 4 * 128 + 4 * 128 * 4 * 32 +
+                     d_model * 4 * 32)
+
+
+def test_dcmha_adds_its_generators_and_composes():
+  """Per position and side, two slots of hidden units, factors, gates
+  and w_1's norm; per query-key pair and stage, both sides' rank-R mixes
+  and gates (4 R h + 2 h), and h * h more with the static mix."""
+  plain = AttentionShape("multi_head", num_heads=8, key_dim=16, d_model=128,
+                         query_length=10, memory_length=12)
+  dcmha = dataclasses.replace(plain, variant="dcmha")
+  per_position = (2 * 128 * 32 + 2 * 32 * 4 * 8 + 2 * 128 * 8 + 4 * 2 * 8)
+  assert complexity.multiplies(dcmha) - complexity.multiplies(plain) == (
+      22 * per_position + 2 * 120 * (4 * 2 * 8 + 2 * 8))
+  static = dataclasses.replace(dcmha, static_mix=True)
+  assert complexity.multiplies(static) - complexity.multiplies(dcmha) == (
+      2 * 120 * 64)
+  assert complexity.parameters(static) - complexity.parameters(dcmha) == (
+      2 * 64)
 
 
 BAD_SHAPES = [
@@ -241,6 +277,10 @@ BAD_SHAPES = [
      "headwise_gate=True .* needs use_gate=True"),
     (dict(variant="differential", num_heads=3, key_dim=64),
      "num_heads .* must be even; got num_heads=3"),
+    (dict(variant="multi_head", num_heads=12, key_dim=64, dynamic_rank=3),
+     "dynamic_rank applies only to dcmha, got variant='multi_head'"),
+    (dict(variant="dcmha", num_heads=12, key_dim=64, dynamic_rank=0),
+     "dynamic_rank must be a positive integer, got 0"),
 ]
 
 

@@ -70,7 +70,7 @@ def test_the_built_in_variants_and_what_they_take():
   assert variants.names() == ("multi_head", "talking_heads",
                               "project_logits", "project_weights", "dynamic",
                               "general_bilinear", "gated", "gated_headwise",
-                              "differential")
+                              "differential", "dcmha")
   assert variants.identity_starts() == variants.names()[:5]
   dynamic = variants.get("dynamic")
   assert dynamic.takes_head_counts and not dynamic.takes_dynamic_projections

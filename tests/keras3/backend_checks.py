@@ -460,3 +460,43 @@ def test_differential_attention_is_diff_llama_s():
     steps.append(_numpy(y))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
                              atol=1e-5)
+
+
+def test_dcmha_is_the_authors_compose():
+  """DCMHA (Xiao et al., 2024) against the NumPy transcription of the
+  DCFormer authors' compose (tests/layers/family_reference.py; tests/
+  layers/dcmha_test.py holds the tf_keras layer), with shared key and
+  value heads, the static mix and a mask; cached decoding, which keeps
+  each key's mixing matrices, equals the causal pass in a sliding
+  window."""
+  layer = keras3.DynamicallyComposableAttention(4, 3, num_key_value_heads=2,
+                                                static_mix=True)
+  x = RNG.normal(size=(2, 5, 12)).astype("float32")
+  mask = RNG.random((2, 5, 5)) < 0.7
+  mask[:, :, 0] = True  # no fully masked row
+  layer(x, x)
+  weights = {}
+  for variable in layer.weights:
+    variable.assign(RNG.normal(size=variable.shape).astype("float32") * 0.3)
+    parts = variable.path.split("/")
+    weights[parts[-2] if parts[-1] == "kernel" else parts[-1]] = _numpy(
+        variable)
+  want = family_reference.dcmha_attention(
+      x, x, weights["query"], weights["key"], weights["value"],
+      weights["output"], weights["dynamic_hidden"],
+      weights["dynamic_factors"], weights["dynamic_gates"], mask=mask,
+      static=weights["static_mix"])
+  ref.assert_close(_numpy(layer(x, x, attention_mask=mask)), want)
+  windowed = keras3.DynamicallyComposableAttention(
+      2, 4, sliding_window=2, rotary_base=10000.0,
+      query_key_norm_epsilon=1e-6)
+  whole = _numpy(windowed(x, x, use_causal_mask=True))
+  cache = windowed.initial_cache(2, 5)
+  assert tuple(cache["key_mix"].shape) == (2, 5, 2, 2, 2)
+  steps = []
+  for t in range(5):
+    y, cache = windowed(x[:, t:t + 1], x[:, t:t + 1], cache=cache,
+                        decode_step=t)
+    steps.append(_numpy(y))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-5,
+                             atol=1e-5)

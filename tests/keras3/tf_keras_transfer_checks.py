@@ -17,6 +17,9 @@ RNG = np.random.default_rng(0)
 X = RNG.normal(size=(2, 5, 8)).astype("float32")
 M = RNG.normal(size=(2, 7, 6)).astype("float32")
 MASK = RNG.random((2, 5, 7)) > 0.3
+# DCMHA generates both sides' dynamic weights with one set of kernels: its
+# memory is as wide as X.
+M_AS_WIDE = RNG.normal(size=(2, 7, 8)).astype("float32")
 
 PAIRS = {
     "multi_head": lambda module: module.MultiHeadAttention(
@@ -47,6 +50,9 @@ PAIRS = {
     "differential": lambda module: module.DifferentialAttention(
         4, 2, num_key_value_heads=2, layer_index=1, use_gate=True,
         query_key_norm_epsilon=1e-6),
+    "dcmha": lambda module: module.DynamicallyComposableAttention(
+        4, 2, num_key_value_heads=2, static_mix=True, use_gate=True,
+        query_key_norm_epsilon=1e-6, rotary_base=10000.0, sliding_window=3),
 }
 
 
@@ -60,7 +66,7 @@ def _outputs(layer, memory):
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 @pytest.mark.parametrize("direction", ["to_keras3", "to_tf_keras"])
 def test_weights_carry_over_with_equal_outputs(pair, direction):
-  memory = M
+  memory = M_AS_WIDE if pair == "dcmha" else M
   source_module, target_module = ((layers, keras3) if direction == "to_keras3"
                                   else (keras3, layers))
   source = PAIRS[pair](source_module)

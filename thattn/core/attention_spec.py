@@ -15,6 +15,7 @@ it does not write equations of its own.
 """
 
 import functools
+import math
 
 from thattn.core import dims
 from thattn.core import validation
@@ -426,6 +427,71 @@ def checked_differential_heads(owner, num_heads, key_dim, value_dim,
         f"{owner}: num_key_value_heads={heads_kv} must divide num_heads="
         f"{maps} (each key and value head serves N / N_kv maps).")
   return maps, key_dim, heads_kv
+
+
+# ---- DCMHA (thattn.ops.dcmha) ------------------------------------------------
+# Its kernels, in the order both fronts make them (after P_q..P_o): D_1[d,
+# 4, C], Q_kw[4, C, 2R, h] and D_d[d, 4, h], the 4-axis the slots pre/query,
+# pre/key, post/query, post/key; then, with `static_mix`, S[2, h, h].
+COMPOSE_KERNELS = ("dynamic_hidden", "dynamic_factors", "dynamic_gates")
+STATIC_MIX = "static_mix"
+# The query state's and memory state's names for a side's dynamic weights
+# (w_1, w_2, g), and for the keys' mixing matrices a decoding cache keeps.
+QUERY_COMPOSE_FACTORS = ("query_w1", "query_w2", "query_gates")
+KEY_COMPOSE_FACTORS = ("key_w1", "key_w2", "key_gates")
+KEY_COMPOSE_MIX = "key_mix"
+# Every state entry beyond Q, K and V that a variant's `attend` reads, and
+# its side: what Keras 3's `_compute_attention` carries as its
+# `dynamic_projections` (thattn.keras3.conventions).
+DYNAMIC_STATE_SIDES = {
+    **{name: "query" if source == "query" else "memory"
+       for name, source in DYNAMIC_SOURCES.items()},
+    **{name: "query" for name in QUERY_COMPOSE_FACTORS},
+    **{name: "memory" for name in KEY_COMPOSE_FACTORS + (KEY_COMPOSE_MIX,)}}
+
+
+def checked_dynamic_compose(owner, num_heads, rank, hidden_dim):
+  """(R, C) of a DCMHA layer: R a positive int, C one too or None (the
+  authors' 2 R h)."""
+  heads = validation.layer_int("num_heads", num_heads, owner=owner)
+  rank = validation.positive_int("dynamic_rank", rank, owner=owner)
+  hidden_dim = validation.positive_int("dynamic_hidden_dim", hidden_dim,
+                                       owner=owner, optional=True)
+  return rank, hidden_dim or 2 * rank * heads
+
+
+def check_compose_widths(owner, query_width, key_width):
+  """DCMHA's one set of dynamic kernels reads X for the queries' slots and
+  M for the keys': their widths must agree."""
+  if query_width != key_width:
+    raise ValueError(
+        f"{owner}: DCMHA generates the queries' dynamic weights from the "
+        f"query (width {query_width}) and the keys' from the key input "
+        f"(width {key_width}) with the same kernels, so the widths must be "
+        "equal.")
+
+
+def compose_weights(width, num_heads, rank, hidden_dim, static_mix):
+  """(name, shape, logical axes, initializer stddev) of each DCMHA weight,
+  in the order both fronts make them. The stddevs are the authors'
+  (MaxText's DCFormer): small, so a model starts near multi-head
+  attention."""
+  weights = [
+      (COMPOSE_KERNELS[0], (width, 4, hidden_dim),
+       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.DYNAMIC_HIDDEN),
+       math.sqrt(2.0 / (width + hidden_dim))),
+      (COMPOSE_KERNELS[1], (4, hidden_dim, 2 * rank, num_heads),
+       (dims.COMPOSE_SLOTS, dims.DYNAMIC_HIDDEN, dims.DYNAMIC_RANK,
+        dims.HEADS),
+       math.sqrt(1.0 / hidden_dim) * 2.0 / (num_heads + rank) * 0.01),
+      (COMPOSE_KERNELS[2], (width, 4, num_heads),
+       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.HEADS),
+       math.sqrt(2.0 / (width + num_heads)) * 0.005)]
+  if static_mix:
+    weights.append((STATIC_MIX, (2, num_heads, num_heads),
+                    (dims.COMPOSE_STAGES, dims.KEY_HEADS, dims.HEADS),
+                    0.1 * math.sqrt(1.0 / num_heads)))
+  return weights
 
 
 # ---- tf_keras's argument conventions -------------------------------------------

@@ -19,7 +19,7 @@ from thattn.core import variants
 # registered variant is counted as one of them with its options
 # (`thattn.core.variants.Variant.counted_as`; `variant_shape`).
 COUNTED_LAYERS = ("multi_head", "talking_heads", "general_bilinear",
-                  "differential")
+                  "differential", "dcmha")
 # Appendix A's dynamic projections, named as in `TalkingHeadsAttention`.
 LOGITS_DYNAMIC = ("x2l", "m2l")  # P_Xl[d_X, h_k, h], P_Ml[d_M, h_k, h]
 WEIGHTS_DYNAMIC = ("x2w", "m2w")  # P_Xw[d_X, h, h_v], P_Mw[d_M, h, h_v]
@@ -58,6 +58,12 @@ class AttentionShape:
   wide: the projections of multi-head attention with h heads, and the
   four lambda vectors [d_k].
 
+  "dcmha" (`DynamicallyComposableAttention`, Xiao et al., 2024) is
+  multi-head attention with the dynamic weights' kernels D_1[d_X, 4, C],
+  Q_kw[4, C, 2R, h] and D_d[d_X, 4, h] (`dynamic_rank` R, 2 in the
+  releases; `dynamic_hidden_dim` C, None for 2 R h), and with
+  `static_mix` S[2, h, h].
+
   The properties `h_k`, `h`, `h_v`, `d_k`, `d_v` and `d_y` give the sizes in
   the paper's notation, with defaults resolved; `key_projection_heads` and
   `value_projection_heads` the heads of P_k and P_v.
@@ -76,6 +82,9 @@ class AttentionShape:
   num_key_value_heads: Optional[int] = None
   use_gate: bool = False
   headwise_gate: bool = False
+  dynamic_rank: int = 2
+  dynamic_hidden_dim: Optional[int] = None
+  static_mix: bool = False
   d_model: int = 768
   output_dim: Optional[int] = None
   query_length: int = 512
@@ -150,6 +159,11 @@ class AttentionShape:
     return 2 * self.d_v if self.variant == "differential" else self.d_v
 
   @property
+  def compose_hidden(self) -> int:
+    """DCMHA's C, its default 2 R h resolved."""
+    return self.dynamic_hidden_dim or 2 * self.dynamic_rank * self.h
+
+  @property
   def mixes_logits(self) -> bool:
     """Whether L[n, m, h] = einsum(J[n, m, h_k], P_l[h_k, h]) is computed."""
     return self.variant == "talking_heads" and self.project_logits
@@ -164,7 +178,7 @@ class AttentionShape:
 # variant below).
 _OPTIONAL = frozenset(("key_dim", "value_dim", "num_key_heads",
                        "num_value_heads", "output_dim",
-                       "num_key_value_heads"))
+                       "num_key_value_heads", "dynamic_hidden_dim"))
 
 
 def _validate(shape: AttentionShape) -> None:
@@ -172,7 +186,8 @@ def _validate(shape: AttentionShape) -> None:
   validation.one_of("variant", shape.variant, COUNTED_LAYERS)
   sizes = ["num_heads", "key_dim", "value_dim", "num_key_heads",
            "num_value_heads", "num_head_groups", "d_model", "output_dim",
-           "query_length", "memory_length", "num_key_value_heads"]
+           "query_length", "memory_length", "num_key_value_heads",
+           "dynamic_rank", "dynamic_hidden_dim"]
   for name in sizes:
     validation.positive_int(name, getattr(shape, name),
                             optional=name in _OPTIONAL)
@@ -192,6 +207,13 @@ def _validate(shape: AttentionShape) -> None:
     attention_spec.checked_differential_heads(
         "AttentionShape", shape.num_heads, shape.key_dim, shape.value_dim,
         shape.num_key_value_heads)
+  if shape.variant != "dcmha":
+    for name, default in (("dynamic_rank", 2), ("dynamic_hidden_dim", None),
+                          ("static_mix", False)):
+      if getattr(shape, name) != default:
+        raise ValueError(f"{name} applies only to dcmha, got variant="
+                         f"{shape.variant!r} with {name}="
+                         f"{getattr(shape, name)!r}")
   if shape.variant != "talking_heads":
     if shape.h_k != shape.h or shape.h_v != shape.h:
       raise ValueError(f"{shape.variant} has one heads dimension, so it needs "
@@ -268,6 +290,10 @@ def parameters(shape: AttentionShape) -> int:
   [h/2, 2 d_k, d_Y] holds as many weights as [h, d_k, d_Y]), and the four
   lambda vectors, 4 d_k.
 
+  DCMHA: multi-head attention's count, and D_1[d_X, 4, C] + Q_kw[4, C,
+  2R, h] + D_d[d_X, 4, h] (1,703,936 at DCFormer-2.8B's d_X = 2560, h =
+  32, C = 128, R = 2), and S[2, h, h] with `static_mix`.
+
   The gate adds P_g[d_X, h_v, d_v] (head-wise P_g[d_X, h_v]; h and d_M for
   general bilinear), and its bias where the projections have biases.
   """
@@ -290,6 +316,10 @@ def parameters(shape: AttentionShape) -> int:
     total += (1 + generators * d) * s.h * s.h_v // s.num_head_groups
   if s.variant == "differential":
     total += 4 * s.d_k
+  if s.variant == "dcmha":
+    c, rank = s.compose_hidden, s.dynamic_rank
+    total += d * 4 * c + 4 * c * 2 * rank * s.h + d * 4 * s.h
+    total += s.static_mix * 2 * s.h * s.h
   return total + gate
 
 
@@ -320,6 +350,15 @@ def multiplies(shape: AttentionShape) -> int:
   maps and 3*n*h*d_k for the heads' RMSNorm (square, normalize, scale by
   1 - lambda_init).
 
+  DCMHA: multi-head attention's count, and its dynamic weights and
+  composes as thattn computes them without a cache: for each of the n
+  queries and m keys, its side's two slots, 2*d_X*C (hidden) + 2*C*2R*h
+  (factors) + 2*d_X*h (gates) + 2*2*R*h (w_1's RMSNorm: square,
+  normalize); for each of the two stages, n*m*(4*R*h + 2*h) (each side's
+  two low-rank einsums and its gate), and n*m*h*h more with `static_mix`.
+  A decoding step's compose reads each key's [h, h] matrix instead:
+  n*m*h*h for the keys' side of each stage.
+
   The gate adds n*d_X*h_v*d_v to make it (n*d_X*h_v head-wise) and
   n*h_v*d_v to apply it, O times G (h and d_M for general bilinear).
   """
@@ -344,6 +383,11 @@ def multiplies(shape: AttentionShape) -> int:
     total += rows * s.h * s.h_v // s.num_head_groups
   if s.variant == "differential":
     total += n * m * s.h // 2 + 3 * n * s.h * s.d_k
+  if s.variant == "dcmha":
+    c, rank, h = s.compose_hidden, s.dynamic_rank, s.h
+    per_position = 2 * d * c + 2 * c * 2 * rank * h + 2 * d * h + 4 * rank * h
+    total += (n + m) * per_position
+    total += 2 * n * m * (4 * rank * h + 2 * h + s.static_mix * h * h)
   return total + gate
 
 
@@ -404,6 +448,10 @@ def describe(shape: AttentionShape) -> str:
       notes.append(f"G={shape.num_head_groups}")
   if shape.num_key_value_heads is not None:
     notes.append(f"h_kv={shape.num_key_value_heads}")
+  if shape.variant == "dcmha":
+    notes.append(f"R={shape.dynamic_rank}, C={shape.compose_hidden}")
+    if shape.static_mix:
+      notes.append("static mix")
   if shape.use_gate:
     notes.append("head-wise gate" if shape.headwise_gate else "gate")
   return f"{shape.variant} ({', '.join(notes)})" if notes else shape.variant

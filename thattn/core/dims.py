@@ -24,6 +24,10 @@ letters, so a reader can translate any line back to the paper's notation:
 | s      | (steps)    | decoding steps written into a cache in one call     |
 | x      | (features) | a tensor's trailing dimensions, flattened into one  |
 | r      | (rotary)   | rotary frequencies: half the rotated size per head  |
+| u      | (stages)   | DCMHA's compose stages: pre- and post-softmax       |
+| z      | (C)        | DCMHA's dynamic-weight hidden units                 |
+| y      | (R)        | DCMHA's rank of the dynamic head mixes              |
+| a      | (position) | positions of either side, n or m (DCMHA)            |
 
 Grouped talking heads (`TalkingHeadsAttention(num_head_groups=G)`) splits
 each heads dimension into [G, heads / G], group-major: group g holds key
@@ -57,6 +61,15 @@ KEY_HEADS_PER_GROUP = "key_heads_per_group"
 HEADS_PER_GROUP = "heads_per_group"
 VALUE_HEADS_PER_GROUP = "value_heads_per_group"
 
+# DCMHA (thattn.ops.dcmha): the dynamic weights' slot axis (pre/query,
+# pre/key, post/query, post/key), hidden units C and rank rows (2R: w_1's
+# then w_2's), and the two stages of the optional static mix S.
+COMPOSE_SLOTS = "compose_slots"
+DYNAMIC_HIDDEN = "dynamic_hidden"
+DYNAMIC_RANK = "dynamic_rank"
+COMPOSE_STAGES = "compose_stages"
+
 LOGICAL_AXES = (D_MODEL, KEY_HEADS, HEADS, VALUE_HEADS, D_K, D_V, D_FF, VOCAB,
                 RELATIVE_BUCKETS, HEAD_GROUPS, KEY_HEADS_PER_GROUP,
-                HEADS_PER_GROUP, VALUE_HEADS_PER_GROUP)
+                HEADS_PER_GROUP, VALUE_HEADS_PER_GROUP, COMPOSE_SLOTS,
+                DYNAMIC_HIDDEN, DYNAMIC_RANK, COMPOSE_STAGES)

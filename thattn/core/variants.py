@@ -405,5 +405,15 @@ register(Variant(
     takes_layer_index=True,
     takes_norm_epsilon=True,
     counted_as={"variant": "differential"}))
+register(Variant(
+    name="dcmha",
+    source="Xiao et al. (2024), Improving Transformers with Dynamically "
+           "Composable Multi-Head Attention (ICML; arXiv 2405.08553), as "
+           "the authors' DCFormer and DCPythia compute it",
+    summary="talking heads whose head mixes, before and after the softmax, "
+            "are generated for each query-key pair from both positions' "
+            "inputs (rank R plus gates, around the identity)",
+    layer="DynamicallyComposableAttention",
+    counted_as={"variant": "dcmha"}))
 
 _BUILT_IN = frozenset(_REGISTRY)

@@ -29,6 +29,7 @@ from thattn.core import variants
 from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.keras3.attention_math import relative_position_bucket
 from thattn.keras3.base import AttentionLayer
+from thattn.keras3.dcmha import DynamicallyComposableAttention
 from thattn.keras3.differential import DifferentialAttention
 from thattn.keras3.initializers import ScaledInitializer
 from thattn.keras3.distribution import layout_map

@@ -114,6 +114,13 @@ class AttentionLayer(keras.layers.Layer):
     del offset  # no positions here
     return state
 
+  def cached_memory_state(self, memory_state):
+    """The memory state a decoding cache keeps, from one `project_memory`
+    made (and `with_positions` turned), in the same [b, m, ...] layout:
+    the same here; DCMHA keeps each key's head-mixing matrix in place of
+    the factors it was made from."""
+    return memory_state
+
   def repeat_shared_heads(self, memory_state):
     """The memory state `attend` reads, from the one `project_memory` made
     (and a decoding cache holds): the same here; layers whose K and V heads
@@ -296,15 +303,16 @@ class AttentionLayer(keras.layers.Layer):
                        "for a cache, so its weights and widths are known.")
     probe = ops.zeros((1, 1, self._widths["value"]),
                       dtype or self.compute_dtype)
-    state = self.project_memory(probe, probe)
+    state = self.cached_memory_state(
+        self.project_memory(probe, probe))
     return {name: ops.zeros((batch_size, max_length) + tuple(t.shape[2:]),
                             t.dtype) for name, t in state.items()}
 
   def memory_cache(self, value, key=None):
     """The projected memory for cross-attention decoding, computed once."""
     key = value if key is None else key
-    return self.with_positions(
-        self.project_memory(self._cast(key), self._cast(value)), 0)
+    return self.cached_memory_state(self.with_positions(
+        self.project_memory(self._cast(key), self._cast(value)), 0))
 
   # ---- call ---------------------------------------------------------------
   def call(self, query, value=None, key=None, attention_mask=None,
@@ -330,8 +338,8 @@ class AttentionLayer(keras.layers.Layer):
       memory_state = cache  # cross-attention: the memory was projected once
       value_mask = key_mask = None
     else:
-      new_state = self.with_positions(self.project_memory(key, value),
-                                      decode_step)
+      new_state = self.cached_memory_state(self.with_positions(
+          self.project_memory(key, value), decode_step))
       memory_state = {name: attention_math.write_positions(
           cache[name], new_state[name], decode_step) for name in cache}
       use_causal_mask = True  # later cache slots are still empty
@@ -386,7 +394,9 @@ class AttentionLayer(keras.layers.Layer):
       causal_offset: the causal mask's offset (a decoding step), implying
         use_causal_mask.
       position_bias: added to the logits L[b, h, n, m].
-      dynamic_projections: {name: R} of talking heads' dynamic projections.
+      dynamic_projections: {name: tensor} of the states' entries beyond Q,
+        K and V (talking heads' dynamic projections R, DCMHA's dynamic
+        weights).
 
     Returns:
       (O[b, n, heads, d], the weights or None).

@@ -33,17 +33,18 @@ def overrides_compute_attention(layer, base_class):
 
 
 def dynamic_tensors(query_state, memory_state):
-  """{name: R} of the dynamic projections in the projected states."""
+  """{name: tensor} of the projected states' entries beyond Q, K and V
+  (talking heads' dynamic projections R, DCMHA's dynamic weights)."""
   return {name: state[name] for state in (query_state, memory_state)
-          for name in attention_spec.DYNAMIC_PROJECTIONS if name in state}
+          for name in attention_spec.DYNAMIC_STATE_SIDES if name in state}
 
 
 def states(query, key, value, dynamic_projections):
   """The (query_state, memory_state) dicts the variants' `attend` reads."""
   query_state, memory_state = {"query": query}, {"key": key, "value": value}
   for name, tensor in (dynamic_projections or {}).items():
-    source = attention_spec.DYNAMIC_SOURCES[name]
-    (query_state if source == "query" else memory_state)[name] = tensor
+    side = attention_spec.DYNAMIC_STATE_SIDES[name]
+    (query_state if side == "query" else memory_state)[name] = tensor
   return query_state, memory_state
 
 

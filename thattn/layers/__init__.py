@@ -1,5 +1,5 @@
-"""Keras attention layers: multi-head, talking-heads, general bilinear and
-differential.
+"""Keras attention layers: multi-head, talking-heads, general bilinear,
+differential and DCMHA.
 
 tf_keras (Keras 2) layers: the `[tensorflow]` extra. The same layers for
 Keras 3 on JAX, PyTorch or TensorFlow are `thattn.keras3`.
@@ -13,6 +13,7 @@ requirements.require("thattn.layers", ("tensorflow", "tf_keras"))
 from thattn.core.attention_spec import DYNAMIC_PROJECTIONS
 from thattn.layers.attention_ops import causal_mask
 from thattn.layers.base import AttentionLayer
+from thattn.layers.dcmha import DynamicallyComposableAttention
 from thattn.layers.differential import DifferentialAttention
 from thattn.layers.fixed_head_size import fixed_head_size_attention
 from thattn.layers.general_bilinear import GeneralBilinearAttention

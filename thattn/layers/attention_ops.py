@@ -116,6 +116,18 @@ def causal_mask(query_length, memory_length, query_offset=0):
   return memory_positions <= query_positions
 
 
+def window_mask(query_length, memory_length, query_offset, window):
+  """Boolean [1, 1, n, m]: query i may attend memory j when |i + offset - j|
+  < window (Keras 3's `sliding_window`: with the causal mask, the last
+  `window` keys, the query's own included); None without a window."""
+  if window is None:
+    return None
+  query_positions = tf.expand_dims(tf.range(query_length) + query_offset, 1)
+  memory_positions = tf.expand_dims(tf.range(memory_length), 0)
+  band = tf.abs(query_positions - memory_positions) < window
+  return tf.reshape(band, [1, 1, query_length, memory_length])
+
+
 def full_mask(mask, causal_offset, query_length, memory_length):
   """`mask` AND the causal mask: boolean [b or 1, 1, n or 1, m], or None.
 

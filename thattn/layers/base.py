@@ -62,6 +62,7 @@ class AttentionLayer(tf_keras.layers.Layer):
     project_query(query) -> dict of `[b, n, ...]` tensors
     project_memory(key, value) -> dict of `[b, m, ...]` tensors
     with_positions(state, offset) -> the state, its Q or K turned by position
+    cached_memory_state(memory_state) -> what a decoding cache keeps of it
     repeat_shared_heads(memory_state) -> memory_state as `attend` reads it
     attend(query_state, memory_state, mask, position_bias, training,
            causal_offset, need_scores=True)
@@ -86,6 +87,10 @@ class AttentionLayer(tf_keras.layers.Layer):
   gate of Qiu et al., 2025) multiplies O by sigmoid(X P_g)[b, n, heads, d]
   before the output projection; with `headwise_gate` by sigmoid(X P_g)[b,
   n, heads], one gate per head (`thattn.ops.output_gate`).
+  `sliding_window` (Keras 3's argument): query i attends only memory j
+  with abs(i - j) < sliding_window (with the causal mask, the last
+  sliding_window keys, its own included; a decoding step's query sits at
+  its step).
 
   Call, in tf_keras.layers.MultiHeadAttention's positional order::
 
@@ -120,7 +125,7 @@ class AttentionLayer(tf_keras.layers.Layer):
                bias_regularizer=None, activity_regularizer=None,
                kernel_constraint=None, bias_constraint=None, *,
                output_dim=None, dropout_rate=None, use_gate=False,
-               headwise_gate=False, **kwargs):
+               headwise_gate=False, sliding_window=None, **kwargs):
     # As in tf_keras.layers.MultiHeadAttention, the activity regularizer
     # applies to the layer's output (Keras's Layer does that).
     super().__init__(activity_regularizer=tf_keras.regularizers.get(
@@ -140,6 +145,8 @@ class AttentionLayer(tf_keras.layers.Layer):
     self.dropout = validation.rate(dropout_name, dropout)
     self.use_gate, self.headwise_gate = attention_spec.checked_gate(
         self.name, use_gate, headwise_gate)
+    self.sliding_window = validation.positive_int(
+        "sliding_window", sliding_window, optional=True, owner=self.name)
     self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
     self.kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
     self.bias_regularizer = tf_keras.regularizers.get(bias_regularizer)
@@ -186,6 +193,13 @@ class AttentionLayer(tf_keras.layers.Layer):
     embeddings turn the queries and keys."""
     del offset  # no positions here
     return state
+
+  def cached_memory_state(self, memory_state):
+    """The memory state a decoding cache keeps, from one `project_memory`
+    made (and `with_positions` turned), in the same [b, m, ...] layout:
+    the same here; DCMHA keeps each key's head-mixing matrix in place of
+    the factors it was made from."""
+    return memory_state
 
   def repeat_shared_heads(self, memory_state):
     """The memory state `attend` reads, from the one `project_memory` made
@@ -338,7 +352,8 @@ class AttentionLayer(tf_keras.layers.Layer):
     width = self.build_shapes["value_shape"][-1]
     dtype = dtype or self.compute_dtype
     probe = tf.zeros([1, 1, width], dtype)
-    state = self.project_memory(probe, probe)
+    state = self.cached_memory_state(
+        self.project_memory(probe, probe))
     return {name: tf.zeros([batch_size, max_length] +
                            tensor.shape.as_list()[2:], tensor.dtype)
             for name, tensor in state.items()}
@@ -349,9 +364,9 @@ class AttentionLayer(tf_keras.layers.Layer):
     if self._build_shapes_json is None:
       raise ValueError(f"{self.name}: call or build the layer before asking "
                        "for a cache, so its query width is known.")
-    return self.with_positions(
+    return self.cached_memory_state(self.with_positions(
         self.project_memory(self._to_compute_dtype(key),
-                            self._to_compute_dtype(value)), 0)
+                            self._to_compute_dtype(value)), 0))
 
   # ---- call ----------------------------------------------------------------
   @autograph.unconverted
@@ -373,6 +388,13 @@ class AttentionLayer(tf_keras.layers.Layer):
     if decode_step is not None and cache is None:
       raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
                        "cache; create one with `initial_cache`.")
+    if (cache is not None and decode_step is None and
+        self.sliding_window is not None):
+      raise ValueError(
+          f"{self.name}: sliding_window={self.sliding_window} with a "
+          "cross-attention cache: the window needs each query's position, "
+          "which a cross-attention decoding step does not pass; use "
+          "sliding_window=None for cross-attention.")
     query, value, key, query_lengths, implicit_masks = self._dense_inputs(
         query, value, key, cache)
     # Keras autocasts only the first argument under a mixed-precision
@@ -399,16 +421,19 @@ class AttentionLayer(tf_keras.layers.Layer):
     elif decode_step is None:
       memory_state = cache  # cross-attention: the memory was projected once
     else:
-      new_state = self.with_positions(self.project_memory(key, value),
-                                      decode_step)
+      new_state = self.cached_memory_state(self.with_positions(
+          self.project_memory(key, value), decode_step))
       memory_state = {name: _write_positions(cache[name], new_state[name],
                                              decode_step)
                       for name in cache}
       use_causal_mask = True  # later cache slots are still empty
     memory_length = tf.shape(next(iter(memory_state.values())))[1]
 
-    mask = self._combined_mask(query, implicit_masks, attention_mask,
-                               memory_length)
+    mask = attention_ops.combine_masks(
+        self._combined_mask(query, implicit_masks, attention_mask,
+                            memory_length),
+        attention_ops.window_mask(tf.shape(query)[1], memory_length,
+                                  query_offset, self.sliding_window))
     causal_offset = query_offset if use_causal_mask else None
     context, scores = self.attend(query_state,
                                   self.repeat_shared_heads(memory_state),
@@ -567,6 +592,7 @@ class AttentionLayer(tf_keras.layers.Layer):
         "dropout": self.dropout,
         "use_gate": self.use_gate,
         "headwise_gate": self.headwise_gate,
+        "sliding_window": self.sliding_window,
         "kernel_initializer": serialize["initializer"](self.kernel_initializer),
         "kernel_regularizer": serialize["regularizer"](self.kernel_regularizer),
         "bias_regularizer": serialize["regularizer"](self.bias_regularizer),

@@ -176,6 +176,11 @@ def to_keras(layer, **kwargs):
         f"{layer.name}: use_gate=True gates the heads' outputs, which neither "
         "tf_keras's MultiHeadAttention nor Model Garden's "
         "TalkingHeadsAttention does.")
+  if layer.sliding_window is not None:
+    raise ValueError(
+        f"{layer.name}: sliding_window={layer.sliding_window} limits each "
+        "query to nearby keys, which neither tf_keras's MultiHeadAttention "
+        "nor Model Garden's TalkingHeadsAttention does.")
   target_class, mixing = _keras_counterpart(layer)
   config = layer.get_config()
   arguments = {name: config[name] for name in _SHARED_ARGUMENTS}

@@ -51,6 +51,10 @@ def _shape(x):
   return tf.shape(x)
 
 
+def _eye(n, dtype=None):
+  return tf.eye(n, dtype=dtype or "float32")
+
+
 def _gelu(x, approximate=True):  # keras.ops.gelu's default form
   return tf.nn.gelu(x, approximate=approximate)
 
@@ -63,7 +67,7 @@ TF_OPS = types.SimpleNamespace(
     exp=tf.exp, log=tf.math.log, abs=tf.abs, sum=_sum, reshape=tf.reshape,
     transpose=_transpose, where=tf.where, ones_like=tf.ones_like,
     zeros_like=_zeros_like, relu=tf.nn.relu, silu=tf.nn.silu, gelu=_gelu,
-    repeat=tf.repeat,
+    repeat=tf.repeat, eye=_eye,
     cos=tf.cos, sin=tf.sin, concatenate=_concatenate, arange=_arange,
     shape=_shape, not_equal=tf.not_equal, less_equal=tf.less_equal,
     logical_and=tf.logical_and, logical_or=tf.logical_or, cumsum=tf.cumsum)
