@@ -2,7 +2,7 @@
 models' weights.
 
 For each preset family, with multi-head and talking-heads attention (and
-the gated and differential variants in two of them), a
+the gated, differential and DCMHA variants in two of them), a
 tf_keras model (thattn.models) with random weights is run here; each Keras
 3 backend (`models_checks.py`, a process per backend) builds the same
 preset with thattn.keras3.models, takes those weights by `set_weights` and
@@ -30,10 +30,12 @@ CASES.update({"gpt2_tiny-multi_head": ("gpt2_tiny", "multi_head"),
               "pythia_tiny-talking_heads": ("pythia_tiny", "talking_heads")})
 # The gated attention variants (an output gate, element-wise, and head-wise
 # with BERT's biases, made last on both fronts) and differential attention
-# (lambda_init by each block's depth).
+# (lambda_init by each block's depth), and DCMHA (its dynamic kernels and
+# per-key compose).
 CASES.update({"lm_tiny-gated": ("lm_tiny", "gated"),
               "bert_tiny-gated_headwise": ("bert_tiny", "gated_headwise"),
-              "lm_tiny-differential": ("lm_tiny", "differential")})
+              "lm_tiny-differential": ("lm_tiny", "differential"),
+              "lm_tiny-dcmha": ("lm_tiny", "dcmha")})
 
 
 def _inputs(preset, rng):

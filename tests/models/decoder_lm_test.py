@@ -20,6 +20,9 @@ SHAPES = {
     "pythia": ("pythia_160m", _TINY),
     "talking_heads": ("lm_tiny", dict(attention="talking_heads",
                                       num_key_heads=6, num_value_heads=2)),
+    # DCMHA, q/k norm, and a local first layer whose window (3) is
+    # shorter than the sequence, then a global one.
+    "dcformer": ("dcformer_2p8b", dict(_TINY, sliding_window=3)),
 }
 
 
@@ -106,6 +109,11 @@ def test_the_layers_take_the_configs_settings():
   assert attention.num_key_value_heads == 2
   assert attention.rotary_base == 10000.0
   assert "lm_head" in [layer.name for layer in model.layers]
+  dcformer = models.create_model("dcformer_2p8b", **_TINY)
+  assert [dcformer.get_layer(f"decoder_block_{index}").self_attention
+          .sliding_window for index in (0, 1)] == [257, None]  # "LG"
+  assert dcformer.get_layer(
+      "decoder_block_1").self_attention.query_key_norm_epsilon == 1e-6
   gpt2 = models.create_model("gpt2", **_TINY)
   assert gpt2.get_layer("position_embedding").max_length == 1024
   assert gpt2.get_layer("decoder_block_0").self_attention.rotary_base is None
@@ -123,6 +131,10 @@ def test_the_layers_take_the_configs_settings():
     (dict(position_embedding="learned", attention="general_bilinear",
           num_key_value_heads=2),
      "no key or value heads to share"),
+    (dict(sliding_window=4, window_pattern="LM"),
+     "window_pattern='LM' must be a non-empty string of 'L'"),
+    (dict(sliding_window=0), "sliding_window must be a positive integer"),
+    (dict(query_key_epsilon=1e-6), "it needs query_key_norm=True"),
 ])
 def test_bad_configs_are_named(overrides, message):
   with pytest.raises(ValueError, match=message):

@@ -217,3 +217,19 @@ def test_talking_heads_on_llama_adds_two_h_squared_a_layer():
   talking = _count("llama_3_2_1b", num_layers=1, vocab_size=8,
                    attention="talking_heads")
   assert talking - multi_head == 2 * 32 * 32
+
+
+def test_dcformer_2p8b_counts_its_state_dict():
+  """DCFormer-2.8B's state dict (docs/family_sources.md, 1.2), without the
+  derived dw_m and qkw_m and the identity buffers: a Llama-shaped LM
+  with untied tables, and per layer DCMHA's dw1, qkw and dd (1,703,936)
+  and the q/k norms' scales (2 * 80). Built with one and two layers and
+  a vocabulary of 8; the whole model is 2,849,567,232."""
+  def released(vocab, layers):
+    return (decoder_count(vocab, 2560, 6912, layers, 32, 80, biases=False,
+                          gated=True, norm_weights=1, tied=False) +
+            layers * (1_703_936 + 2 * 80))
+  assert released(50257, 32) == 2_849_567_232
+  one = _count("dcformer_2p8b", num_layers=1, vocab_size=8)
+  two = _count("dcformer_2p8b", num_layers=2, vocab_size=8)
+  assert (one, two) == (released(8, 1), released(8, 2))

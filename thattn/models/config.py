@@ -155,7 +155,7 @@ class AttentionConfig:
   def make_layer(self, d_model, *, name, dropout_rate, use_bias=False,
                  kernel_initializer=None, front_end="tf_keras",
                  rotary=None, layer_index=0, norm_epsilon=None,
-                 query_key_norm_epsilon=None):
+                 query_key_norm_epsilon=None, sliding_window=None):
     """The attention layer this config describes, from `front_end`'s
     layers: "tf_keras" (thattn.layers) or "keras3" (thattn.keras3).
     `rotary`: the layer's rotary arguments (`rotary_base`, `rotary_pct`,
@@ -163,7 +163,7 @@ class AttentionConfig:
     `layer_index` (the block's 0-based depth) and `norm_epsilon` (the
     model's norms' epsilon): for the variants that take them
     (`variants.make_attention`). `query_key_norm_epsilon`: the layers' q/k
-    norm, or None."""
+    norm, or None. `sliding_window`: the layer's local window, or None."""
     record = variants.get(self.variant)
     if record.reads_memory_width:
       if rotary:
@@ -174,13 +174,18 @@ class AttentionConfig:
             "variant.")
       # Its heads read the whole memory: no d_k, no biases. Its own
       # initializer keeps the logits at unit scale.
+      window = {} if sliding_window is None else {
+          "sliding_window": sliding_window}
       return variants.make_attention(front_end, self.variant, self.num_heads,
-                                     None, dropout=dropout_rate, name=name)
+                                     None, dropout=dropout_rate, name=name,
+                                     **window)
     key_dim, value_dim = self.head_dims(d_model)
     kwargs = dict(value_dim=value_dim, use_bias=use_bias,
                   dropout=dropout_rate, name=name, **(rotary or {}))
     if query_key_norm_epsilon is not None:
       kwargs["query_key_norm_epsilon"] = query_key_norm_epsilon
+    if sliding_window is not None:
+      kwargs["sliding_window"] = sliding_window
     if self.num_key_value_heads is not None:
       kwargs["num_key_value_heads"] = self.num_key_value_heads
     if kernel_initializer is not None:
@@ -406,6 +411,14 @@ class DecoderConfig:
     query_key_norm: every attention layer RMS-normalizes its queries and
       keys per head, with learned scales and `layer_norm_epsilon`
       (Qwen3's q/k norm; the layers' `query_key_norm_epsilon`).
+    query_key_epsilon: the q/k norm's epsilon where it is not
+      `layer_norm_epsilon` (DCFormer and DCPythia fix 1e-6); None: that.
+    sliding_window: None, or w: the local layers' queries attend only to
+      their last w keys, their own included (the layers' and Keras 3's
+      `sliding_window`; DCFormer's released prefill, window 256, is 257).
+    window_pattern: which layers are local, a string of "L" (local) and
+      "G" (global) repeated over the depth: "L" (every layer) by default,
+      DCFormer's "LG" the even layers. Ignored without `sliding_window`.
   """
   vocab_size: int = 50257
   d_model: int = 768
@@ -429,9 +442,26 @@ class DecoderConfig:
   initializer_range: float = 0.02
   prefix_lm: bool = False
   query_key_norm: bool = False
+  query_key_epsilon: Optional[float] = None
+  sliding_window: Optional[int] = None
+  window_pattern: str = "L"
 
   def __post_init__(self):
     owner = type(self).__name__
+    validation.positive_int("sliding_window", self.sliding_window,
+                            owner=owner, optional=True)
+    if (not isinstance(self.window_pattern, str) or not self.window_pattern
+        or set(self.window_pattern) - set("LG")):
+      raise ValueError(
+          f"{owner}: window_pattern={self.window_pattern!r} must be a "
+          "non-empty string of 'L' (a local layer) and 'G' (a global "
+          "one), e.g. 'LG' for DCFormer's.")
+    if self.query_key_epsilon is not None:
+      if not self.query_key_norm:
+        raise ValueError(
+            f"{owner}: query_key_epsilon={self.query_key_epsilon!r} is the "
+            "q/k norm's; it needs query_key_norm=True.")
+      attention_spec.checked_query_key_norm(owner, self.query_key_epsilon)
     _check_sizes(self, ("vocab_size", "d_model", "num_layers", "d_ff",
                         "max_position_embeddings"))
     if not isinstance(self.query_key_norm, bool) or (
@@ -474,7 +504,18 @@ class DecoderConfig:
   def query_key_norm_epsilon(self):
     """The attention layers' `query_key_norm_epsilon`: None without the
     q/k norm."""
-    return self.layer_norm_epsilon if self.query_key_norm else None
+    if not self.query_key_norm:
+      return None
+    return (self.layer_norm_epsilon if self.query_key_epsilon is None else
+            self.query_key_epsilon)
+
+  def layer_window(self, index):
+    """The `sliding_window` of the attention layer at depth `index`: None
+    for a global layer."""
+    if self.sliding_window is None:
+      return None
+    local = self.window_pattern[index % len(self.window_pattern)] == "L"
+    return self.sliding_window if local else None
 
   def rotary_arguments(self):
     """The attention layers' rotary arguments, or None for learned

@@ -138,6 +138,28 @@ _add("llama_3_2_1b",
                              high_freq_factor=4.0,
                              original_max_position_embeddings=8192)),
      "Meta 2024, Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json)")
+# DCMHA's releases (docs/family_sources.md, 1.2): the q/k RMSNorm with
+# epsilon 1e-6, local (window 256, so 257 keys in the released prefill)
+# and global layers alternating from the first, vocab 50257, 2048
+# positions, untied.
+_DCFORMER = dict(vocab_size=50257, position_embedding="rotary",
+                 max_position_embeddings=2048, tie_embeddings=False,
+                 dropout_rate=0.0, query_key_norm=True,
+                 query_key_epsilon=1e-6, sliding_window=257,
+                 window_pattern="LG")
+_add("dcformer_2p8b",
+     DecoderConfig(**dict(_LLAMA, **_DCFORMER), d_model=2560, num_layers=32,
+                   d_ff=6912, layer_norm_epsilon=1e-6,
+                   attention=AttentionConfig("dcmha", num_heads=32)),
+     "Xiao et al. 2024, DCFormer-2.8B (Caiyun-AI/DCFormer "
+     "pytorch/dcformer/config.json at 39e6198): SwiGLU, RMSNorm")
+_add("dcpythia_6p9b",
+     DecoderConfig(**dict(_PYTHIA, **_DCFORMER), d_model=4096,
+                   num_layers=32, d_ff=16384,
+                   attention=AttentionConfig("dcmha", num_heads=32)),
+     "Xiao et al. 2024, DCPythia-6.9B (Caiyun-AI/DCFormer "
+     "pytorch/dcpythia/config.json): Pythia-6.9B's block, LayerNorm, the "
+     "parallel residual, a quarter of each head rotated")
 
 # ---- tiny, for CPU ----------------------------------------------------------
 _TINY_ATTENTION = AttentionConfig(num_heads=4)

@@ -405,7 +405,8 @@ def _lm_block(front, config, index):
           kernel_initializer=initializer(), front_end=front.name,
           rotary=config.rotary_arguments(), layer_index=index,
           norm_epsilon=config.layer_norm_epsilon,
-          query_key_norm_epsilon=config.query_key_norm_epsilon()),
+          query_key_norm_epsilon=config.query_key_norm_epsilon(),
+          sliding_window=config.layer_window(index)),
       feed_forward=front.FeedForward(
           config.d_ff, activation=config.activation,
           gated=config.gated_feed_forward, use_bias=config.use_bias,
