@@ -34,7 +34,7 @@ def families():
 
 def held_families():
   """The folders of another variant than multi-head
-  (`<family>.held.npz`: DiffLlama, Qwen3-Next)."""
+  (`<family>.held.npz`: DiffLlama, Qwen3-Next, DCPythia, DCFormer)."""
   return sorted(path.name.split(".")[0]
                 for path in EXCHANGE.glob("*.held.npz"))
 
@@ -64,8 +64,9 @@ def test_a_folder_loads_with_transformers_logits(family, attention):
 @pytest.mark.parametrize("family", held_families())
 def test_a_folder_of_another_variant_loads_as_itself(family):
   """DiffLlama's folder as differential attention, Qwen3-Next's as gated
-  attention (no `attention`: the folder's own), with transformers' logits
-  and greedy tokens; upgrading them to another variant is refused."""
+  attention, DCPythia's and DCFormer's as DCMHA (no `attention`: the
+  folder's own), with their sources' logits and greedy tokens; upgrading
+  them to another variant is refused."""
   saved = np.load(EXCHANGE / f"{family}.held.npz")
   model = models.load(str(EXCHANGE / family))
   logits = ops.convert_to_numpy(

@@ -3,9 +3,14 @@ DiffLlama, Qwen3-Next, BERT and ALBERT folders on JAX and PyTorch without Tensor
 (hugging_face_checks.py, a process per backend), against transformers' own
 logits and greedy `generate` for the tiny models
 tests/models/hugging_face_decoders_test.py saves, and its encoder outputs
-for tiny BERT and ALBERT models saved here."""
+for tiny BERT and ALBERT models saved here; and of the DCPythia and
+DCFormer folders the DCFormer authors' code wrote
+(tests/models/dcformer_folders), against that code's logits and greedy
+tokens."""
 
+import pathlib
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -43,6 +48,15 @@ def exchange(tmp_path_factory):
              logits=sources._reference_logits(model, tokens),  # pylint: disable=protected-access
              prompt=prompt,
              greedy=sources._reference_continuation(model, prompt, 5))  # pylint: disable=protected-access
+  # DCMHA's folders, written by its authors' code, load as dcmha only.
+  authors = pathlib.Path(sources.__file__).parent / "dcformer_folders"
+  for family in ("dcpythia", "dcformer"):
+    shutil.copytree(authors / family, folder / family)
+    expected = np.load(authors / family / "expected.npz")
+    prompt = expected["prompt"]
+    np.savez(folder / f"{family}.held.npz", tokens=expected["tokens"],
+             logits=expected["logits"], prompt=prompt,
+             greedy=expected["greedy"][:, prompt.shape[1]:])
   # BERT and ALBERT: transformers' encoder outputs on a padded batch with
   # both token types (no tokenizer: Keras 3 does not read it).
   torch.manual_seed(0)
@@ -72,5 +86,6 @@ def test_folders_load_without_tensorflow_with_transformers_logits(backend,
   output = processes.run_pytest(backend, "hugging_face_checks.py",
                                 THATTN_HF_EXCHANGE=str(exchange))
   # Three decoder families and two encoder families as two variants,
-  # DiffLlama and Qwen3-Next as themselves, the imports, the refusals.
-  assert re.search(r"\b14 passed", output), output
+  # DiffLlama, Qwen3-Next, DCPythia and DCFormer as themselves, the
+  # imports, the refusals.
+  assert re.search(r"\b16 passed", output), output

@@ -152,3 +152,33 @@ def test_different_query_and_key_widths_are_refused():
   with pytest.raises(ValueError, match=r"query \(width 8\) and the keys' "
                                        r"from the key input \(width 6\)"):
     layer(np.zeros((1, 2, 8), "float32"), np.zeros((1, 3, 6), "float32"))
+
+
+def test_the_converters_identity_start_is_multi_head_and_trains():
+  """`weight_maps.identity_start` (what a multi-head checkpoint converts
+  with): the compose is the identity, and the loss's gradient reaches
+  Q_kw's w_2 rows (zero with w_1's, they would stay there)."""
+  from thattn.core import weight_maps  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(2, 5, 8)).astype("float32")
+  layer = layers.DynamicallyComposableAttention(2, 4)
+  weights = _randomized(layer, rng, x, x)
+  start = weight_maps.identity_start(
+      {w.name.split(":")[0]: tuple(w.shape) for w in layer.weights
+       if "dynamic" in w.name})
+  assert len(start) == 3
+  for variable in layer.weights:
+    name = variable.name.split(":")[0]
+    if name in start:
+      variable.assign(start[name])
+  multi_head = layers.MultiHeadAttention(2, 4)
+  multi_head(x, x)
+  multi_head.set_weights([weights[name] for name in
+                          ("query", "key", "value", "output")])
+  np.testing.assert_allclose(layer(x, x).numpy(), multi_head(x, x).numpy(),
+                             rtol=1e-6, atol=1e-6)
+  factors = next(w for w in layer.weights if "dynamic_factors" in w.name)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf.square(layer(x, x)))
+  gradient = tape.gradient(loss, factors).numpy()
+  assert np.abs(gradient[:, :, 2:]).max() > 0  # w_2's rows move

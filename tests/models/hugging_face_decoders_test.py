@@ -151,7 +151,7 @@ def test_logits_equal_transformers(source, attention):
 
 
 @pytest.mark.parametrize("attention", ["project_logits", "project_weights",
-                                       "dynamic"])
+                                       "dynamic", "dcmha"])
 def test_every_projected_variant_starts_at_the_llama_logits(llama,
                                                            attention):
   """On the grouped-query source, the one with the most to check."""

@@ -78,7 +78,9 @@ _TASKS_AND_PRESETS = {"bert": ("mlm", "bert_base"),
                       "llama": ("causal_lm", "llama_3_2_1b"),
                       "gpt_neox": ("causal_lm", "pythia_160m"),
                       "diffllama": ("causal_lm", "llama_3_2_1b"),
-                      "qwen3_next": ("causal_lm", "llama_3_2_1b")}
+                      "qwen3_next": ("causal_lm", "llama_3_2_1b"),
+                      "dcpythia": ("causal_lm", "dcpythia_6p9b"),
+                      "dcformer": ("causal_lm", "dcformer_2p8b")}
 
 
 def detect(source):

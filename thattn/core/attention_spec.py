@@ -471,27 +471,36 @@ def check_compose_widths(owner, query_width, key_width):
         "equal.")
 
 
+def compose_stddev(name, shape):
+  """The normal initializer's stddev of the DCMHA weight `name` of
+  `shape`, as the authors' MaxText DCFormer draws it: small, so that a
+  model starts near multi-head attention."""
+  if name == COMPOSE_KERNELS[0]:  # D_1[d, 4, C]
+    return math.sqrt(2.0 / (shape[0] + shape[2]))
+  if name == COMPOSE_KERNELS[1]:  # Q_kw[4, C, 2R, h]
+    return (math.sqrt(1.0 / shape[1]) * 2.0 / (shape[3] + shape[2] // 2) *
+            0.01)
+  if name == COMPOSE_KERNELS[2]:  # D_d[d, 4, h]
+    return math.sqrt(2.0 / (shape[0] + shape[2])) * 0.005
+  return 0.1 * math.sqrt(1.0 / shape[-1])  # S[2, h, h]
+
+
 def compose_weights(width, num_heads, rank, hidden_dim, static_mix):
   """(name, shape, logical axes, initializer stddev) of each DCMHA weight,
-  in the order both fronts make them. The stddevs are the authors'
-  (MaxText's DCFormer): small, so a model starts near multi-head
-  attention."""
+  in the order both fronts make them (`compose_stddev`)."""
   weights = [
       (COMPOSE_KERNELS[0], (width, 4, hidden_dim),
-       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.DYNAMIC_HIDDEN),
-       math.sqrt(2.0 / (width + hidden_dim))),
+       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.DYNAMIC_HIDDEN)),
       (COMPOSE_KERNELS[1], (4, hidden_dim, 2 * rank, num_heads),
        (dims.COMPOSE_SLOTS, dims.DYNAMIC_HIDDEN, dims.DYNAMIC_RANK,
-        dims.HEADS),
-       math.sqrt(1.0 / hidden_dim) * 2.0 / (num_heads + rank) * 0.01),
+        dims.HEADS)),
       (COMPOSE_KERNELS[2], (width, 4, num_heads),
-       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.HEADS),
-       math.sqrt(2.0 / (width + num_heads)) * 0.005)]
+       (dims.D_MODEL, dims.COMPOSE_SLOTS, dims.HEADS))]
   if static_mix:
     weights.append((STATIC_MIX, (2, num_heads, num_heads),
-                    (dims.COMPOSE_STAGES, dims.KEY_HEADS, dims.HEADS),
-                    0.1 * math.sqrt(1.0 / num_heads)))
-  return weights
+                    (dims.COMPOSE_STAGES, dims.KEY_HEADS, dims.HEADS)))
+  return [(name, shape, axes, compose_stddev(name, shape))
+          for name, shape, axes in weights]
 
 
 # ---- tf_keras's argument conventions -------------------------------------------

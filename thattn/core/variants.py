@@ -414,6 +414,7 @@ register(Variant(
             "are generated for each query-key pair from both positions' "
             "inputs (rank R plus gates, around the identity)",
     layer="DynamicallyComposableAttention",
+    identity_start=True,
     counted_as={"variant": "dcmha"}))
 
 _BUILT_IN = frozenset(_REGISTRY)

@@ -26,12 +26,21 @@ from typing import Callable
 
 import numpy as np
 
+from thattn.core import attention_spec
+from thattn.core import initial_weights
+
 # The tokens of a projected variant's weights that the source, a multi-head
 # model, has no value for: P_l and P_w start at the identity and the dynamic
 # projections at zero, so the converted model computes multi-head attention
 # exactly (the paper's Section 4: P_l = P_w = I is multi-head attention).
 IDENTITY_TOKENS = ("pre_softmax_projection", "post_softmax_projection")
 ZERO_TOKENS = ("x2l", "m2l", "x2w", "m2w")
+# DCMHA's weights (`attention_spec.COMPOSE_KERNELS`, the static mix): its
+# compose is the identity with Q_kw's w_2 rows, D_d and S at zero. D_1
+# and w_1's rows are drawn as the layer draws them (seeded by the weight's
+# name, `_DCMHA_START_SEED`), not zeroed: at zero the gradient would never
+# reach w_2 (each factor's gradient is the other's).
+_DCMHA_START_SEED = 0
 
 
 def _keep(array):
@@ -162,7 +171,7 @@ def weight_names(model):
 def identity_start(names):
   """{name: array} for the weights of `names` (name -> shape) that a
   multi-head source has no value for: identity P_l and P_w, zero dynamic
-  projections. Raises ValueError for a P_l or P_w that is not square
+  projections, DCMHA's kernels at its identity. Raises ValueError for a P_l or P_w that is not square
   (h_k, h and h_v must be equal to start from multi-head attention)."""
   start = {}
   for name, shape in names.items():
@@ -175,7 +184,23 @@ def identity_start(names):
       start[name] = np.eye(shape[0], dtype=np.float32)
     elif set(parts[-2:]) & set(ZERO_TOKENS):
       start[name] = np.zeros(shape, np.float32)
+    elif parts[-1] in attention_spec.COMPOSE_KERNELS + (
+        attention_spec.STATIC_MIX,):
+      start[name] = _dcmha_start(name, parts[-1], shape)
   return start
+
+
+def _dcmha_start(name, kind, shape):
+  """A DCMHA weight at its identity start (see `_DCMHA_START_SEED`)."""
+  if kind in (attention_spec.COMPOSE_KERNELS[2], attention_spec.STATIC_MIX):
+    return np.zeros(shape, np.float32)
+  drawn = initial_weights.sample(
+      {"class_name": "RandomNormal",
+       "config": {"stddev": attention_spec.compose_stddev(kind, shape)}},
+      shape, _DCMHA_START_SEED, name)
+  if kind == attention_spec.COMPOSE_KERNELS[1]:  # w_2: Q_kw[..., R:, :]
+    drawn[:, :, shape[2] // 2:] = 0.0
+  return drawn
 
 
 def plan(model, arrays, rules, *, dropped=(), source="the source"):

@@ -1,7 +1,9 @@
 """The files of a Hugging Face model folder (what `save_pretrained` writes),
 read without TensorFlow: `config.json`, and the weights as
 `model.safetensors` (or sharded, with `model.safetensors.index.json`), or
-as `pytorch_model.bin` where PyTorch is installed.
+as `pytorch_model.bin` (or sharded, with `pytorch_model.bin.index.json`,
+as the DCFormer authors' hub folders hold them) where PyTorch is
+installed, read with `torch.load(weights_only=True)`.
 
 Plain Python over NumPy and safetensors: `thattn.converters.hugging_face`
 (BERT, ALBERT) reads its folders with it, and
@@ -20,6 +22,7 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
 
 
 def read_config(path):
@@ -53,10 +56,16 @@ def read_arrays(path, prefixes=()):
       arrays.update(safetensors_numpy.load_file(os.path.join(path, name)))
   elif os.path.isfile(os.path.join(path, TORCH_FILE)):
     arrays = _torch_arrays(os.path.join(path, TORCH_FILE))
+  elif os.path.isfile(os.path.join(path, TORCH_INDEX)):
+    with open(os.path.join(path, TORCH_INDEX)) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    arrays = {}
+    for name in files:
+      arrays.update(_torch_arrays(os.path.join(path, name)))
   else:
     raise ValueError(f"{path} holds neither {SAFETENSORS_FILE} nor "
-                     f"{TORCH_FILE}; expected a folder save_pretrained "
-                     "wrote.")
+                     f"{TORCH_FILE} (nor their sharded indexes); expected "
+                     "a folder save_pretrained wrote.")
   result = {}
   for name, value in arrays.items():
     for prefix in prefixes:

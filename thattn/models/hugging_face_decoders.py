@@ -1,5 +1,6 @@
 """Hugging Face decoder-only LM folders: GPT-2, Llama, GPT-NeoX (Pythia),
-DiffLlama and Qwen3-Next (its full-attention, dense form).
+DiffLlama, Qwen3-Next (its full-attention, dense form), and the DCFormer
+authors' DCPythia and DCFormer hub folders.
 
 What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM`,
 `GPTNeoXForCausalLM`, `DiffLlamaForCausalLM` and `Qwen3NextForCausalLM`
@@ -47,6 +48,21 @@ Only folders whose layers are all full attention with dense MLPs
 convert: a linear-attention (Gated DeltaNet) or mixture-of-experts layer
 is refused by name, nothing written.
 
+DCPythia and DCFormer (Xiao et al., 2024; `model_type` "dcpythia" and
+"dcformer", the hub folders of the authors' own code, Caiyun-AI/DCFormer)
+convert as the `dcmha` variant only: `wqkv`'s rows cut into Q (N K), K
+and V (N_kv K each), head-major; DCMHA's `dw1` [D, 1, 4, C], `qkw` [1, 4,
+C, 2R, N] and `dd` [D, 1, 4N] without their group axis (G = 1); the q/k
+norms' plain scales (1e-6, the code's fixed epsilon), 1/sqrt(K) in the
+query's; DCPythia's block is GPT-NeoX's (LayerNorm, exact GELU, the
+parallel residual, `rotary_pct`), DCFormer's Llama's (RMSNorm, SwiGLU
+with w1 under the SiLU, w3 beside it). The derived `dw_m` and `qkw_m`
+are ignored, and `pre_proj.w` / `post_proj.w` must be the identity
+buffers they are in both releases (the code has no key for another
+static mix). The local layers (`window_type`: None is "LG", or the named
+patterns, which fix the window at 256) get the released prefill's window,
+the w + 1 keys j in [i - w, i]: `sliding_window` = `window_size` + 1.
+
 Refused by name, before anything is read or written: a rope type other
 than "default" and "llama3" (yarn, dynamic, linear, longrope, ...), a
 sliding window, GPT-2's `scale_attn_by_inverse_layer_idx`, unscaled
@@ -63,10 +79,12 @@ from thattn.core import weight_maps
 from thattn.io import hugging_face_files
 from thattn.models import config as config_lib
 
-MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama", "qwen3_next")
+MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama", "qwen3_next",
+               "dcpythia", "dcformer")
 # The attention of the model types that do not hold multi-head attention:
 # they convert as that variant only (`variants.converted_attention`).
-SOURCE_ATTENTION = {"diffllama": "differential", "qwen3_next": "gated"}
+SOURCE_ATTENTION = {"diffllama": "differential", "qwen3_next": "gated",
+                    "dcpythia": "dcmha", "dcformer": "dcmha"}
 # config.json's activation -> DecoderConfig.activation.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
                "gelu_pytorch_tanh": "gelu_approximate",
@@ -76,13 +94,22 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
 # GPT2Model, LlamaModel, GPTNeoXModel save) has none.
 _PREFIXES = {"gpt2": "transformer.", "llama": "model.",
              "gpt_neox": "gpt_neox.", "diffllama": "model.",
-             "qwen3_next": "model."}
+             "qwen3_next": "model.", "dcpythia": "", "dcformer": ""}
 # Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
 # GPT-NeoX's masks and inverse frequencies), which thattn computes, and
 # Qwen3-Next's multi-token-prediction module (`mtp.*`), which transformers
 # does not load either.
 DROPPED = (r".*\.attn\.(masked_)?bias", r".*\.attention\.(masked_)?bias",
            r".*rotary_emb\.inv_freq", r"mtp\..*")
+# DCPythia's and DCFormer's derived weights (merge_weights' `dw_m`,
+# `qkw_m`) and identity buffers (checked in `read`).
+DCFORMER_DROPPED = (r".*\.dyn_w_proj\.(dw_m|qkw_m)",
+                    r".*\.dyn_w_proj\.(pre|post)_proj\.w")
+# The authors' named window patterns ("L" local, "G" global), which fix
+# the window at 256 whatever `window_size` says; None is "LG" with it.
+DCFORMER_WINDOW_PATTERNS = {"LG": "LG", "LGLL": "LGLL", "LGL6": "LGLLLLLL"}
+# The q/k RMSNorm's epsilon, fixed in the authors' code.
+DCFORMER_QUERY_KEY_EPSILON = 1e-6
 
 
 def is_source(path):
@@ -267,9 +294,61 @@ def _gpt_neox_config(hf_config, path, attention):
       initializer_range=hf_config.get("initializer_range", 0.02))
 
 
+def _dcformer_config(hf_config, path, attention):
+  """DCPythia's and DCFormer's config.json (the authors' config classes'
+  keys) as a DecoderConfig."""
+  model_type = hf_config["model_type"]
+  if attention != "dcmha":
+    _refuse(path, "attention", attention, f"{model_type}'s DCMHA "
+            "(attention='dcmha')")
+  for name, released in (("use_dcmha", True), ("query_wise", False),
+                         ("tie_word_embeddings", False)):
+    if hf_config.get(name, released) != released:
+      _refuse(path, name, hf_config[name], f"{name}={released} (as both "
+              "releases)")
+  width, heads = _field(hf_config, "dim", path), _field(hf_config, "n_head",
+                                                        path)
+  kv_heads = hf_config.get("n_local_heads", -1)
+  pythia = model_type == "dcpythia"
+  window_type = hf_config.get("window_type")
+  window = hf_config.get("window_size")
+  if window_type is not None:
+    if window_type not in DCFORMER_WINDOW_PATTERNS:
+      _refuse(path, "window_type", window_type,
+              f"None or {sorted(DCFORMER_WINDOW_PATTERNS)}")
+    window = 256  # the named patterns' own
+  d_ff = hf_config.get("intermediate_size") or (
+      4 * width if pythia else -(-int(8 * width / 3) // 256) * 256)
+  return config_lib.DecoderConfig(
+      vocab_size=_field(hf_config, "vocab_size", path), d_model=width,
+      num_layers=_field(hf_config, "n_layer", path), d_ff=d_ff,
+      attention=config_lib.AttentionConfig(
+          variant="dcmha", num_heads=heads, key_dim=width // heads,
+          num_key_value_heads=(None if kv_heads in (-1, heads) else
+                               kv_heads)),
+      position_embedding="rotary",
+      max_position_embeddings=hf_config.get("block_size", 2048),
+      rotary_base=float(hf_config.get("rope_base", 10000.0)),
+      rotary_pct=hf_config.get("rotary_pct", 1.0) if pythia else 1.0,
+      norm="layer_norm" if pythia else "rms_norm",
+      activation="gelu" if pythia else "silu",
+      gated_feed_forward=not pythia,
+      parallel_residual=pythia and hf_config.get("use_parallel_residual",
+                                                 True),
+      use_bias=pythia and hf_config.get("use_linear_bias", True),
+      tie_embeddings=False, dropout_rate=0.0,
+      layer_norm_epsilon=hf_config.get("norm_eps", 1e-5),
+      query_key_norm=bool(hf_config.get("use_qk_norm", False)),
+      query_key_epsilon=(DCFORMER_QUERY_KEY_EPSILON
+                         if hf_config.get("use_qk_norm") else None),
+      sliding_window=None if window is None else window + 1,
+      window_pattern=DCFORMER_WINDOW_PATTERNS.get(window_type, "LG"))
+
+
 _CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config,
             "gpt_neox": _gpt_neox_config, "diffllama": _diff_llama_config,
-            "qwen3_next": _qwen3_next_config}
+            "qwen3_next": _qwen3_next_config, "dcpythia": _dcformer_config,
+            "dcformer": _dcformer_config}
 
 
 def decoder_config(hf_config, path, attention="multi_head"):
@@ -280,6 +359,7 @@ def decoder_config(hf_config, path, attention="multi_head"):
     _refuse(path, "model_type", model_type, f"{list(MODEL_TYPES)}")
   width = hf_config.get("n_embd", hf_config.get("hidden_size"))
   heads = hf_config.get("n_head", hf_config.get("num_attention_heads"))
+  width = width or hf_config.get("dim")
   if (model_type not in ("llama", "diffllama", "qwen3_next") or
       not hf_config.get("head_dim")) and (
       width and heads and width % heads):
@@ -497,12 +577,68 @@ def _gpt_neox_rules(config):
   return rules
 
 
+def _dcformer_rules(config):
+  """DCPythia's and DCFormer's rules: wqkv cut into Q, K and V, DCMHA's
+  kernels without their group axis, the q/k norms, the feed-forward
+  network (DCPythia's w1, w2; DCFormer's SwiGLU w1, w3, w2)."""
+  h = config.attention.num_heads
+  h_kv = config.attention.num_key_value_heads or h
+  d_k, _ = config.attention.head_dims(config.d_model)
+  linear = lambda array: np.asarray(array).T  # a Linear's [out, in]
+  bounds = {"query": (0, h * d_k), "key": (h * d_k, (h + h_kv) * d_k),
+            "value": ((h + h_kv) * d_k, (h + 2 * h_kv) * d_k)}
+
+  def rows(array, part):
+    """wqkv's rows (or bias entries) of `part`, as [in, out] (or [out])."""
+    start, stop = bounds[part]
+    return linear(np.asarray(array)[start:stop])
+
+  rules = [_rule("token_embedding/embeddings", "tok_embeddings.weight")]
+  rules += _norm("decoder_final_norm", "norm", config)
+  for index in range(config.num_layers):
+    block, layer = f"decoder_block_{index}", f"layers.{index}"
+    attention = f"{layer}.attention"
+    target = f"{block}/self_attention/self_attention"
+    parts = {part: (f"{attention}.wqkv",
+                    lambda array, part=part: rows(array, part))
+             for part in bounds}
+    rules += _attention(block, config, parts, (f"{attention}.wo", linear),
+                        config.use_bias)
+    squeezed = lambda array: np.asarray(array)[:, 0]  # [D, G=1, ...]
+    rules += [
+        _rule(f"{target}/dynamic_hidden", f"{attention}.dyn_w_proj.dw1",
+              squeezed),
+        _rule(f"{target}/dynamic_factors", f"{attention}.dyn_w_proj.qkw",
+              lambda array: np.asarray(array)[0]),
+        _rule(f"{target}/dynamic_gates", f"{attention}.dyn_w_proj.dd",
+              lambda array: squeezed(array).reshape(
+                  array.shape[0], 4, h))]
+    if config.query_key_norm:
+      rules += [
+          # 1/sqrt(d_k), applied to the logits after the norm there.
+          _rule(f"{target}/query_norm", f"{attention}.q_norm.scale",
+                lambda array: np.asarray(array) * d_k ** -0.5),
+          _rule(f"{target}/key_norm", f"{attention}.k_norm.scale")]
+    ff_parts = (("input", "w1"), ("gate", "w3"), ("output", "w2"))
+    for part, source in ff_parts if config.gated_feed_forward else (
+        ff_parts[0], ff_parts[2]):
+      rules += _dense(f"{block}/feed_forward/{part}",
+                      f"{layer}.feed_forward.{source}", linear,
+                      config.use_bias)
+    rules += _norm(f"{block}/self_attention_norm", f"{layer}.attention_norm",
+                   config)
+    rules += _norm(f"{block}/feed_forward_norm", f"{layer}.ffn_norm", config)
+  return rules
+
+
 _RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules,
           "gpt_neox": _gpt_neox_rules, "diffllama": _diff_llama_rules,
-          "qwen3_next": _qwen3_next_rules}
+          "qwen3_next": _qwen3_next_rules, "dcpythia": _dcformer_rules,
+          "dcformer": _dcformer_rules}
 # The untied output layer's source name.
 _LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out",
-             "diffllama": "lm_head", "qwen3_next": "lm_head"}
+             "diffllama": "lm_head", "qwen3_next": "lm_head",
+             "dcpythia": "output", "dcformer": "output"}
 
 
 def rules(config, model_type):
@@ -518,9 +654,27 @@ def rules(config, model_type):
 def dropped(config, model_type):
   """The source names meant to be left out: the buffers, and a tied
   model's copy of its embedding as the output layer."""
+  result = DROPPED
+  if model_type in ("dcpythia", "dcformer"):
+    result += DCFORMER_DROPPED
   if config.tie_embeddings:
-    return DROPPED + (rf"{_LM_HEADS[model_type]}\.weight",)
-  return DROPPED
+    result += (rf"{_LM_HEADS[model_type]}\.weight",)
+  return result
+
+
+def _check_identity_buffers(arrays, path):
+  """DCMHA's `pre_proj.w` and `post_proj.w` buffers as both releases hold
+  them, the identity (the compose's residual); another static mix has no
+  config key in the authors' code, so it is refused by name."""
+  for name, array in arrays.items():
+    if name.endswith(("pre_proj.w", "post_proj.w")):
+      array = np.asarray(array)
+      if array.ndim != 3 or array.shape[0] != 1 or not np.array_equal(
+          array[0], np.eye(array.shape[-1])):
+        raise ValueError(
+            f"{path}: {name} is not the identity; thattn reads DCMHA's "
+            "static mix as the identity that both releases hold (nothing "
+            "was written).")
 
 
 def read(path, attention):
@@ -529,7 +683,9 @@ def read(path, attention):
   hf_config = hugging_face_files.read_config(path)
   config = decoder_config(hf_config, path, attention)
   family = hf_config["model_type"]
+  arrays = read_arrays(path, family)
+  _check_identity_buffers(arrays, path)
   return weight_maps.Source(
-      config=config, arrays=read_arrays(path, family),
+      config=config, arrays=arrays,
       rules=rules(config, family), dropped=dropped(config, family),
       tokenizer=None, family=family)
