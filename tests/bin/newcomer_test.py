@@ -41,8 +41,12 @@ def test_help_lists_the_binarys_own_flags_with_defaults(help_flag):
       section = out[out.index(f"  {flag}:"):][:400]
       assert f"(default: {default})" in section, section
   # Only thattn's flags: absl's and TensorFlow's own are in --helpfull.
-  assert "--logtostderr" not in out
-  assert len(out.splitlines()) < 200
+  # (A count of lines stood here; the registry's variants, which
+  # --attention lists, grow the help by right.)
+  for foreign in ("--logtostderr", "--only_check_args", "--pdb",
+                  "--test_tmpdir", "--tt_check_filter", "--hbm_oom_exit",
+                  "--op_conversion_fallback_to_while_loop"):
+    assert foreign not in out, foreign
 
 
 def test_a_mistyped_flag_points_to_a_help_that_lists_the_flags():
