@@ -100,6 +100,30 @@ def test_rows_count_parameters_and_multiplies_from_complexity():
   assert "| 0.500 ± 0.354 | 10 |" in ablation.markdown_table(rows)
 
 
+def test_matched_parameters_lower_d_ff_by_what_attention_adds():
+  """--match_parameters: each variant's model has multi-head attention's
+  parameters at the same h, within one feed-forward unit per layer
+  (lm_tiny's gated network without biases: 3 d_model)."""
+  from thattn import models  # pylint: disable=g-import-not-at-top
+  grid = ablation.GridOptions(
+      task="causal_lm", heads=(4,), d_model=32, d_ff=96,
+      variants=("multi_head", "talking_heads", "dcmha", "gated",
+                "differential"), match_parameters=True)
+  counts = {}
+  for variant in grid.variants:
+    options = ablation._model(grid, variant, 4)  # pylint: disable=protected-access
+    counts[variant] = models.create_model(
+        options.preset, **options.overrides).count_params()
+    if variant == "dcmha":  # D_1 [32, 4, 16], Q_kw [4, 16, 4, 4], D_d
+      assert options.overrides["d_ff"] == 96 - round(3584 / 96)
+  for variant, count in counts.items():
+    assert abs(count - counts["multi_head"]) <= 2 * 3 * 32 // 2, variant
+  with pytest.raises(ValueError, match="dcmha at h=4 adds 3,584 parameters "
+                                       "per layer, more than"):
+    ablation.GridOptions(task="causal_lm", heads=(4,), d_model=32, d_ff=16,
+                         variants=("dcmha",), match_parameters=True)
+
+
 def test_grid_errors():
   with pytest.raises(ValueError, match="heads=3 does not divide d_model=64"):
     ablation.GridOptions(heads=(3,))

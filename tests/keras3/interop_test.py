@@ -25,7 +25,7 @@ def test_heads_shard_on_jax_devices(devices):
       "jax", "sharding_checks.py",
       XLA_FLAGS="--xla_force_host_platform_device_count=8",
       THATTN_MESH_DEVICES=str(devices))
-  assert "7 passed" in output, output
+  assert "8 passed" in output, output
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])

@@ -99,6 +99,28 @@ def test_the_gate_is_split_along_its_heads(headwise):
   assert _split_dims(gate) == (1,)
 
 
+def test_dcmha_shards_its_projections_and_its_kernels_by_rule():
+  """Under the default rules P_q, P_k, P_v and P_o split along their
+  heads and DCMHA's dynamic kernels stay whole; with "heads:model" alone
+  (the compose mixes heads, so not both) Q_kw and D_d split along their
+  heads axis instead. The outputs equal the unsharded layer's."""
+  heads = 2 * MODEL_AXIS
+  make = lambda: keras3.DynamicallyComposableAttention(heads, 4)
+  for rules, query_split, factors_split in (
+      (None, (1,), ()), ("batch:batch;heads:model", (), (3,))):
+    sharded, plain = _sharded(make, rules)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(sharded(X, X, use_causal_mask=True)),
+        ops.convert_to_numpy(plain(X, X, use_causal_mask=True)),
+        rtol=1e-5, atol=1e-5)
+    split = {variable.path.split("/", 1)[1]: _split_dims(variable)
+             for variable in sharded.weights}
+    assert split["query/kernel"] == query_split
+    assert split["dynamic_factors"] == factors_split
+    assert split["dynamic_gates"] == tuple(2 for _ in factors_split)
+    assert split["dynamic_hidden"] == ()
+
+
 def test_jit_compiles_the_sharded_layer():
   sharded, plain = _sharded(lambda: keras3.MultiHeadAttention(
       2 * MODEL_AXIS, 4))

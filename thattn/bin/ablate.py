@@ -49,6 +49,11 @@ flags.DEFINE_string("preset", None, "The preset to resize; default: the "
                     "task's (bert_tiny for mlm).")
 flags.DEFINE_integer("d_model", 64, "Model width (h * d_k).")
 flags.DEFINE_integer("d_ff", 256, "Feed-forward width.")
+flags.DEFINE_boolean("match_parameters", False, "Lower each variant's "
+                     "feed-forward width by what its attention adds, so "
+                     "that every model has multi-head attention's "
+                     "parameters at the same heads (within one "
+                     "feed-forward unit per layer).")
 flags.DEFINE_integer("num_layers", 2, "Layers.")
 flags.DEFINE_integer("train_steps", 600, "Steps per run.")
 flags.DEFINE_integer("batch_size", 32, "Examples per step.")
@@ -77,7 +82,8 @@ def main(argv):
         task=FLAGS.task, variants=tuple(FLAGS.variants),
         heads=tuple(int(h) for h in FLAGS.heads),
         seeds=tuple(int(s) for s in FLAGS.seeds), preset=FLAGS.preset,
-        d_model=FLAGS.d_model, d_ff=FLAGS.d_ff, num_layers=FLAGS.num_layers)
+        d_model=FLAGS.d_model, d_ff=FLAGS.d_ff, num_layers=FLAGS.num_layers,
+        match_parameters=FLAGS.match_parameters)
     options = options_lib.TrainOptions(
         train_steps=FLAGS.train_steps, batch_size=FLAGS.batch_size,
         sequence_length=FLAGS.sequence_length, optimizer=FLAGS.optimizer,

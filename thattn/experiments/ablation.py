@@ -3,7 +3,12 @@
 `run_grid(...)` trains one small model per (variant, heads, seed) with
 `thattn.training.trainer`, keeping h * d_k = d_model as in the paper's Table 1,
 so that multi-head attention has the same parameters at every head count
-and talking heads adds only P_l and P_w (h^2 each). It writes, in out_dir:
+and talking heads adds only P_l and P_w (h^2 each). With
+`match_parameters`, every variant's feed-forward width is lowered by what
+its attention layers add (the gate's P_g, DCMHA's kernels, P_l and P_w),
+so that each model has multi-head attention's parameters at the same h
+within one feed-forward unit per layer (`matched_d_ff`). It writes, in
+out_dir:
 
 - `runs/<variant>_h<h>_s<seed>/`: each run's model_dir (a rerun skips the
   finished runs and resumes an interrupted one);
@@ -35,6 +40,7 @@ import tf_keras
 from thattn.io import checkpoint_reading
 from thattn.core import complexity
 from thattn.core import requirements
+from thattn import models
 from thattn import tasks
 from thattn.training import options as options_lib
 from thattn.io import run_dir
@@ -51,6 +57,7 @@ class GridOptions:
   d_model: int = 64
   d_ff: int = 256
   num_layers: int = 2
+  match_parameters: bool = False
 
   def __post_init__(self):
     if not tasks.get(self.task).pretraining:  # get: unknown names listed
@@ -76,16 +83,42 @@ def run_name(variant, heads, seed):
   return f"{variant}_h{heads}_s{seed}"
 
 
-def _model(grid, variant, heads):
+def _model(grid, variant, heads, d_ff=None):
   overrides = {"attention": variant, "num_heads": heads,
                "d_model": grid.d_model, "num_layers": grid.num_layers,
-               "d_ff": grid.d_ff}
+               "d_ff": d_ff or grid.d_ff}
   task_class = tasks.get(grid.task)
   if task_class.supports_dropout:
     overrides["dropout_rate"] = 0.0  # the paper's pretraining recipe
   preset = (grid.preset or task_class.default_preset
             if task_class.default_preset else None)
+  if d_ff is None and grid.match_parameters:
+    overrides["d_ff"] = matched_d_ff(
+        grid, variant, heads,
+        models.model_config(preset, **overrides) if preset else None)
   return tasks.ModelOptions(preset=preset, overrides=overrides)
+
+
+def matched_d_ff(grid, variant, heads, config):
+  """The feed-forward width at which a `variant` model has multi-head
+  attention's parameters at h = `heads`: `grid.d_ff` less the parameters
+  its attention layer adds, over a feed-forward unit's (2 d_model, 3 with
+  a gated network, and its bias; a model without a preset, recall's
+  encoder, has a plain network with biases)."""
+  extra = (complexity.parameters(attention_shape(variant, heads,
+                                                 grid.d_model, 1)) -
+           complexity.parameters(attention_shape("multi_head", heads,
+                                                 grid.d_model, 1)))
+  gated = bool(config and getattr(config, "gated_feed_forward", False))
+  per_unit = (3 if gated else 2) * grid.d_model + bool(
+      config is None or getattr(config, "use_bias", True))
+  d_ff = grid.d_ff - round(extra / per_unit)
+  if d_ff < 1:
+    raise ValueError(
+        f"match_parameters: {variant} at h={heads} adds {extra:,} "
+        f"parameters per layer, more than the feed-forward width "
+        f"d_ff={grid.d_ff} holds; give a larger --d_ff.")
+  return d_ff
 
 
 def run_grid(*, out_dir, grid=GridOptions(), options=None, data=None,
@@ -159,10 +192,13 @@ def aggregate(results, grid, sequence_length):
               r["heads"] == heads]
       values = [r["held_out_ln_ppl_after"] for r in runs]
       shape = attention_shape(variant, heads, grid.d_model, sequence_length)
+      counted = [r["parameters"] for r in runs if "parameters" in r]
       rows.append({
           **_paired_difference(results, variant, heads),
           "variant": variant, "heads": heads,
           "d_k": grid.d_model // heads, "seeds": len(runs),
+          "d_ff": _model(grid, variant, heads).overrides["d_ff"],
+          "model_parameters": counted[0] if counted else None,
           "ln_ppl_mean": statistics.mean(values),
           "ln_ppl_std": statistics.stdev(values) if len(values) > 1 else 0.0,
           **_accuracy(runs),
@@ -207,10 +243,10 @@ def markdown_table(rows):
   """The table.md text; an accuracy column when every row has one."""
   with_accuracy = all("accuracy_mean" in row for row in rows)
   accuracy_header = " held-out accuracy |" if with_accuracy else ""
-  lines = ["| variant | h | d_k | params / att. layer | multiplies / att. "
-           "layer | held-out ln(PPL) | minus multi_head, same seed |"
-           f"{accuracy_header} step time (ms) |",
-           "|---|---:|---:|---:|---:|---|---|" +
+  lines = ["| variant | h | d_k | d_ff | params (model) | params / att. "
+           "layer | multiplies / att. layer | held-out ln(PPL) | minus "
+           f"multi_head, same seed |{accuracy_header} step time (ms) |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---|" +
            ("---|" if with_accuracy else "") + "---:|"]
   for row in rows:
     difference = ("" if row["difference_mean"] is None else
@@ -218,8 +254,11 @@ def markdown_table(rows):
                   f"{row['difference_std']:.3f}")
     accuracy = (f" {row['accuracy_mean']:.3f} ± {row['accuracy_std']:.3f} |"
                 if with_accuracy else "")
+    model_parameters = ("-" if row["model_parameters"] is None else
+                        f"{row['model_parameters']:,}")
     lines.append(
         f"| {row['variant']} | {row['heads']} | {row['d_k']} | "
+        f"{row['d_ff']} | {model_parameters} | "
         f"{row['parameters']:,} | {row['multiplies']:,} | "
         f"{row['ln_ppl_mean']:.3f} ± {row['ln_ppl_std']:.3f} "
         f"(n={row['seeds']}) | {difference} |{accuracy} "

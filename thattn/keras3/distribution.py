@@ -16,7 +16,10 @@ and the dynamic projections with one more dimension (their G blocks), so
 the map is made for one `num_head_groups`; with G a multiple of the model
 axis and the rule "head_groups:model", each device holds whole groups. The
 same holds for the gate, P_g[d_X, h_v, d_v], or P_g[d_X, h_v] with
-`headwise_gate`.
+`headwise_gate`. DCMHA's kernels D_1, Q_kw and D_d split along their
+heads where a rule shards `heads` (the default rules shard only the
+projections' key and value heads: the compose mixes all heads of a
+query-key pair).
 
 `model_layout_map(device_mesh, model, rules)` does the same for a whole
 model (`thattn.keras3.models`, or any layer built of thattn's Keras 3
@@ -60,6 +63,10 @@ def weight_axes(num_head_groups=1, headwise_gate=False):
   })
   axes.update({f".*/{name}": name_axes for name, name_axes in
                attention_spec.BILINEAR_AXES.items()})
+  # DCMHA's dynamic kernels and static mix (their axes do not depend on
+  # the sizes).
+  axes.update({f".*/{name}": name_axes for name, _, name_axes, _ in
+               attention_spec.compose_weights(1, 1, 1, 1, True)})
   return axes
 
 
