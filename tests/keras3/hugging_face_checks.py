@@ -34,7 +34,8 @@ def families():
 
 def held_families():
   """The folders of another variant than multi-head
-  (`<family>.held.npz`: DiffLlama, Qwen3-Next, DCPythia, DCFormer)."""
+  (`<family>.held.npz`: DiffLlama, Qwen3-Next, DCPythia, DCFormer, the
+  gated-attention paper's Qwen3)."""
   return sorted(path.name.split(".")[0]
                 for path in EXCHANGE.glob("*.held.npz"))
 
@@ -64,8 +65,8 @@ def test_a_folder_loads_with_transformers_logits(family, attention):
 @pytest.mark.parametrize("family", held_families())
 def test_a_folder_of_another_variant_loads_as_itself(family):
   """DiffLlama's folder as differential attention, Qwen3-Next's as gated
-  attention, DCPythia's and DCFormer's as DCMHA (no `attention`: the
-  folder's own), with their sources' logits and greedy tokens; upgrading
+  attention, DCPythia's and DCFormer's as DCMHA, the gated-attention
+  paper's Qwen3 as its gate (no `attention`: the folder's own), with their sources' logits and greedy tokens; upgrading
   them to another variant is refused."""
   saved = np.load(EXCHANGE / f"{family}.held.npz")
   model = models.load(str(EXCHANGE / family))

@@ -5,8 +5,9 @@ logits and greedy `generate` for the tiny models
 tests/models/hugging_face_decoders_test.py saves, and its encoder outputs
 for tiny BERT and ALBERT models saved here; and of the DCPythia and
 DCFormer folders the DCFormer authors' code wrote
-(tests/models/dcformer_folders), against that code's logits and greedy
-tokens."""
+(tests/models/dcformer_folders) and the Qwen3 folders the gated-attention
+paper's code wrote (tests/models/gated_attention_folders), against that
+code's logits and greedy tokens."""
 
 import pathlib
 import re
@@ -48,11 +49,17 @@ def exchange(tmp_path_factory):
              logits=sources._reference_logits(model, tokens),  # pylint: disable=protected-access
              prompt=prompt,
              greedy=sources._reference_continuation(model, prompt, 5))  # pylint: disable=protected-access
-  # DCMHA's folders, written by its authors' code, load as dcmha only.
-  authors = pathlib.Path(sources.__file__).parent / "dcformer_folders"
-  for family in ("dcpythia", "dcformer"):
-    shutil.copytree(authors / family, folder / family)
-    expected = np.load(authors / family / "expected.npz")
+  # Folders their methods' authors' code wrote: DCMHA's (they load as
+  # dcmha only) and the gated-attention paper's Qwen3 (as their gate).
+  here = pathlib.Path(sources.__file__).parent
+  for family, written in (
+      ("dcpythia", here / "dcformer_folders" / "dcpythia"),
+      ("dcformer", here / "dcformer_folders" / "dcformer"),
+      ("qwen3_headwise", here / "gated_attention_folders" / "headwise"),
+      ("qwen3_elementwise",
+       here / "gated_attention_folders" / "elementwise")):
+    shutil.copytree(written, folder / family)
+    expected = np.load(written / "expected.npz")
     prompt = expected["prompt"]
     np.savez(folder / f"{family}.held.npz", tokens=expected["tokens"],
              logits=expected["logits"], prompt=prompt,
@@ -86,6 +93,6 @@ def test_folders_load_without_tensorflow_with_transformers_logits(backend,
   output = processes.run_pytest(backend, "hugging_face_checks.py",
                                 THATTN_HF_EXCHANGE=str(exchange))
   # Three decoder families and two encoder families as two variants,
-  # DiffLlama, Qwen3-Next, DCPythia and DCFormer as themselves, the
-  # imports, the refusals.
-  assert re.search(r"\b16 passed", output), output
+  # DiffLlama, Qwen3-Next, DCPythia, DCFormer and the gated-attention
+  # paper's two Qwen3 as themselves, the imports, the refusals.
+  assert re.search(r"\b18 passed", output), output

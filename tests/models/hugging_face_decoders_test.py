@@ -346,3 +346,37 @@ def test_a_qwen3_next_folder_converts_as_gated_attention(qwen3_next,
     converters.convert(source=str(folder), model_dir=str(tmp_path / "mh"),
                        attention="multi_head")
 
+
+
+# ---- Qwen3 (transformers'): multi-head attention with the q/k norm --------
+
+
+@pytest.mark.parametrize("attention", ["multi_head", "dcmha"])
+def test_a_qwen3_folder_gives_transformers_logits(attention,
+                                                  tmp_path_factory):
+  """transformers' Qwen3: Llama's layout with the queries' and keys'
+  RMSNorm, plain scales (not Qwen3-Next's 1 + w); a multi-head source, so
+  DCMHA starts at its logits too. The gated-attention paper's Qwen3
+  folders, which carve a gate from q_proj: tests/models/
+  qwen3_gated_test.py."""
+  model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-6,
+      tie_word_embeddings=False)).eval()
+  with torch.no_grad():
+    for name, weight in model.named_parameters():
+      if name.endswith("norm.weight"):
+        weight.copy_(1.0 + 0.1 * torch.randn(weight.shape))
+      else:
+        weight.normal_(0.0, 0.3)
+  folder = tmp_path_factory.mktemp("hf") / "qwen3"
+  model.save_pretrained(folder)
+  assert hugging_face_decoders.source_attention(str(folder)) == "multi_head"
+  config, converted = _converted(folder, attention)
+  assert (config.query_key_norm, config.query_key_norm_epsilon()) == (True,
+                                                                      1e-6)
+  tokens = _tokens()
+  _assert_close(
+      converted({"decoder_input_tokens": tf.constant(tokens)}).numpy(),
+      _reference_logits(model, tokens))

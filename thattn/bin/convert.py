@@ -47,9 +47,8 @@ flags.DEFINE_string("source", None, "--to=thattn: the folder to convert, "
 flags.DEFINE_enum("source_format", None, list(converters.FORMATS),
                   "--source's format, where its files do not say.")
 flags.DEFINE_enum("attention", None,
-                  list(dict.fromkeys(variants.identity_starts() + tuple(
-                      sorted(hugging_face_decoders.SOURCE_ATTENTION.values(
-                      ))))),
+                  list(dict.fromkeys(variants.identity_starts() +
+                                     hugging_face_decoders.held_attentions())),
                   "--source=<Hugging Face, KerasHub or Google folder>: the "
                   "attention of the thattn model (default: the source's "
                   "own); a multi-head source starts a projected variant at "

@@ -80,7 +80,8 @@ _TASKS_AND_PRESETS = {"bert": ("mlm", "bert_base"),
                       "diffllama": ("causal_lm", "llama_3_2_1b"),
                       "qwen3_next": ("causal_lm", "llama_3_2_1b"),
                       "dcpythia": ("causal_lm", "dcpythia_6p9b"),
-                      "dcformer": ("causal_lm", "dcformer_2p8b")}
+                      "dcformer": ("causal_lm", "dcformer_2p8b"),
+                      "qwen3": ("causal_lm", "llama_3_2_1b")}
 
 
 def detect(source):

@@ -1,6 +1,7 @@
 """Hugging Face decoder-only LM folders: GPT-2, Llama, GPT-NeoX (Pythia),
-DiffLlama, Qwen3-Next (its full-attention, dense form), and the DCFormer
-authors' DCPythia and DCFormer hub folders.
+DiffLlama, Qwen3 (the gated-attention paper's too), Qwen3-Next (its
+full-attention, dense form), and the DCFormer authors' DCPythia and
+DCFormer hub folders.
 
 What `save_pretrained` writes for `GPT2LMHeadModel`, `LlamaForCausalLM`,
 `GPTNeoXForCausalLM`, `DiffLlamaForCausalLM` and `Qwen3NextForCausalLM`
@@ -48,6 +49,15 @@ Only folders whose layers are all full attention with dense MLPs
 convert: a linear-attention (Gated DeltaNet) or mixture-of-experts layer
 is refused by name, nothing written.
 
+Qwen3 is Llama with the queries' and keys' RMSNorm, whose scales multiply
+plainly (Qwen3-Next's hold 1 + w); its folders hold multi-head attention.
+The gated-attention paper's own code (Qiu et al., 2025; qiuzh20/
+gated_attention) writes Qwen3 folders whose config.json names a gate,
+`headwise_attn_output_gate` or `elementwise_attn_output_gate`: they
+convert as `gated_headwise` or `gated` only (`QWEN3_GATES`), q_proj's
+rows cut per key-value group (the group's h/h_kv heads' queries, then
+their gates), unlike Qwen3-Next's per head.
+
 DCPythia and DCFormer (Xiao et al., 2024; `model_type` "dcpythia" and
 "dcformer", the hub folders of the authors' own code, Caiyun-AI/DCFormer)
 convert as the `dcmha` variant only: `wqkv`'s rows cut into Q (N K), K
@@ -80,11 +90,16 @@ from thattn.io import hugging_face_files
 from thattn.models import config as config_lib
 
 MODEL_TYPES = ("gpt2", "llama", "gpt_neox", "diffllama", "qwen3_next",
-               "dcpythia", "dcformer")
+               "dcpythia", "dcformer", "qwen3")
 # The attention of the model types that do not hold multi-head attention:
 # they convert as that variant only (`variants.converted_attention`).
 SOURCE_ATTENTION = {"diffllama": "differential", "qwen3_next": "gated",
                     "dcpythia": "dcmha", "dcformer": "dcmha"}
+# Qwen3 folders of the gated-attention paper's code (qiuzh20/
+# gated_attention) name their gate in config.json; a Qwen3 folder without
+# one holds multi-head attention.
+QWEN3_GATES = {"headwise_attn_output_gate": "gated_headwise",
+               "elementwise_attn_output_gate": "gated"}
 # config.json's activation -> DecoderConfig.activation.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
                "gelu_pytorch_tanh": "gelu_approximate",
@@ -94,7 +109,8 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate",
 # GPT2Model, LlamaModel, GPTNeoXModel save) has none.
 _PREFIXES = {"gpt2": "transformer.", "llama": "model.",
              "gpt_neox": "gpt_neox.", "diffllama": "model.",
-             "qwen3_next": "model.", "dcpythia": "", "dcformer": ""}
+             "qwen3_next": "model.", "dcpythia": "", "dcformer": "",
+             "qwen3": "model."}
 # Buffers some checkpoints hold beside the weights (GPT-2's causal masks,
 # GPT-NeoX's masks and inverse frequencies), which thattn computes, and
 # Qwen3-Next's multi-token-prediction module (`mtp.*`), which transformers
@@ -120,9 +136,27 @@ def is_source(path):
 
 def source_attention(path):
   """The attention variant the folder `path` holds: "multi_head", or
-  `SOURCE_ATTENTION`'s for its model type."""
-  return SOURCE_ATTENTION.get(hugging_face_files.model_type(path),
-                              "multi_head")
+  `SOURCE_ATTENTION`'s for its model type, or a Qwen3 folder's gate
+  (`QWEN3_GATES`)."""
+  model_type = hugging_face_files.model_type(path)
+  if model_type == "qwen3":
+    return _qwen3_attention(hugging_face_files.read_config(path), path)
+  return SOURCE_ATTENTION.get(model_type, "multi_head")
+
+
+def held_attentions():
+  """Every variant a folder may hold other than multi-head attention,
+  which converts only as itself."""
+  return tuple(sorted(set(SOURCE_ATTENTION.values()) |
+                      set(QWEN3_GATES.values())))
+
+
+def _qwen3_attention(hf_config, path):
+  gates = [key for key in QWEN3_GATES if hf_config.get(key)]
+  if len(gates) > 1:
+    _refuse(path, " and ".join(gates), True, "one gate, head-wise or "
+            "element-wise")
+  return QWEN3_GATES[gates[0]] if gates else "multi_head"
 
 
 def _where(path):
@@ -345,10 +379,31 @@ def _dcformer_config(hf_config, path, attention):
       window_pattern=DCFORMER_WINDOW_PATTERNS.get(window_type, "LG"))
 
 
+def _qwen3_config(hf_config, path, attention):
+  """Qwen3's config.json (transformers' and the gated-attention paper's):
+  Llama's with the q/k norm (plain scales, `rms_norm_eps`), and the
+  paper's gate where it names one."""
+  held = _qwen3_attention(hf_config, path)
+  if attention != held and held != "multi_head":
+    _refuse(path, "attention", attention, f"this Qwen3 folder's {held} "
+            f"attention (attention={held!r})")
+  if hf_config.get("use_sliding_window"):
+    _refuse(path, "use_sliding_window", True, "attention over the whole "
+            "past (no sliding window)")
+  if hf_config.get("attention_bias") or hf_config.get("qkv_bias"):
+    _refuse(path, "attention_bias", True, "Qwen3 without biases (its MLP "
+            "has none, and thattn's use_bias is all or none)")
+  llama = {key: value for key, value in hf_config.items()
+           if key not in ("sliding_window", "attention_bias", "qkv_bias")}
+  return dataclasses.replace(
+      _llama_config(llama, path, attention),
+      query_key_norm=bool(hf_config.get("use_qk_norm", True)))
+
+
 _CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config,
             "gpt_neox": _gpt_neox_config, "diffllama": _diff_llama_config,
             "qwen3_next": _qwen3_next_config, "dcpythia": _dcformer_config,
-            "dcformer": _dcformer_config}
+            "dcformer": _dcformer_config, "qwen3": _qwen3_config}
 
 
 def decoder_config(hf_config, path, attention="multi_head"):
@@ -360,7 +415,7 @@ def decoder_config(hf_config, path, attention="multi_head"):
   width = hf_config.get("n_embd", hf_config.get("hidden_size"))
   heads = hf_config.get("n_head", hf_config.get("num_attention_heads"))
   width = width or hf_config.get("dim")
-  if (model_type not in ("llama", "diffllama", "qwen3_next") or
+  if (model_type not in ("llama", "diffllama", "qwen3_next", "qwen3") or
       not hf_config.get("head_dim")) and (
       width and heads and width % heads):
     raise ValueError(f"{_where(path)}: the width {width} is not a multiple "
@@ -631,14 +686,57 @@ def _dcformer_rules(config):
   return rules
 
 
+def _qwen3_rules(config):
+  """Llama's rules with the q/k norms' plain scales (the query's times
+  1/sqrt(d_k)) and, in the gated-attention paper's folders, q_proj's rows
+  cut per key-value group: each group's queries [h/h_kv, K], then its
+  gates ([h/h_kv] head-wise, [h/h_kv, K] element-wise)."""
+  h = config.attention.num_heads
+  h_kv = config.attention.num_key_value_heads or h
+  d_k, _ = config.attention.head_dims(config.d_model)
+  group = h // h_kv
+  linear = lambda array: np.asarray(array).T  # a Linear's [out, in]
+  gated = config.attention.variant in QWEN3_GATES.values()
+  gate_width = (1 if config.attention.variant == "gated_headwise" else d_k)
+
+  def query_rows(array):  # [in, h K] of q_proj's queries
+    rows = np.asarray(array).reshape(h_kv, group * (d_k + gate_width), -1)
+    return rows[:, :group * d_k].reshape(h * d_k, -1).T
+
+  def gate_rows(array):  # P_g: [in, h] or [in, h, K]
+    rows = np.asarray(array).reshape(h_kv, group * (d_k + gate_width), -1)
+    gates = rows[:, group * d_k:].reshape(h * gate_width, -1).T
+    return gates if gate_width == 1 else gates.reshape(-1, h, d_k)
+
+  rules = [rule for rule in _llama_rules(config)
+           if not (gated and rule.source.endswith("self_attn.q_proj.weight"))]
+  for index in range(config.num_layers):
+    attention = f"layers.{index}.self_attn"
+    target = f"decoder_block_{index}/self_attention/self_attention"
+    if gated:
+      rules += [
+          _rule(f"{target}/query/kernel", f"{attention}.q_proj.weight",
+                lambda array: _heads(query_rows(array), h, d_k,
+                                     1.0 if config.query_key_norm else
+                                     d_k ** -0.5)),
+          _rule(f"{target}/gate/kernel", f"{attention}.q_proj.weight",
+                gate_rows)]
+    if config.query_key_norm:
+      rules += [
+          _rule(f"{target}/query_norm", f"{attention}.q_norm.weight",
+                lambda array: np.asarray(array) * d_k ** -0.5),
+          _rule(f"{target}/key_norm", f"{attention}.k_norm.weight")]
+  return rules
+
+
 _RULES = {"gpt2": _gpt2_rules, "llama": _llama_rules,
           "gpt_neox": _gpt_neox_rules, "diffllama": _diff_llama_rules,
           "qwen3_next": _qwen3_next_rules, "dcpythia": _dcformer_rules,
-          "dcformer": _dcformer_rules}
+          "dcformer": _dcformer_rules, "qwen3": _qwen3_rules}
 # The untied output layer's source name.
 _LM_HEADS = {"gpt2": "lm_head", "llama": "lm_head", "gpt_neox": "embed_out",
              "diffllama": "lm_head", "qwen3_next": "lm_head",
-             "dcpythia": "output", "dcformer": "output"}
+             "dcpythia": "output", "dcformer": "output", "qwen3": "lm_head"}
 
 
 def rules(config, model_type):
