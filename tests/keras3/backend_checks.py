@@ -166,13 +166,17 @@ def test_cached_decoding_equals_the_causal_pass(variant):
 def test_half_precision_is_finite_on_fully_masked_rows(policy):
   if BACKEND == "torch" and policy == "mixed_float16":
     pytest.skip("torch's CPU einsum has no float16 kernels")
-  layer = keras3.TalkingHeadsAttention(3, 4, dynamic_projections=["x2l"],
-                                       dtype=policy)
   x = RNG.normal(size=(2, 5, 8)).astype("float32")
   mask = np.ones((2, 5, 5), bool)
   mask[0, 2] = False  # one query may attend nothing
-  y = _numpy(layer(x, x, attention_mask=mask)).astype("float32")
-  assert np.isfinite(y).all()
+  for layer in (keras3.TalkingHeadsAttention(3, 4,
+                                             dynamic_projections=["x2l"],
+                                             dtype=policy),
+                keras3.DynamicallyComposableAttention(
+                    2, 4, static_mix=True, query_key_norm_epsilon=1e-6,
+                    dtype=policy)):
+    y = _numpy(layer(x, x, attention_mask=mask)).astype("float32")
+    assert np.isfinite(y).all(), layer.name
 
 
 def test_keras_file_round_trip(tmp_path):
@@ -194,6 +198,7 @@ def functional_model():
       name="talking")(query, memory)
   y = keras3.MultiHeadAttention(2, 4, use_bias=True, name="multi")(y, memory)
   y = keras3.GeneralBilinearAttention(2, name="bilinear")(y, memory)
+  y = keras3.DynamicallyComposableAttention(2, 4, name="dcmha")(y, memory)
   rng = np.random.default_rng(3)
   inputs = [rng.normal(size=(2, 6, 8)).astype("float32"),
             rng.normal(size=(2, 5, 8)).astype("float32")]

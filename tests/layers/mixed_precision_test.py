@@ -25,6 +25,10 @@ VARIANTS = {
     "differential": lambda **kw: layers.DifferentialAttention(
         4, 2, num_key_value_heads=2, layer_index=1, use_gate=True,
         headwise_gate=True, **kw),
+    # DCMHA (its w_1 norm in float32, the compose in the compute dtype).
+    "dcmha": lambda **kw: layers.DynamicallyComposableAttention(
+        4, 2, num_key_value_heads=2, static_mix=True,
+        query_key_norm_epsilon=1e-6, **kw),
 }
 
 
