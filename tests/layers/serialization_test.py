@@ -27,7 +27,7 @@ LAYERS = {
     "general_bilinear": lambda: layers.GeneralBilinearAttention(3,
                                                                 output_dim=5),
     "dcmha": lambda: layers.DynamicallyComposableAttention(
-        4, 3, num_key_value_heads=2, dynamic_rank=1, static_mix=True,
+        4, 4, num_key_value_heads=2, dynamic_rank=1, static_mix=True,
         sliding_window=5, query_key_norm_epsilon=1e-6, rotary_base=10000.0),
     "relative_bias": lambda: layers.RelativePositionBias(
         4, bidirectional=False, num_buckets=16, max_distance=64),
