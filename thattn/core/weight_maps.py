@@ -171,8 +171,9 @@ def weight_names(model):
 def identity_start(names):
   """{name: array} for the weights of `names` (name -> shape) that a
   multi-head source has no value for: identity P_l and P_w, zero dynamic
-  projections, DCMHA's kernels at its identity. Raises ValueError for a P_l or P_w that is not square
-  (h_k, h and h_v must be equal to start from multi-head attention)."""
+  projections, DCMHA's kernels at its identity. Raises ValueError for a
+  P_l or P_w that is not square (h_k, h and h_v must be equal to start
+  from multi-head attention)."""
   start = {}
   for name, shape in names.items():
     parts = name.split("/")  # `.../pre_softmax_projection`, `.../x2l/kernel`

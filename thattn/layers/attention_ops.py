@@ -117,9 +117,9 @@ def causal_mask(query_length, memory_length, query_offset=0):
 
 
 def window_mask(query_length, memory_length, query_offset, window):
-  """Boolean [1, 1, n, m]: query i may attend memory j when |i + offset - j|
-  < window (Keras 3's `sliding_window`: with the causal mask, the last
-  `window` keys, the query's own included); None without a window."""
+  """Boolean [1, 1, n, m]: query i may attend memory j when abs(i + offset
+  - j) < window (Keras 3's `sliding_window`: with the causal mask, the
+  last `window` keys, the query's own included); None without a window."""
   if window is None:
     return None
   query_positions = tf.expand_dims(tf.range(query_length) + query_offset, 1)

@@ -592,7 +592,6 @@ class AttentionLayer(tf_keras.layers.Layer):
         "dropout": self.dropout,
         "use_gate": self.use_gate,
         "headwise_gate": self.headwise_gate,
-        "sliding_window": self.sliding_window,
         "kernel_initializer": serialize["initializer"](self.kernel_initializer),
         "kernel_regularizer": serialize["regularizer"](self.kernel_regularizer),
         "bias_regularizer": serialize["regularizer"](self.bias_regularizer),
@@ -602,6 +601,8 @@ class AttentionLayer(tf_keras.layers.Layer):
         "bias_constraint": serialize["constraint"](self.bias_constraint),
         "build_shapes": self.build_shapes,
     })
+    if self.sliding_window is not None:  # other layers' configs unchanged
+      config["sliding_window"] = self.sliding_window
     return config
 
   @classmethod

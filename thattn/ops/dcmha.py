@@ -88,10 +88,10 @@ def key_mixing_matrices(ops, first, second, gates, static_mix=None):
 
 
 def compose(ops, scores, stage, query_state, memory_state, static_mix=None):
-  """Y[b, h, n, m] from X[b, h, n, m] (J at stage 0, W at stage 1): the
-  identity, the static S[h, g] where there is one, the query-wise and the
-  key-wise terms (from the key factors, or from a cache's KW, which holds
-  the identity and S)."""
+  """Y[b, h, n, m] from X[b, i, n, m] (J at stage 0, W at stage 1): the
+  identity, the static S[u, i, h]'s stage where there is one, the
+  query-wise and the key-wise terms (from the key factors, or from a
+  cache's KW, which holds the identity and S)."""
   dtype = scores.dtype
   query_first, query_second, query_gates = (
       ops.cast(query_state[name][:, :, stage], dtype)
