@@ -36,8 +36,8 @@ class DynamicallyComposableAttention(projected.ProjectedAttention):
   `dynamic_gates` D_d[d_X, 4, h], whose 4-axis is the slots pre/query,
   pre/key, post/query, post/key; the queries' slots read X, the keys'
   read M (the authors' cross-attention), so d_X must equal d_M. With
-  `static_mix`, a learned S[2, h, h] (`static_mix`) adds einsum(X, S) at
-  each stage. A decoding cache keeps each key's head-mixing matrix
+  `static_mix=True`, a learned S[2, h, h] (the weight `static_mix`) adds
+  einsum(X, S) at each stage. A decoding cache keeps each key's head-mixing matrix
   [2, h, h] (the identity folded in) beside its K and V.
 
   A multi-head model's weights with Q_kw's w_2 rows and D_d at zero give
@@ -79,7 +79,7 @@ class DynamicallyComposableAttention(projected.ProjectedAttention):
     self.dynamic_hidden_dim = hidden
     self.static_mix = bool(static_mix)
     self._dynamic_kernels = {}
-    self._static_mix = None
+    self._static_mix_weight = None
 
   def create_weights(self, query_width, key_width, value_width):
     super().create_weights(query_width, key_width, value_width)
@@ -90,7 +90,7 @@ class DynamicallyComposableAttention(projected.ProjectedAttention):
       weight = self.add_axes_weight(
           name, shape, axes, keras.initializers.RandomNormal(stddev=stddev))
       if name == attention_spec.STATIC_MIX:
-        self._static_mix = weight
+        self._static_mix_weight = weight
       else:
         self._dynamic_kernels[name] = weight
 
@@ -118,18 +118,18 @@ class DynamicallyComposableAttention(projected.ProjectedAttention):
              if name not in dcmha.KEY_FACTORS}
     state[dcmha.KEY_MIX] = dcmha.key_mixing_matrices(
         ops, *(memory_state[name] for name in dcmha.KEY_FACTORS),
-        static_mix=self._static_mix)
+        static_mix=self._static_mix_weight)
     return state
 
   def mix_logits(self, dot_products, query_state, memory_state):
     """L[b, h, n, m] = compose_pre(J[b, h, n, m])."""
     return dcmha.compose(ops, dot_products, 0, query_state, memory_state,
-                         self._static_mix)
+                         self._static_mix_weight)
 
   def mix_weights(self, weights, query_state, memory_state):
     """U[b, h, n, m] = compose_post(W[b, h, n, m])."""
     return dcmha.compose(ops, weights, 1, query_state, memory_state,
-                         self._static_mix)
+                         self._static_mix_weight)
 
   def attend(self, query_state, memory_state, mask, position_bias, training,
              causal_offset, need_scores=True):
