@@ -71,21 +71,25 @@ def test_the_blocks_are_pythia_s_and_llama_s():
       "rms_norm", "silu", True, False, False, 1.0, 1e-6]
 
 
-def test_thattn_convert_writes_a_model_dir_with_the_authors_logits(tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_thattn_convert_writes_a_model_dir_with_the_authors_logits(
+    family, tmp_path):
   out = tmp_path / "converted"
-  config = converters.convert(source=str(FOLDERS / "dcformer"),
+  config = converters.convert(source=str(FOLDERS / family),
                               model_dir=str(out), log=lambda line: None)
   assert config.attention.variant == "dcmha"
   run_config = json.loads((out / "run_config.json").read_text())
   assert run_config["converted_from"]["attention"] == "dcmha"
-  expected = np.load(FOLDERS / "dcformer" / "expected.npz")
+  assert run_config["preset"] == f"{family}_" + (
+      "6p9b" if family == "dcpythia" else "2p8b")
+  expected = np.load(FOLDERS / family / "expected.npz")
   logits = models.load(str(out))(
       {"decoder_input_tokens": tf.constant(expected["tokens"])}).numpy()
   np.testing.assert_allclose(logits, expected["logits"], rtol=0,
                              atol=1e-5 * np.abs(expected["logits"]).max())
   with pytest.raises(ValueError, match="holds dcmha attention, which "
                                        "converts only as itself"):
-    converters.convert(source=str(FOLDERS / "dcformer"),
+    converters.convert(source=str(FOLDERS / family),
                        model_dir=str(tmp_path / "th"),
                        attention="talking_heads")
   assert not (tmp_path / "th").exists()
