@@ -429,6 +429,25 @@ def checked_differential_heads(owner, num_heads, key_dim, value_dim,
   return maps, key_dim, heads_kv
 
 
+def check_call(owner, value, cache, decode_step, sliding_window):
+  """A layer call's memory, cache and decoding step, as both fronts take
+  them: a memory unless a cross-attention cache stands for it, a cache
+  for a decoding step, and no sliding window over a cross-attention
+  cache (whose step passes no query position)."""
+  if value is None and cache is None:
+    raise ValueError(f"{owner}: `value` (the memory) is required unless a "
+                     "cross-attention `cache` is given.")
+  if decode_step is not None and cache is None:
+    raise ValueError(f"{owner}: decode_step={decode_step!r} needs a cache; "
+                     "create one with `initial_cache`.")
+  if cache is not None and decode_step is None and sliding_window is not None:
+    raise ValueError(
+        f"{owner}: sliding_window={sliding_window} with a cross-attention "
+        "cache: the window needs each query's position, which a "
+        "cross-attention decoding step does not pass; use "
+        "sliding_window=None for cross-attention.")
+
+
 # ---- DCMHA (thattn.ops.dcmha) ------------------------------------------------
 # Its kernels, in the order both fronts make them (after P_q..P_o): D_1[d,
 # 4, C], Q_kw[4, C, 2R, h] and D_d[d, 4, h], the 4-axis the slots pre/query,

@@ -319,7 +319,8 @@ class AttentionLayer(keras.layers.Layer):
            return_attention_scores=False, training=None,
            use_causal_mask=False, *, query_mask=None, value_mask=None,
            key_mask=None, position_bias=None, cache=None, decode_step=None):
-    self._check_call(value, cache, decode_step)
+    attention_spec.check_call(self.name, value, cache, decode_step,
+                              self.sliding_window)
     if key is value:
       key_mask = None  # counted once, as in Keras
     masks.clear_implicit_masks(query, value, key)
@@ -410,21 +411,6 @@ class AttentionLayer(keras.layers.Layer):
     return self.attend(query_state, memory_state, mask, position_bias,
                        training, causal_offset,
                        need_scores=return_attention_scores)
-
-  def _check_call(self, value, cache, decode_step):
-    if value is None and cache is None:
-      raise ValueError(f"{self.name}: `value` (the memory) is required unless "
-                       "a cross-attention `cache` is given.")
-    if decode_step is not None and cache is None:
-      raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
-                       "cache; create one with `initial_cache`.")
-    if (cache is not None and decode_step is None and
-        self.sliding_window is not None):
-      raise ValueError(
-          f"{self.name}: sliding_window={self.sliding_window} with a "
-          "cross-attention cache: the window needs each query's position, "
-          "which a cross-attention decoding step does not pass; use "
-          "sliding_window=None for cross-attention.")
 
   def _cast(self, tensor):
     if tensor is None:

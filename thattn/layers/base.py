@@ -382,19 +382,8 @@ class AttentionLayer(tf_keras.layers.Layer):
            return_attention_scores=False, training=None,
            use_causal_mask=False, *, position_bias=None, cache=None,
            decode_step=None):
-    if value is None and cache is None:
-      raise ValueError(f"{self.name}: `value` (the memory) is required unless "
-                       "a cross-attention `cache` is given.")
-    if decode_step is not None and cache is None:
-      raise ValueError(f"{self.name}: decode_step={decode_step!r} needs a "
-                       "cache; create one with `initial_cache`.")
-    if (cache is not None and decode_step is None and
-        self.sliding_window is not None):
-      raise ValueError(
-          f"{self.name}: sliding_window={self.sliding_window} with a "
-          "cross-attention cache: the window needs each query's position, "
-          "which a cross-attention decoding step does not pass; use "
-          "sliding_window=None for cross-attention.")
+    attention_spec.check_call(self.name, value, cache, decode_step,
+                              self.sliding_window)
     query, value, key, query_lengths, implicit_masks = self._dense_inputs(
         query, value, key, cache)
     # Keras autocasts only the first argument under a mixed-precision
