@@ -102,24 +102,20 @@ class DynamicallyComposableAttention(projected.ProjectedAttention):
 
   def project_query(self, query):
     state = super().project_query(query)
-    state.update(zip(dcmha.QUERY_FACTORS,
+    state.update(zip(attention_spec.QUERY_COMPOSE_FACTORS,
                      self._side_weights(query, dcmha.QUERY_SLOTS)))
     return state
 
   def project_memory(self, key, value):
     state = super().project_memory(key, value)
-    state.update(zip(dcmha.KEY_FACTORS,
+    state.update(zip(attention_spec.KEY_COMPOSE_FACTORS,
                      self._side_weights(key, dcmha.KEY_SLOTS)))
     return state
 
   def cached_memory_state(self, memory_state):
     """K, V and each key's head-mixing matrices KW[b, m, 2, h, h]."""
-    state = {name: tensor for name, tensor in memory_state.items()
-             if name not in dcmha.KEY_FACTORS}
-    state[dcmha.KEY_MIX] = dcmha.key_mixing_matrices(
-        ops, *(memory_state[name] for name in dcmha.KEY_FACTORS),
-        static_mix=self._static_mix_weight)
-    return state
+    return dcmha.cached_memory_state(ops, memory_state,
+                                     self._static_mix_weight)
 
   def mix_logits(self, dot_products, query_state, memory_state):
     """L[b, h, n, m] = compose_pre(J[b, h, n, m])."""

@@ -36,6 +36,7 @@ D_d at zero the compose is the identity: DCMHA is multi-head attention.
 """
 
 from thattn.core import attention_spec
+from thattn.ops import blocks
 
 # The slots of the weights' 4-axis (D_1's, Q_kw's and D_d's) each side
 # reads, as (pre-softmax, post-softmax): the released order is pre/query,
@@ -44,12 +45,6 @@ QUERY_SLOTS = slice(0, None, 2)
 KEY_SLOTS = slice(1, None, 2)
 # The RMSNorm of w_1 over the heads: the authors' epsilon, no scale.
 FACTOR_NORM_EPSILON = 1e-6
-
-# The query state's and memory state's names for a side's dynamic weights;
-# KW[b, m, u, i, h], what a decoding cache keeps.
-QUERY_FACTORS = attention_spec.QUERY_COMPOSE_FACTORS
-KEY_FACTORS = attention_spec.KEY_COMPOSE_FACTORS
-KEY_MIX = attention_spec.KEY_COMPOSE_MIX
 
 
 def dynamic_weights(ops, inputs, kernels, slots, rank):
@@ -65,11 +60,9 @@ def dynamic_weights(ops, inputs, kernels, slots, rank):
   hidden = ops.gelu(ops.einsum("bad,duz->bauz", inputs, hidden_kernel),
                     approximate=False)
   factors = ops.einsum("bauz,uzyh->bauyh", hidden, factor_kernel)
-  first, second = factors[:, :, :, :rank], factors[:, :, :, rank:]
-  wide = ops.cast(first, "float32")
-  norm = ops.rsqrt(ops.mean(ops.square(wide), axis=-1, keepdims=True) +
-                   FACTOR_NORM_EPSILON)
-  first = ops.cast(wide * norm, factors.dtype)
+  first = blocks.rms_norm(ops, factors[:, :, :, :rank], 1.0,
+                          FACTOR_NORM_EPSILON, factors.dtype)
+  second = factors[:, :, :, rank:]
   gates = ops.tanh(ops.einsum("bad,duh->bauh", inputs, gate_kernel))
   return first, second, gates
 
@@ -87,6 +80,17 @@ def key_mixing_matrices(ops, first, second, gates, static_mix=None):
   return mix
 
 
+def cached_memory_state(ops, memory_state, static_mix=None):
+  """The memory state a decoding cache keeps: K, V and each key's mixing
+  matrices KW[b, m, u, i, h] in place of its factors."""
+  factors = attention_spec.KEY_COMPOSE_FACTORS
+  state = {name: tensor for name, tensor in memory_state.items()
+           if name not in factors}
+  state[attention_spec.KEY_COMPOSE_MIX] = key_mixing_matrices(
+      ops, *(memory_state[name] for name in factors), static_mix=static_mix)
+  return state
+
+
 def compose(ops, scores, stage, query_state, memory_state, static_mix=None):
   """Y[b, h, n, m] from X[b, i, n, m] (J at stage 0, W at stage 1): the
   identity, the static S[u, i, h]'s stage where there is one, the
@@ -95,17 +99,18 @@ def compose(ops, scores, stage, query_state, memory_state, static_mix=None):
   dtype = scores.dtype
   query_first, query_second, query_gates = (
       ops.cast(query_state[name][:, :, stage], dtype)
-      for name in QUERY_FACTORS)
+      for name in attention_spec.QUERY_COMPOSE_FACTORS)
   queries = ops.einsum("binm,bnyi->bnmy", scores, query_first)
   mixed = (ops.einsum("bnmy,bnyh->bhnm", queries, query_second) +
            scores * ops.expand_dims(ops.transpose(query_gates, (0, 2, 1)),
                                     -1))
-  if KEY_MIX in memory_state:
-    key_mix = ops.cast(memory_state[KEY_MIX][:, :, stage], dtype)
+  if attention_spec.KEY_COMPOSE_MIX in memory_state:
+    key_mix = ops.cast(
+        memory_state[attention_spec.KEY_COMPOSE_MIX][:, :, stage], dtype)
     return mixed + ops.einsum("binm,bmih->bhnm", scores, key_mix)
   key_first, key_second, key_gates = (
       ops.cast(memory_state[name][:, :, stage], dtype)
-      for name in KEY_FACTORS)
+      for name in attention_spec.KEY_COMPOSE_FACTORS)
   keys = ops.einsum("binm,bmyi->bnmy", scores, key_first)
   mixed = (mixed + scores +
            ops.einsum("bnmy,bmyh->bhnm", keys, key_second) +
